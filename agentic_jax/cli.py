@@ -1,0 +1,82 @@
+"""``agentic-jax <verb>``: every job runs from gin configs in ``configs/``.
+
+    agentic-jax train [--gin_file F]... [--gin_param P]... [--workdir DIR]
+    agentic-jax tokenizer --workdir DIR [--gin_param train_tokenizer.vocab_size=4096]
+    agentic-jax convert SRC DST --to native|hf
+
+A misspelt configurable or parameter fails while parsing, before any work starts, with gin's
+message naming the binding.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+DEFAULT_CONFIG = {"train": "quickstart"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentic-jax", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    def job(name, help_text):
+        p = verbs.add_parser(name, help=help_text)
+        p.add_argument("--gin_file", action="append", default=[],
+                       help="a .gin file (a path, or a name in configs/); repeatable")
+        p.add_argument("--gin_param", action="append", default=[],
+                       help="a gin binding such as 'train.steps=100'; repeatable, applied last")
+        p.add_argument("--workdir", default=None, help="output directory (default runs/<config>)")
+        return p
+
+    job("train", "train a language model (default: the quickstart config)")
+    tok = job("tokenizer", "train a byte-level BPE tokenizer into WORKDIR/tokenizer.json")
+    tok.add_argument("--files", nargs="*", default=None,
+                     help="text or .txt.gz files (default: the shipped training corpus)")
+    conv = verbs.add_parser("convert", help="convert between Hugging Face and native checkpoints")
+    conv.add_argument("src")
+    conv.add_argument("dst")
+    conv.add_argument("--to", choices=("native", "hf"), required=True,
+                      help="native: HF directory -> agentic-jax model; hf: the reverse")
+    return parser
+
+
+def _setup(args) -> str:
+    """Parses gin (failing fast on bad bindings) and returns the work directory."""
+    from agentic_jax import config as gin_config
+    import agentic_jax.registry  # noqa: F401  (registers every configurable before parsing)
+
+    files = args.gin_file or ([DEFAULT_CONFIG[args.verb]] if args.verb in DEFAULT_CONFIG else [])
+    gin_config.parse(files, args.gin_param)
+    name = os.path.splitext(os.path.basename(files[-1]))[0] if files else args.verb
+    return args.workdir or os.path.join("runs", name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.verb == "convert":
+        from agentic_jax.models.export import hf_to_native, native_to_hf
+        (hf_to_native if args.to == "native" else native_to_hf)(args.src, args.dst)
+        print(f"wrote {args.dst}")
+        return 0
+    workdir = _setup(args)
+    try:
+        if args.verb == "train":
+            from agentic_jax.training.loop import train
+            result = train(workdir)
+            print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in result.items()
+                                        if isinstance(v, float)))
+        elif args.verb == "tokenizer":
+            from agentic_jax.data.tokenizer import train_tokenizer
+            files = {} if args.files is None else {"files": args.files}
+            tok = train_tokenizer(os.path.join(workdir, "tokenizer.json"), **files)
+            print(f"wrote {os.path.join(workdir, 'tokenizer.json')} ({tok.vocab_size} tokens)")
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

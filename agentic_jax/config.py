@@ -1,0 +1,44 @@
+"""gin configuration: locating config files, parsing flags, saving the operative config."""
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+
+import gin
+
+
+def config_dir() -> Path:
+    """The shipped configs (``agentic_jax/configs``, also reachable as the top-level ``configs/``)."""
+    return Path(str(resources.files("agentic_jax.configs")))
+
+
+def resolve_config(name: str) -> str:
+    """A path as given, else a file of that name in the shipped configs (``.gin`` optional)."""
+    if os.path.exists(name):
+        return name
+    for candidate in (name, f"{name}.gin"):
+        path = config_dir() / candidate
+        if path.exists():
+            return str(path)
+    raise FileNotFoundError(f"gin file {name!r} not found (looked in the working directory and "
+                            f"{config_dir()})")
+
+
+def parse(gin_files: list[str], gin_params: list[str]) -> None:
+    """Parses files then bindings; an unknown configurable or parameter raises before any work."""
+    gin.clear_config()
+    gin.add_config_file_search_path(str(config_dir()))
+    gin.parse_config_files_and_bindings([resolve_config(f) for f in gin_files], gin_params,
+                                        finalize_config=False)
+
+
+def save_config(workdir: str, operative: bool) -> str:
+    """Writes the parsed (``config.gin``) or the operative (``operative_config.gin``) config."""
+    os.makedirs(workdir, exist_ok=True)
+    name, text = (("operative_config.gin", gin.operative_config_str()) if operative else
+                  ("config.gin", gin.config_str()))
+    path = os.path.join(workdir, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path

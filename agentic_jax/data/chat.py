@@ -1,0 +1,209 @@
+"""ChatML-style chat template with tool calls, its exact inverse, and the SFT assistant mask.
+
+A conversation renders as (every line ends with a newline)::
+
+    <|im_start|>system
+    You are terse.<|im_end|>
+    <|im_start|>user
+    Weather in Oslo?<|im_end|>
+    <|im_start|>assistant
+    Checking.<tool_call>
+    {"name": "weather", "arguments": {"city": "Oslo"}}
+    </tool_call><|im_end|>
+    <|im_start|>tool
+    <tool_result>
+    {"temp_c": 3}
+    </tool_result><|im_end|>
+    <|im_start|>assistant
+
+where the last line is the generation prompt.  Tool-call JSON escapes ``<`` as ``\\u003c``, so
+no argument can forge a special token; message text may not contain special-token strings at
+all, which keeps ``parse`` an exact inverse of ``render``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from agentic_jax.data.tokenizer import (IM_END, IM_START, SPECIAL_TOKENS, TOOL_CALL, TOOL_CALL_END,
+                                        TOOL_RESULT, TOOL_RESULT_END, Tokenizer)
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+    """A call the assistant makes: tool ``name`` and its JSON-object ``arguments``."""
+    name: str
+    arguments: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    """One turn.  ``tool_calls`` only on assistant turns; a ``tool`` turn's content is a result."""
+    role: str
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "tool_calls", tuple(self.tool_calls))  # lists compare unequal.
+
+
+MessageLike = Message | Mapping[str, Any]
+
+
+def as_message(message: MessageLike) -> Message:
+    """A ``Message`` from itself or a dict with role, content, tool_calls [{name, arguments}]."""
+    if isinstance(message, Message):
+        return message
+    calls = tuple(
+        c if isinstance(c, ToolCall) else ToolCall(c["name"], dict(c.get("arguments", {})))
+        for c in message.get("tool_calls") or ())
+    return Message(message["role"], message.get("content") or "", calls)
+
+
+class _Piece(NamedTuple):
+    """A span of the rendered text: a special token or plain text, trained on or not."""
+    text: str
+    special: bool
+    assistant: bool
+
+
+def _check_plain(text: str, what: str) -> None:
+    for token in SPECIAL_TOKENS:
+        if token in text:
+            raise ValueError(f"{what} contains the reserved token {token!r}")
+
+
+def _tool_call_json(call: ToolCall) -> str:
+    if not isinstance(call.arguments, Mapping):
+        raise ValueError(f"arguments of tool call {call.name!r} must be a JSON object")
+    payload = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False,
+                         allow_nan=False)
+    return payload.replace("<", "\\u003c")  # "<" only occurs inside JSON strings.
+
+
+def _message_pieces(message: Message) -> list[_Piece]:
+    if message.role not in ROLES:
+        raise ValueError(f"unknown role {message.role!r}; expected one of {ROLES}")
+    if message.tool_calls and message.role != "assistant":
+        raise ValueError(f"only assistant messages carry tool calls, not {message.role!r}")
+    _check_plain(message.content, f"{message.role} message")
+    trained = message.role == "assistant"
+    pieces = [_Piece(IM_START, True, False), _Piece(f"{message.role}\n", False, False)]
+    if message.role == "tool":
+        pieces += [_Piece(TOOL_RESULT, True, False), _Piece(f"\n{message.content}\n", False, False),
+                   _Piece(TOOL_RESULT_END, True, False)]
+    else:
+        pieces.append(_Piece(message.content, False, trained))
+    for call in message.tool_calls:
+        pieces += [_Piece(TOOL_CALL, True, True),
+                   _Piece(f"\n{_tool_call_json(call)}\n", False, True),
+                   _Piece(TOOL_CALL_END, True, True)]
+    return pieces + [_Piece(IM_END, True, trained), _Piece("\n", False, False)]
+
+
+def _pieces(messages: Iterable[MessageLike], add_generation_prompt: bool) -> list[_Piece]:
+    pieces = [p for m in messages for p in _message_pieces(as_message(m))]
+    if add_generation_prompt:
+        pieces += [_Piece(IM_START, True, False), _Piece("assistant\n", False, False)]
+    return pieces
+
+
+def render(messages: Iterable[MessageLike], *, add_generation_prompt: bool = False) -> str:
+    """The conversation as text, ending with an open assistant turn if ``add_generation_prompt``."""
+    return "".join(p.text for p in _pieces(messages, add_generation_prompt))
+
+
+class RenderedIds(NamedTuple):
+    ids: np.ndarray  # int32 [n]
+    assistant_mask: np.ndarray  # int32 [n]: 1 on assistant content, tool calls and their <|im_end|>
+
+
+def render_ids(messages: Iterable[MessageLike], tokenizer: Tokenizer, *,
+               add_generation_prompt: bool = False, add_bos: bool = True) -> RenderedIds:
+    """Token ids of ``render(messages)`` and the per-token assistant mask for SFT.
+
+    Each span is tokenized on its own (special tokens by id), so assistant tokens never merge
+    with the header before them and the prompt of a generation is a prefix of the training
+    sequence; ``tokenizer.decode(ids)`` equals ``render(messages)`` (after a BOS, if added).
+    """
+    ids = tokenizer.encode("", add_bos=add_bos)  # [BOS] or []; raises if there is no BOS.
+    mask = [0] * len(ids)
+    for piece in _pieces(messages, add_generation_prompt):
+        if piece.special:
+            piece_ids = [tokenizer.token_id(piece.text)]
+        else:
+            piece_ids = tokenizer.encode(piece.text)
+        ids += piece_ids
+        mask += [int(piece.assistant)] * len(piece_ids)
+    return RenderedIds(np.asarray(ids, np.int32), np.asarray(mask, np.int32))
+
+
+def _parse_tool_call(payload: str) -> ToolCall:
+    try:
+        obj = json.loads(payload)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"tool call is not valid JSON: {payload!r}") from e
+    if (not isinstance(obj, dict) or not isinstance(obj.get("name"), str)
+            or not isinstance(obj.get("arguments", {}), dict)):
+        raise ValueError(f"tool call must be {{'name': str, 'arguments': object}}, got {payload!r}")
+    return ToolCall(obj["name"], obj.get("arguments", {}))
+
+
+def parse_assistant(text: str) -> Message:
+    """Parses an assistant turn's body, e.g. what a model generated after the generation prompt.
+
+    A trailing ``<|im_end|>`` is allowed; JSON inside ``<tool_call>`` may have any whitespace.
+    """
+    text = text.removesuffix(IM_END)
+    content, *blocks = text.split(TOOL_CALL)
+    _check_plain(content, "assistant content")
+    calls = []
+    for block in blocks:
+        payload, end, rest = block.partition(TOOL_CALL_END)
+        if not end or rest:
+            raise ValueError(f"malformed tool call block {block!r}")
+        calls.append(_parse_tool_call(payload))
+    return Message("assistant", content, tuple(calls))
+
+
+def _parse_body(role: str, body: str) -> Message:
+    if role == "assistant":
+        return parse_assistant(body)
+    if role == "tool":
+        prefix, suffix = f"{TOOL_RESULT}\n", f"\n{TOOL_RESULT_END}"
+        if not (body.startswith(prefix) and body.endswith(suffix)
+                and len(body) >= len(prefix) + len(suffix)):
+            raise ValueError(f"tool message must be wrapped in {TOOL_RESULT}: {body!r}")
+        body = body[len(prefix):-len(suffix)]
+    _check_plain(body, f"{role} message")
+    return Message(role, body)
+
+
+def parse(text: str) -> list[Message]:
+    """Inverse of ``render``: ``parse(render(ms)) == ms``; a final generation prompt is dropped."""
+    messages, pos = [], 0
+    while pos < len(text):
+        if not text.startswith(IM_START, pos):
+            raise ValueError(f"expected {IM_START} at offset {pos}")
+        header_end = text.find("\n", pos)
+        role = text[pos + len(IM_START):header_end] if header_end >= 0 else None
+        if role not in ROLES:
+            raise ValueError(f"bad turn header at offset {pos}")
+        end = text.find(IM_END, header_end)
+        if end < 0:
+            if role == "assistant" and header_end + 1 == len(text):
+                break  # the generation prompt
+            raise ValueError(f"unterminated {role} turn at offset {pos}")
+        messages.append(_parse_body(role, text[header_end + 1:end]))
+        pos = end + len(IM_END)
+        if not text.startswith("\n", pos):
+            raise ValueError(f"expected a newline after {IM_END} at offset {pos}")
+        pos += 1
+    return messages
+

@@ -1,0 +1,163 @@
+"""Byte-level BPE tokenizer: training, loading any ``tokenizer.json``, and a small wrapper.
+
+Byte-level BPE maps text to UTF-8 bytes before merging, so every string encodes with no unknown
+token and decodes back exactly.  The special tokens cover sequence boundaries, ChatML turns
+(roles are plain text after ``<|im_start|>``) and tool calls/results; see ``chat.py``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+from collections.abc import Sequence
+
+import gin
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from agentic_jax.data.corpus import corpus_files
+from agentic_jax.data.documents import read_documents
+
+PAD = "<|pad|>"
+BOS = "<|bos|>"
+EOS = "<|eos|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+TOOL_CALL = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+TOOL_RESULT = "<tool_result>"
+TOOL_RESULT_END = "</tool_result>"
+# Ids 0..8 in this order; PAD is 0 so zero-filled buffers read as padding.
+SPECIAL_TOKENS = (PAD, BOS, EOS, IM_START, IM_END, TOOL_CALL, TOOL_CALL_END, TOOL_RESULT,
+                  TOOL_RESULT_END)
+
+# Names third-party tokenizers use for the same roles, tried in order when the tokenizer comes
+# without a ``tokenizer_config.json`` saying which tokens they are.
+_FALLBACK_NAMES = {
+    "bos_token": (BOS, "<s>", "<|begin_of_text|>", "<bos>", "<|endoftext|>"),
+    "eos_token": (EOS, "</s>", "<|end_of_text|>", "<eos>", "<|endoftext|>"),
+    "pad_token": (PAD, "<pad>", "<|finetune_right_pad_id|>"),
+}
+
+
+class Tokenizer:
+    """Wraps a ``tokenizers.Tokenizer`` with explicit BOS/EOS handling and special-token ids.
+
+    ``encode`` never applies the backend's own post-processor (some third-party tokenizers add a
+    BOS there); callers ask for BOS/EOS explicitly, so every tokenizer behaves the same way.
+    """
+
+    def __init__(self, backend: tokenizers.Tokenizer, *, bos_token: str | None = BOS,
+                 eos_token: str | None = EOS, pad_token: str | None = PAD):
+        # Padding/truncation saved in a third-party tokenizer.json would silently alter encode().
+        backend.no_padding()
+        backend.no_truncation()
+        self.backend = backend
+        self.special_ids = {tok.content: i for i, tok in backend.get_added_tokens_decoder().items()
+                            if tok.special}
+        self.bos_id = self._optional_id(bos_token)
+        self.eos_id = self._optional_id(eos_token)
+        self.pad_id = self._optional_id(pad_token)
+
+    def _optional_id(self, token: str | None) -> int | None:
+        return None if token is None else self.backend.token_to_id(token)
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, added tokens included (the embedding table needs at least this many)."""
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def fingerprint(self) -> str:
+        """SHA-256 of the serialised tokenizer: equal fingerprints encode identically."""
+        return hashlib.sha256(self.backend.to_str().encode("utf-8")).hexdigest()
+
+    def token_id(self, token: str) -> int:
+        """The id of ``token``; raises KeyError if the vocabulary lacks it."""
+        token_id = self.backend.token_to_id(token)
+        if token_id is None:
+            raise KeyError(f"token {token!r} is not in the vocabulary")
+        return token_id
+
+    def _wrap(self, ids: list[int], add_bos: bool, add_eos: bool) -> list[int]:
+        for flag, token_id, name in ((add_bos, self.bos_id, "BOS"), (add_eos, self.eos_id, "EOS")):
+            if flag and token_id is None:
+                raise ValueError(f"this tokenizer has no {name} token")
+        return [self.bos_id] * add_bos + ids + [self.eos_id] * add_eos
+
+    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        """Token ids of ``text``; special-token strings in it become their special ids."""
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        return self._wrap(ids, add_bos, add_eos)
+
+    def encode_batch(self, texts: Sequence[str], *, add_bos: bool = False,
+                     add_eos: bool = False) -> list[list[int]]:
+        """``encode`` over many texts, in parallel threads inside the Rust library."""
+        encodings = self.backend.encode_batch_fast(list(texts), add_special_tokens=False)
+        return [self._wrap(e.ids, add_bos, add_eos) for e in encodings]
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(map(int, ids)), skip_special_tokens=skip_special_tokens)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes a standard ``tokenizer.json`` (``tokenizers`` and ``transformers`` load it)."""
+        pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.backend.save(os.fspath(path))
+
+
+def _configured_names(config_path: pathlib.Path) -> dict[str, str | None]:
+    """BOS/EOS/PAD names from a ``transformers`` ``tokenizer_config.json`` (old or new format)."""
+    if not config_path.is_file():
+        return {}
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    names = {}
+    for key in _FALLBACK_NAMES.keys() & config.keys():
+        value = config[key]
+        names[key] = value.get("content") if isinstance(value, dict) else value
+    return names
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    """Loads a ``tokenizer.json`` (or a directory holding one, e.g. from ``save_pretrained``).
+
+    BOS/EOS/PAD come from a ``tokenizer_config.json`` beside it when there is one, otherwise from
+    the first of the usual names present in the vocabulary; a missing one is ``None``.
+    """
+    path = pathlib.Path(path)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    backend = tokenizers.Tokenizer.from_file(os.fspath(file))
+    configured = _configured_names(file.parent / "tokenizer_config.json")
+    vocab = backend.get_vocab(with_added_tokens=True)
+    names = {}
+    for key, candidates in _FALLBACK_NAMES.items():
+        if key in configured:
+            names[key] = configured[key]
+        else:
+            names[key] = next((name for name in candidates if name in vocab), None)
+    return Tokenizer(backend, **names)
+
+
+@gin.configurable("train_tokenizer")
+def train_tokenizer(output_path: str | os.PathLike, *,
+                    files: Sequence[str | os.PathLike] | None = None, vocab_size: int = 8192,
+                    min_frequency: int = 2, show_progress: bool = False) -> Tokenizer:
+    """Trains a byte-level BPE on the documents of ``files`` and saves it to ``output_path``.
+
+    ``files`` are text or ``.txt.gz`` files read with ``documents.read_documents``; ``None``
+    means the shipped training corpus.  ``vocab_size`` counts the 256 byte symbols and the
+    special tokens; pairs seen fewer than ``min_frequency`` times are never merged.
+    """
+    files = corpus_files("train") if files is None else list(files)
+    if vocab_size < 256 + len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size must be at least {256 + len(SPECIAL_TOKENS)}")
+    backend = tokenizers.Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                  special_tokens=list(SPECIAL_TOKENS), show_progress=show_progress,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(read_documents(files), trainer)
+    tokenizer = Tokenizer(backend)
+    tokenizer.save(output_path)
+    return tokenizer

@@ -1,0 +1,77 @@
+"""The project's own format for a trained model, and converters to and from Hugging Face.
+
+A native model directory holds ``config.json`` (every :class:`TransformerConfig` field, so compute
+dtype, attention implementation and the like survive, which a HF config cannot carry) and
+``params/``, an orbax ``StandardCheckpointer`` checkpoint (the format training checkpoints use, which
+restores straight into jax arrays).  ``config.json`` is written after the parameters, so its
+presence marks a complete save.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import orbax.checkpoint as ocp
+
+from agentic_jax.models.config import TransformerConfig
+from agentic_jax.models.hf import check_params, load_hf_checkpoint, save_hf_checkpoint
+from agentic_jax.models.transformer import param_shapes
+
+CONFIG_FILE = "config.json"
+PARAMS_DIR = "params"
+
+
+def config_to_dict(config: TransformerConfig) -> dict:
+    """JSON-ready fields of ``config`` (``rope_scaling`` as a plain dict)."""
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    if fields["rope_scaling"] is not None:
+        fields["rope_scaling"] = dict(fields["rope_scaling"])
+    return fields
+
+
+def config_from_dict(fields: dict) -> TransformerConfig:
+    """Inverse of :func:`config_to_dict`; absent fields take their defaults, unknown ones fail."""
+    known = {f.name for f in dataclasses.fields(TransformerConfig)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"unknown TransformerConfig fields {unknown} (saved by a newer version?)")
+    return TransformerConfig(**fields)
+
+
+def save_model(path, config: TransformerConfig, params) -> Path:
+    """Writes ``path/params`` (orbax) then ``path/config.json``; fails if ``path/params`` exists."""
+    check_params(config, params)
+    path = Path(path).absolute()  # orbax wants absolute paths
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(path / PARAMS_DIR, params)
+    (path / CONFIG_FILE).write_text(json.dumps(config_to_dict(config), indent=2))
+    return path
+
+
+def load_model(path) -> tuple[TransformerConfig, dict]:
+    """(config, params) saved by :func:`save_model`; parameters come back in ``config.param_dtype``."""
+    path = Path(path).absolute()
+    for required in (path / CONFIG_FILE, path / PARAMS_DIR):
+        if not required.exists():
+            raise FileNotFoundError(f"{required} not found; is {path} a model saved by save_model?")
+    config = config_from_dict(json.loads((path / CONFIG_FILE).read_text()))
+    with ocp.StandardCheckpointer() as checkpointer:
+        params = checkpointer.restore(path / PARAMS_DIR, param_shapes(config))
+    return config, params
+
+
+def hf_to_native(hf_dir, out_dir, *, param_dtype: str = "float32") -> TransformerConfig:
+    """Converts a HF Llama / Mistral / Qwen2 checkpoint directory to a native model directory."""
+    config, params = load_hf_checkpoint(hf_dir, param_dtype=param_dtype)
+    save_model(out_dir, config, params)
+    return config
+
+
+def native_to_hf(native_dir, out_dir, *, dtype: str | None = None,
+                 max_shard_bytes: int = 5 * 10**9) -> TransformerConfig:
+    """Converts a native model directory to a HF checkpoint (tensors in ``dtype``, default the
+    model's ``param_dtype``; sharded above ``max_shard_bytes``)."""
+    config, params = load_model(native_dir)
+    save_hf_checkpoint(out_dir, config, params, dtype=dtype, max_shard_bytes=max_shard_bytes)
+    return config

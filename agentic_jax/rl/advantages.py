@@ -1,0 +1,121 @@
+"""Advantage estimators for LLM RL: critic-based GAE over tokens and critic-free group baselines.
+
+Critic-free methods sample G responses per prompt and use the other responses'
+rewards as the baseline; they differ in the baseline and in the scale.
+Advantages are targets: they are never differentiated through.
+"""
+import jax
+import jax.numpy as jnp
+
+from agentic_jax.rl import validation as check
+from agentic_jax.rl.numerics import safe_div
+
+GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax", "opo")
+GROUP_SCALES = ("group", "batch", "none")
+
+
+def _std(x: jax.Array, axis, ddof: int) -> jax.Array:
+    """Standard deviation with `ddof` (1 = Bessel); 0 rather than NaN for one sample."""
+    n = x.size if axis is None else x.shape[axis]
+    centered = x - jnp.mean(x, axis=axis, keepdims=True)
+    return jnp.sqrt(jnp.sum(jnp.square(centered), axis=axis, keepdims=True) / max(n - ddof, 1))
+
+
+def _whiten(x: jax.Array, axis, ddof: int, eps: float) -> jax.Array:
+    return (x - jnp.mean(x, axis=axis, keepdims=True)) / (_std(x, axis, ddof) + eps)
+
+
+def group_advantages(rewards, *, estimator="grpo", scale="group", eps=1e-6, std_ddof=1, lengths=None, baseline=None):
+    """Advantages [num_groups, G] from scalar rewards [num_groups, G] of G responses per prompt.
+
+    With r̄ the group mean:
+      grpo:      (r − r̄) / (σ + eps); σ over the group (scale="group"), over the
+                 whole batch (scale="batch") or 1 (scale="none"). σ uses `std_ddof`,
+                 Bessel-corrected by default as in TRL and verl.
+                 Shao et al. (2024), DeepSeekMath, arXiv:2402.03300.
+      dr_grpo:   r − r̄, no scaling. Liu et al. (2025), arXiv:2503.20783.
+      rloo:      r − mean of the other G − 1 rewards = G/(G − 1)·(r − r̄).
+                 Ahmadian et al. (2024), arXiv:2402.14740.
+      reinforce_pp:          rewards whitened over the batch, no group baseline.
+      reinforce_pp_baseline: r − r̄, then whitened over the batch.
+                 Hu (2025), REINFORCE++, arXiv:2501.03262.
+      remax:     r − `baseline` [num_groups], the greedy response's reward.
+                 Li et al. (2023), arXiv:2310.10505.
+      opo:       r − Σ_i l_i·r_i / Σ_i l_i with `lengths` [num_groups, G]: the
+                 length-weighted optimal baseline. Hao et al. (2025), arXiv:2505.23585.
+    `scale` applies to "grpo" only. All-equal rewards give zero advantages.
+    """
+    check.choice("estimator", estimator, GROUP_ESTIMATORS)
+    check.choice("scale", scale, GROUP_SCALES)
+    if estimator != "grpo" and scale != "group":
+        raise ValueError(f"scale applies to estimator='grpo' only, got scale={scale!r} with {estimator!r}")
+    rewards = check.rank("rewards", check.floating("rewards", rewards), 2)
+    group_size = rewards.shape[1]
+    centered = rewards - jnp.mean(rewards, axis=1, keepdims=True)
+    if estimator == "grpo":
+        if scale == "none":
+            return centered
+        std = _std(rewards, 1 if scale == "group" else None, std_ddof)
+        return centered / (std + eps)
+    if estimator == "dr_grpo":
+        return centered
+    if estimator == "rloo":
+        if group_size < 2:
+            raise ValueError(f"rloo needs a group size of at least 2, got rewards of shape {rewards.shape}")
+        return centered * group_size / (group_size - 1)
+    if estimator == "reinforce_pp":
+        return _whiten(rewards, None, std_ddof, eps)
+    if estimator == "reinforce_pp_baseline":
+        return _whiten(centered, None, std_ddof, eps)
+    if estimator == "remax":
+        baseline = check.required("baseline", baseline, "for estimator='remax' (the greedy reward per group)")
+        baseline = check.shape("baseline", check.floating("baseline", baseline), rewards.shape[:1])
+        return rewards - baseline[:, None]
+    lengths = check.required("lengths", lengths, "for estimator='opo' (response lengths)")
+    lengths = check.shape("lengths", check.mask("lengths", lengths), rewards.shape)
+    weighted = safe_div(jnp.sum(lengths * rewards, axis=1, keepdims=True), jnp.sum(lengths, axis=1, keepdims=True))
+    return rewards - weighted
+
+
+def masked_whiten(values, mask, *, shift_mean=True, ddof=1, eps=1e-8) -> jax.Array:
+    """(x − mean) / sqrt(var + eps) over valid entries; 0 on masked entries.
+
+    `shift_mean=False` adds the mean back (whitens the scale only), as done for
+    PPO advantages in verl and TRL. Masked entries never affect the statistics.
+    """
+    values = check.floating("values", values)
+    mask = check.shape("mask", check.mask("mask", mask), values.shape)
+    count = jnp.sum(mask)
+    mean = safe_div(jnp.sum(values * mask), count)
+    var = safe_div(jnp.sum(jnp.square(values - mean) * mask), jnp.maximum(count - ddof, 1.0))
+    whitened = (values - mean) * jax.lax.rsqrt(var + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return jnp.where(mask > 0, whitened, 0.0)
+
+
+def token_gae(rewards, values, mask, *, gamma=1.0, lam=0.95):
+    """GAE over the valid tokens of LLM responses: (advantages, returns), each [B, T].
+
+    Masked tokens (prompt, padding, tool/observation tokens in multi-turn
+    rollouts) are skipped: the recursion bridges over them, so their values and
+    rewards never matter, and their outputs are 0. Along valid tokens this is
+    `gae` with discount γ and a zero value after the last one.
+    Schulman et al. (2015), arXiv:1506.02438; masking as in verl's GAE.
+    """
+    rewards = check.rank("rewards", check.floating("rewards", rewards), 2)
+    values = check.shape("values", check.floating("values", values), rewards.shape)
+    mask = check.shape("mask", check.mask("mask", mask), rewards.shape)
+
+    def step(carry, xs):
+        next_value, next_advantage = carry
+        r, v, m = xs
+        advantage = r + gamma * next_value - v + gamma * lam * next_advantage
+        valid = m > 0
+        carry = (jnp.where(valid, v, next_value), jnp.where(valid, advantage, next_advantage))
+        return carry, jnp.where(valid, advantage, 0.0)
+
+    zeros = jnp.zeros(rewards.shape[0], jnp.float32)
+    _, advantages = jax.lax.scan(step, (zeros, zeros), (rewards.T, values.T, mask.T), reverse=True)
+    advantages = advantages.T
+    return advantages, jnp.where(mask > 0, advantages + values, 0.0)

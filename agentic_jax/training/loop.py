@@ -1,0 +1,215 @@
+"""Language-model pretraining: tokenizer -> packed batches -> sharded jit train step -> records.
+
+Everything a restart needs is in the checkpoint (params, optimiser state, step, RNG, data-iterator
+position), so a run killed at any point and started again with the same command continues with
+exactly the losses it would have had.  The work directory holds::
+
+    config.gin, operative_config.gin   the parsed and the operative gin config
+    tokenizer.json                     the tokenizer (trained on first start unless given)
+    checkpoints/<step>/                orbax checkpoints (the latest few)
+    metrics.jsonl                      one record per step, eval records every ``eval_every``
+    loss_curve.png                     train and held-out loss by step (written at the end)
+    model/                             the final parameters and model config (``load_model``)
+"""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+
+import gin
+import jax
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+from tqdm.auto import tqdm
+
+import sharding
+from agentic_jax import config as gin_config
+from agentic_jax.data.pipeline import heldout_data, train_data
+from agentic_jax.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
+from agentic_jax.models import TransformerConfig, flops_per_token, init_params, param_axes
+from agentic_jax.models.export import save_model
+from agentic_jax.training.checkpoint import Checkpointer
+from agentic_jax.training.metrics import MetricsLog, plot_curves, read_metrics
+from agentic_jax.training.mfu import peak_flops_per_device
+from agentic_jax.training.optim import make_optimizer, make_schedule
+from agentic_jax.training.state import TrainState
+from agentic_jax.training.step import make_eval_step, make_train_step
+
+BATCH_AXES = ("activation_batch", "activation_length")
+
+
+def prepare_tokenizer(workdir: str, tokenizer_path: str | None) -> Tokenizer:
+    """The given tokenizer, else the run's own (trained on the training corpus on first start)."""
+    if tokenizer_path is not None:
+        return load_tokenizer(tokenizer_path)
+    path = os.path.join(workdir, "tokenizer.json")
+    if os.path.exists(path):
+        return load_tokenizer(path)
+    print(f"training a byte-level BPE tokenizer -> {path}", flush=True)
+    return train_tokenizer(path)
+
+
+def state_shardings(abstract_state: TrainState, config: TransformerConfig,
+                    optimizer: optax.GradientTransformation, mesh, rules) -> TrainState:
+    """NamedShardings for the whole state: params by their logical axes, optimiser moments like
+    their parameters (ZeRO-3 when ``embed`` maps to ``fsdp``), scalars replicated."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    params = sharding.logical_to_sharding(param_axes(config), mesh, rules,
+                                          shapes=abstract_state.params)
+    opt = optax.tree_map_params(optimizer, lambda _, s: s, abstract_state.opt_state, params,
+                                transform_non_params=lambda _: replicated)
+    return TrainState(step=replicated, params=params, opt_state=opt, rng=replicated)
+
+
+class _StopRequest:
+    """Turns SIGTERM into a clean stop at the next step boundary (with a checkpoint)."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def restore(self):
+        signal.signal(signal.SIGTERM, self._previous)
+
+
+def _to_global(batch, batch_sharding):
+    return {k: jax.make_array_from_process_local_data(batch_sharding, np.asarray(v))
+            for k, v in batch.items()}
+
+
+def evaluate(eval_step, params, batches, batch_sharding, max_batches: int = 0) -> dict:
+    """Mean held-out next-token loss (nats/token) and perplexity over the held-out stream."""
+    nll, count = 0.0, 0.0
+    for i, batch in enumerate(batches):
+        if max_batches and i >= max_batches:
+            break
+        total, n = eval_step(params, _to_global(batch, batch_sharding))
+        nll, count = nll + float(total), count + float(n)
+    loss = nll / max(count, 1.0)
+    return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0)), "eval_tokens": count}
+
+
+@gin.configurable
+def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
+          tokenizer_path: str | None = None, steps: int = 1000, batch_size: int = 16,
+          seq_len: int = 256, accum_steps: int = 1, seed: int = 0, z_loss: float = 0.0,
+          eval_every: int = 100, eval_batches: int = 0, checkpoint_every: int = 100,
+          keep_checkpoints: int = 3, log_every: int = 10, progress: bool = True) -> dict:
+    """Trains ``model`` on the shipped corpus (or ``train_data.files``) for ``steps`` updates.
+
+    ``batch_size`` rows of ``seq_len`` tokens per update, split into ``accum_steps`` micro-batches;
+    held-out loss every ``eval_every`` steps over ``eval_batches`` batches (0 = all of them);
+    a checkpoint every ``checkpoint_every`` steps.  Resumes from the latest checkpoint in
+    ``workdir``.  Returns the final train and held-out metrics.
+    """
+    os.makedirs(workdir, exist_ok=True)
+    gin_config.save_config(workdir, operative=False)
+    tokenizer = prepare_tokenizer(workdir, tokenizer_path)
+    if model.vocab_size != tokenizer.vocab_size:
+        model = model.replace(vocab_size=tokenizer.vocab_size)
+    mesh, rules = sharding.make_mesh(), sharding.axis_rules()
+    schedule = make_schedule(total_steps=steps)
+    optimizer = make_optimizer(schedule)
+    cache_dir = os.path.join(workdir, "cache")
+    shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
+    local_batch = batch_size // jax.process_count()
+    data = iter(train_data(tokenizer, seq_len=seq_len, batch_size=local_batch, seed=seed,
+                           cache_dir=cache_dir, **shard))
+    heldout = heldout_data(tokenizer, seq_len=seq_len, batch_size=local_batch, cache_dir=cache_dir,
+                           **shard)
+
+    with sharding.activate(mesh, rules):
+        def create(key):
+            return TrainState.create(init_params(model, key), optimizer, seed)
+
+        abstract = jax.eval_shape(create, jax.random.key(seed))
+        shardings = state_shardings(abstract, model, optimizer, mesh, rules)
+        batch_sharding = NamedSharding(mesh, sharding.logical_to_spec(BATCH_AXES, rules, mesh))
+        train_step = jax.jit(make_train_step(model, optimizer, schedule, z_loss=z_loss,
+                                             accum_steps=accum_steps),
+                             in_shardings=(shardings, batch_sharding), donate_argnums=0)
+        eval_step = jax.jit(make_eval_step(model), in_shardings=(shardings.params, batch_sharding))
+
+        ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=keep_checkpoints)
+        start = ckpt.latest_step()
+        if start is None:
+            state = jax.jit(create, out_shardings=shardings)(jax.random.key(seed))
+            start = 0
+        else:
+            target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                  abstract, shardings)
+            state, data_state = ckpt.restore(start, target)
+            data.set_state(data_state)
+            print(f"resumed from step {start} in {workdir}", flush=True)
+
+        log = MetricsLog(os.path.join(workdir, "metrics.jsonl"), resume_step=start)
+        tokens_per_step = batch_size * seq_len
+        flops_per_step = flops_per_token(model, seq_len) * tokens_per_step
+        peak = peak_flops_per_device() * jax.device_count()
+        stop = _StopRequest()
+        bar = tqdm(total=steps, initial=start, disable=not progress or jax.process_index() != 0,
+                   unit="step", dynamic_ncols=True)
+        pending, last = [], {}
+        step = start
+        interval_start = time.perf_counter()
+
+        def flush():
+            """Writes the buffered per-step metrics (one device fetch for the whole interval)."""
+            nonlocal pending, last, interval_start
+            if not pending:
+                return
+            tokens_per_sec = len(pending) * tokens_per_step / (time.perf_counter() - interval_start)
+            for s, m in jax.device_get(pending):
+                last = {"step": s, **{k: float(v) for k, v in m.items()}}
+                log.write({**last, "tokens_per_sec": tokens_per_sec,
+                           "mfu": tokens_per_sec * flops_per_step / tokens_per_step / peak})
+            pending = []
+            bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{tokens_per_sec:,.0f}")
+            interval_start = time.perf_counter()
+
+        try:
+            while step < steps and not stop.requested:
+                state, metrics = train_step(state, _to_global(next(data), batch_sharding))
+                step += 1
+                pending.append((step, metrics))
+                bar.update(1)
+                if step % log_every == 0 or step == steps:
+                    flush()
+                    if step == log_every or step == steps:
+                        gin_config.save_config(workdir, operative=True)
+                if step % eval_every == 0 or step == steps:
+                    flush()
+                    result = evaluate(eval_step, state.params, heldout, batch_sharding, eval_batches)
+                    log.write({"step": step, **result})
+                    last.update(result)
+                    bar.write(f"step {step}: held-out loss {result['eval_loss']:.4f}")
+                    interval_start = time.perf_counter()
+                if step % checkpoint_every == 0 or step == steps:
+                    flush()  # the log must hold every step up to the checkpoint it resumes from
+                    ckpt.save(step, state, data.get_state())
+        except KeyboardInterrupt:
+            stop.requested = True
+        finally:
+            flush()
+            bar.close()
+            stop.restore()
+            if stop.requested and ckpt.latest_step() != step:
+                ckpt.save(step, state, data.get_state())
+                print(f"interrupted: saved a checkpoint at step {step}; run the same command to "
+                      "resume", flush=True)
+            ckpt.wait()
+            ckpt.close()
+        if stop.requested:
+            raise KeyboardInterrupt
+
+    if step >= steps:
+        save_model(os.path.join(workdir, "model"), model, jax.device_get(state.params))
+        plot_curves(read_metrics(log.path), os.path.join(workdir, "loss_curve.png"),
+                    title=f"{model.n_layers}-layer, d={model.d_model}, {steps} steps")
+    return last

@@ -1,0 +1,93 @@
+"""Public flash attention: layout, padding and the custom VJP around the Pallas kernels.
+
+The kernels work head-major (``[B, N, T, H]``) so that a tile's last two dimensions are
+(sequence, head_dim), the layout Mosaic TPU tiles natively; this wrapper transposes,
+pads T and S to whole tiles, and differentiates through both (XLA handles those), while
+the attention core carries a custom VJP: the forward saves only O and the log-sum-exp, and
+the backward kernels recompute probabilities, so memory stays O(B N T H) instead of
+O(B N T S).
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.backend import resolve_interpret
+from pallas_kernels.block_sizes import BlockSizes, plan_tiling
+from pallas_kernels.flash_backward import flash_backward
+from pallas_kernels.flash_blocks import FlashConfig
+from pallas_kernels.flash_forward import flash_forward
+from pallas_kernels.reference import check_attention_inputs
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _attention_core(q, k, v, q_seg, kv_seg, cfg: FlashConfig):
+    return flash_forward(q, k, v, q_seg, kv_seg, cfg=cfg)[0]
+
+
+def _attention_core_fwd(q, k, v, q_seg, kv_seg, cfg):
+    o, lse = flash_forward(q, k, v, q_seg, kv_seg, cfg=cfg)
+    return o, (q, k, v, q_seg, kv_seg, o, lse)
+
+
+def _attention_core_bwd(cfg, residuals, do):
+    q, k, v, q_seg, kv_seg, o, lse = residuals
+    dq, dk, dv = flash_backward(q, k, v, q_seg, kv_seg, o, lse, do, cfg=cfg)
+    return dq, dk, dv, None, None
+
+
+_attention_core.defvjp(_attention_core_fwd, _attention_core_bwd)
+
+
+def _pad_axis(x, axis: int, length: int):
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, length - x.shape[axis])
+    return jnp.pad(x, pad)
+
+
+def _check_options(q, k, v, sliding_window, logits_soft_cap):
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window < 1):
+        raise ValueError(f"sliding_window must be a positive int, got {sliding_window!r}")
+    if logits_soft_cap is not None and not logits_soft_cap > 0:
+        raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap!r}")
+
+
+def flash_attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=None,
+                    logits_soft_cap=None, sm_scale=None, block_sizes: BlockSizes | None = None,
+                    interpret: bool | None = None):
+    """Memory-efficient attention with the semantics of ``reference_attention``.
+
+    q: [B, T, N, H]; k, v: [B, S, K, H] with N % K == 0 and T <= S (queries are the last T
+    positions).  ``segment_ids=(q_ids [B,T], kv_ids [B,S])`` restricts attention to equal
+    ids; ``sliding_window=w`` lets a query see itself and the w-1 keys before it;
+    ``logits_soft_cap=c`` applies ``c * tanh(x / c)`` to the scaled logits.  Inputs may be
+    f32 or bf16; accumulation is f32.  A query that sees no key returns zeros.
+    ``interpret=None`` compiles on TPU and interprets on CPU (see ``backend``).
+    """
+    b, t, s, n, kh, h = check_attention_inputs(q, k, v, segment_ids)
+    _check_options(q, k, v, sliding_window, logits_soft_cap)
+    interpret = resolve_interpret(interpret, "flash_attention")
+    tiling = plan_tiling(block_sizes or BlockSizes.default(), t, s,
+                         check_tpu_layout=not interpret)
+    cfg = FlashConfig(
+        causal=bool(causal), sliding_window=sliding_window,
+        soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        scale=float(h ** -0.5 if sm_scale is None else sm_scale),
+        q_len=t, kv_len=s, groups=n // kh, has_segments=segment_ids is not None,
+        tiling=tiling, interpret=interpret)
+
+    def head_major(x, length):
+        return _pad_axis(jnp.swapaxes(x, 1, 2), 2, length)
+
+    q_seg = kv_seg = None
+    if segment_ids is not None:
+        q_ids, kv_ids = (jnp.asarray(x, jnp.int32) for x in segment_ids)
+        q_seg = _pad_axis(q_ids, 1, tiling.q_padded)[:, :, None]
+        kv_seg = _pad_axis(kv_ids, 1, tiling.kv_padded)[:, None, :]
+    o = _attention_core(head_major(q, tiling.q_padded), head_major(k, tiling.kv_padded),
+                        head_major(v, tiling.kv_padded), q_seg, kv_seg, cfg)
+    return jnp.swapaxes(o[:, :, :t], 1, 2)

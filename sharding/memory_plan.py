@@ -1,0 +1,225 @@
+"""Per-device memory of a training or serving run, before anything is allocated.
+
+Each tensor the run keeps (parameters, their fp32 master copy, gradients, optimizer moments,
+activations saved for the backward pass, KV cache) is given logical axes and laid out with the
+same rules as the real arrays (:mod:`sharding.diagnostics`), so the figures follow the actual
+sharding: per-device bytes = product of the sharded shape x bytes per element.
+
+Assumptions, stated so the numbers can be checked by hand:
+
+* Parameters are those of the Llama-style transformer (``agentic_jax.models``): embedding,
+  per-layer q/k/v/o (+ optional qkv biases), SwiGLU gate/up/down, two RMSNorms, final norm,
+  untied LM head unless ``tie_embeddings``.  Gradients and optimizer state are sharded like the
+  parameters (ZeRO-3 / FSDP).
+* Activations saved per layer and token (remat "none"): the two norm inputs and outputs (4 x d),
+  q, k, v and the attention output, the fp32 log-sum-exp of a fused attention kernel (attention
+  probabilities are never stored), and the MLP gate, up and gated product (3 x d_ff).  "dots"
+  keeps only matmul outputs and the layer input; "full" keeps only the layer input; both add one
+  layer's recomputed working set as transient peak.  The head keeps the final norm's input and
+  output and fp32 logits for the loss.
+* Serving (``optimizer=None``): parameters, the KV cache ``2 x layers x batch x seq x kv_heads x
+  head_dim`` and one layer's working set for the prompt plus last-position logits.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from sharding.diagnostics import array_layouts
+from sharding.rules import AxisRules, current_rules
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """Bytes per element of each kind of state."""
+    param: int
+    master: int  # fp32 master copy kept beside low-precision params (0 if none)
+    grad: int
+    state: int  # per optimizer moment
+    activation: int
+
+
+PRECISIONS = {
+    "mixed": Precision(param=2, master=4, grad=2, state=4, activation=2),  # 16 B/param with Adam
+    "bf16": Precision(param=2, master=0, grad=2, state=2, activation=2),
+    "fp32": Precision(param=4, master=0, grad=4, state=4, activation=4),
+}
+OPTIMIZER_MOMENTS = {"sgd": 0, "momentum": 1, "lion": 1, "adam": 2, "adamw": 2}
+REMAT = ("none", "dots", "full")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """The shape-determining fields of ``TransformerConfig``; any object with them will do."""
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_ff: int
+    tie_embeddings: bool = False
+    qkv_bias: bool = False
+
+
+LLAMA3_8B = ModelShape(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+                       head_dim=128, d_ff=14336)
+LLAMA3_70B = ModelShape(vocab_size=128256, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8,
+                        head_dim=128, d_ff=28672)
+PRESETS = {"llama3-8b": LLAMA3_8B, "llama3-70b": LLAMA3_70B}
+
+
+def _arrays(table):
+    """``{name: (logical axes, shape)}`` -> (axes tree, ShapeDtypeStruct tree)."""
+    axes = {name: a for name, (a, _) in table.items()}
+    shapes = {name: jax.ShapeDtypeStruct(s, jnp.float32) for name, (_, s) in table.items()}
+    return axes, shapes
+
+
+def transformer_params(c):
+    """(axes tree, shapes tree) of the transformer's parameters, flat by name."""
+    L, D, N, K, H, F, V = c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff, c.vocab_size
+    table = {
+        "embed": (("vocab", "embed"), (V, D)),
+        "q": (("layers", "embed", "q_heads", "head_dim"), (L, D, N, H)),
+        "k": (("layers", "embed", "kv_heads", "head_dim"), (L, D, K, H)),
+        "v": (("layers", "embed", "kv_heads", "head_dim"), (L, D, K, H)),
+        "o": (("layers", "q_heads", "head_dim", "embed"), (L, N, H, D)),
+        "gate": (("layers", "embed", "mlp"), (L, D, F)),
+        "up": (("layers", "embed", "mlp"), (L, D, F)),
+        "down": (("layers", "mlp", "embed"), (L, F, D)),
+        "attn_norm": (("layers", "norm"), (L, D)),
+        "mlp_norm": (("layers", "norm"), (L, D)),
+        "final_norm": (("norm",), (D,)),
+    }
+    if c.qkv_bias:
+        table["q_bias"] = (("layers", "q_heads", "head_dim"), (L, N, H))
+        table["k_bias"] = (("layers", "kv_heads", "head_dim"), (L, K, H))
+        table["v_bias"] = (("layers", "kv_heads", "head_dim"), (L, K, H))
+    if not c.tie_embeddings:
+        table["lm_head"] = (("embed", "vocab"), (D, V))
+    return _arrays(table)
+
+
+BTD = ("activation_batch", "activation_length", "activation_embed")
+BTNH = ("activation_batch", "activation_length", "activation_heads", "head_dim")
+BTKH = ("activation_batch", "activation_length", "activation_kv_heads", "head_dim")
+BTF = ("activation_batch", "activation_length", "activation_mlp")
+BTV = ("activation_batch", "activation_length", "activation_vocab")
+
+
+class Saved(NamedTuple):
+    """An activation: logical axes, shape, whether it is fp32, remat policies that keep it."""
+    axes: tuple
+    shape: tuple
+    fp32: bool = False
+    kept_by: frozenset = frozenset()
+
+
+def _layer_activations(c, batch, seq) -> dict[str, Saved]:
+    """What one layer stores for its backward pass, by name."""
+    B, T, D, N, K, H, F = batch, seq, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff
+    every, dots, none = frozenset(REMAT), frozenset({"none", "dots"}), frozenset({"none"})
+    return {
+        "layer_input": Saved(BTD, (B, T, D), kept_by=every),
+        "attn_norm_out": Saved(BTD, (B, T, D), kept_by=none),
+        "q": Saved(BTNH, (B, T, N, H), kept_by=dots),
+        "k": Saved(BTKH, (B, T, K, H), kept_by=dots),
+        "v": Saved(BTKH, (B, T, K, H), kept_by=dots),
+        "attn_out": Saved(BTNH, (B, T, N, H), kept_by=dots),
+        "attn_lse": Saved(BTNH[:3], (B, T, N), fp32=True, kept_by=none),
+        "mlp_norm_in": Saved(BTD, (B, T, D), kept_by=dots),
+        "mlp_norm_out": Saved(BTD, (B, T, D), kept_by=none),
+        "gate": Saved(BTF, (B, T, F), kept_by=dots),
+        "up": Saved(BTF, (B, T, F), kept_by=dots),
+        "hidden": Saved(BTF, (B, T, F), kept_by=none),
+    }
+
+
+def _bytes(table: dict[str, Saved], mesh, rules, precision: Precision, keep=lambda saved: True) -> int:
+    chosen = {name: (saved.axes, saved.shape) for name, saved in table.items() if keep(saved)}
+    layouts = array_layouts(*_arrays(chosen), mesh, rules)
+    return sum(row.device_elements * (4 if table[row.path].fp32 else precision.activation) for row in layouts)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+    """Per-device bytes by kind of state; ``n_params`` is the global parameter count."""
+    n_params: int
+    params: int
+    master_params: int
+    grads: int
+    optimizer: int
+    activations: int
+    kv_cache: int
+
+    @property
+    def total(self) -> int:
+        return (self.params + self.master_params + self.grads + self.optimizer + self.activations
+                + self.kv_cache)
+
+
+def plan_memory(config, mesh, batch: int, seq_len: int, optimizer: str | None = "adamw",
+                precision: str = "mixed", remat: str = "full", rules: AxisRules | None = None) -> MemoryPlan:
+    """Per-device memory of training (``optimizer`` set) or serving (``optimizer=None``).
+
+    ``config``: any object with the ``ModelShape`` fields (e.g. ``TransformerConfig``); ``mesh``: a
+    Mesh, MeshSpec or ``{axis: size}``; ``batch``: global sequences; ``precision``: a
+    ``PRECISIONS`` key; ``remat``: one of ``REMAT``.  Raises ``ShardingError`` if a tensor does not
+    divide its mesh axes (batch must divide data x fsdp, seq_len the sequence axis, ...).
+    """
+    if remat not in REMAT:
+        raise ValueError(f"remat={remat!r}; expected one of {REMAT}")
+    if optimizer is not None and optimizer not in OPTIMIZER_MOMENTS:
+        raise ValueError(f"optimizer={optimizer!r}; expected None or one of {sorted(OPTIMIZER_MOMENTS)}")
+    p = PRECISIONS[precision]
+    rules = AxisRules(current_rules() if rules is None else rules)
+    param_rows = array_layouts(*transformer_params(config), mesh, rules)
+    n_params = sum(math.prod(row.shape) for row in param_rows)
+    shard = sum(row.device_elements for row in param_rows)
+    layer = _layer_activations(config, batch, seq_len)
+    one_layer = _bytes(layer, mesh, rules, p)
+    if optimizer is None:
+        head = {"logits": Saved(BTV, (batch, 1, config.vocab_size), fp32=True)}
+        cache_axes = ("layers", "cache_batch", "cache_length", "cache_kv_heads", "head_dim")
+        cache_shape = (config.n_layers, batch, seq_len, config.n_kv_heads, config.head_dim)
+        kv = 2 * _bytes({"k": Saved(cache_axes, cache_shape)}, mesh, rules, p)
+        return MemoryPlan(n_params, shard * p.param, 0, 0, 0, one_layer + _bytes(head, mesh, rules, p), kv)
+    kept = _bytes(layer, mesh, rules, p, keep=lambda saved: remat in saved.kept_by)
+    head = {
+        "final_norm_in": Saved(BTD, (batch, seq_len, config.d_model)),
+        "final_norm_out": Saved(BTD, (batch, seq_len, config.d_model)),
+        "logits": Saved(BTV, (batch, seq_len, config.vocab_size), fp32=True),
+    }
+    activations = config.n_layers * kept + (one_layer - kept) + _bytes(head, mesh, rules, p)
+    return MemoryPlan(n_params, shard * p.param, shard * p.master, shard * p.grad,
+                      shard * p.state * OPTIMIZER_MOMENTS[optimizer], activations, 0)
+
+
+GiB = 1 << 30
+
+
+def memory_report(models=("llama3-8b", "llama3-70b"), device_counts=(8, 256), seq_len: int = 4096) -> str:
+    """Table of planned per-device GiB: mixed-precision AdamW training with full remat (one
+    sequence per data x fsdp shard) on an FSDP and an FSDP x TP8 mesh, and bf16 serving on TP8
+    replicas with one sequence per replica."""
+    header = ("model", "devices", "run", "mesh", "batch", "params", "master", "grads", "opt", "activ", "kv",
+              "total")
+    rows = []
+    for name in models:
+        for n in device_counts:
+            runs = (("train", {"fsdp": n}, n, "adamw", "mixed"),
+                    ("train", {"fsdp": n // 8, "tensor": 8}, n // 8, "adamw", "mixed"),
+                    ("serve", {"data": n // 8, "tensor": 8}, n // 8, None, "bf16"))
+            for run, mesh, batch, optimizer, precision in runs:
+                plan = plan_memory(PRESETS[name], mesh, batch, seq_len, optimizer, precision, "full")
+                gib = [f"{b / GiB:.2f}" for b in (plan.params, plan.master_params, plan.grads, plan.optimizer,
+                                                  plan.activations, plan.kv_cache, plan.total)]
+                rows.append((name, str(n), run, "x".join(f"{k}{v}" for k, v in mesh.items()), str(batch), *gib))
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [header, *rows]]
+    return "\n".join([f"per-device GiB, seq_len={seq_len}, remat=full", *lines])

@@ -1,0 +1,154 @@
+"""Pallas flash attention (interpret mode on CPU) against the pure-jnp reference."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pallas_kernels import BlockSizes, flash_attention, reference_attention
+from pallas_kernels.block_sizes import plan_tiling
+
+# Worst-case |error| relative to max(1, max |reference|), per dtype of q, k, v.  bf16
+# results round to 8 significant bits, so kernel and reference (which sum in different
+# orders) may differ by one or two bf16 ulps (2^-8 relative each).
+TOLERANCE = {jnp.float32: 2e-5, jnp.bfloat16: 1e-2}
+
+FEATURES = {
+    "causal": dict(causal=True),
+    "bidirectional": dict(causal=False),
+    "causal_window": dict(causal=True, sliding_window=True),
+    "bidirectional_window": dict(causal=False, sliding_window=True),
+    "segments": dict(causal=True, segment_ids=True),
+    "soft_cap": dict(causal=False, logits_soft_cap=True),
+}
+
+
+@st.composite
+def problems(draw, feature):
+    """Random shapes, GQA ratio, tiles and dtype; lengths need not be tile multiples."""
+    spec = FEATURES[feature]
+    s = draw(st.integers(8, 48))
+    t = draw(st.integers(1, s))
+    kv_heads, groups = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2, 3]))
+    dims = dict(b=draw(st.integers(1, 2)), t=t, s=s, n=kv_heads * groups, k=kv_heads,
+                h=draw(st.sampled_from([8, 16])))
+    blocks = BlockSizes(*(draw(st.sampled_from([8, 16])) for _ in range(4)))
+    kwargs = dict(causal=spec["causal"], sm_scale=draw(st.sampled_from([None, 0.3])))
+    if spec.get("sliding_window"):
+        kwargs["sliding_window"] = draw(st.integers(1, s))
+    if spec.get("logits_soft_cap"):
+        kwargs["logits_soft_cap"] = draw(st.sampled_from([0.5, 5.0]))
+    if spec.get("segment_ids"):
+        # Sorted ids = packed sequences; the query ids are the last T of the key ids.
+        ids = np.sort(draw(st.lists(st.integers(0, 3), min_size=s, max_size=s)))
+        kv_ids = np.broadcast_to(ids, (dims["b"], s))
+        kwargs["segment_ids"] = (jnp.asarray(kv_ids[:, s - t:]), jnp.asarray(kv_ids))
+    dtype = draw(st.sampled_from([jnp.float32, jnp.bfloat16]))
+    return dims, blocks, kwargs, dtype, draw(st.integers(0, 2**16))
+
+
+def random_qkv(dims, dtype, seed):
+    kq, kk, kv = jax.random.split(jax.random.key(seed), 3)
+    q = jax.random.normal(kq, (dims["b"], dims["t"], dims["n"], dims["h"]), dtype)
+    k = jax.random.normal(kk, (dims["b"], dims["s"], dims["k"], dims["h"]), dtype)
+    v = jax.random.normal(kv, (dims["b"], dims["s"], dims["k"], dims["h"]), dtype)
+    return q, k, v
+
+
+def output_and_grads(fn, q, k, v, **kwargs):
+    """(out, dq, dk, dv) for a random output cotangent, compiled as one program."""
+    def run(q, k, v, kwargs):
+        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, **kwargs), q, k, v)
+        cotangent = jax.random.normal(jax.random.key(7), out.shape, out.dtype)
+        return (out, *vjp(cotangent))
+    arrays = {name: x for name, x in kwargs.items() if isinstance(x, (tuple, jax.Array))}
+    static = {name: x for name, x in kwargs.items() if name not in arrays}
+    return jax.jit(lambda q, k, v, arrays: run(q, k, v, {**arrays, **static}))(q, k, v, arrays)
+
+
+def assert_close(got, want, dtype, what):
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    assert np.isfinite(got).all(), what
+    scale = max(1.0, float(np.abs(want).max()))
+    err = float(np.abs(got - want).max()) / scale
+    assert err <= TOLERANCE[dtype], f"{what}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("feature", sorted(FEATURES))
+@settings(max_examples=2)
+@given(data=st.data())
+def test_forward_and_gradients_match_reference(feature, data):
+    dims, blocks, kwargs, dtype, seed = data.draw(problems(feature))
+    q, k, v = random_qkv(dims, dtype, seed)
+    got = output_and_grads(flash_attention, q, k, v, block_sizes=blocks, interpret=True, **kwargs)
+    want = output_and_grads(reference_attention, q, k, v, **kwargs)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        assert a.dtype == b.dtype == dtype
+        assert_close(a, b, dtype, f"{name} {dims} {kwargs}")
+
+
+def test_fully_masked_rows_are_zero_with_finite_gradients():
+    dims = dict(b=2, t=12, s=20, n=4, k=2, h=8)
+    q, k, v = random_qkv(dims, jnp.float32, 0)
+    kv_ids = jnp.broadcast_to(jnp.repeat(jnp.arange(4), 5), (2, 20))
+    q_ids = kv_ids[:, 8:].at[:, ::3].set(9)          # segment 9 has no keys
+    kwargs = dict(segment_ids=(q_ids, kv_ids), sliding_window=6)
+    got = output_and_grads(flash_attention, q, k, v, block_sizes=BlockSizes(8, 8, 8, 8),
+                           interpret=True, **kwargs)
+    want = output_and_grads(reference_attention, q, k, v, **kwargs)
+    np.testing.assert_array_equal(got[0][:, ::3], 0.0)
+    assert np.abs(np.asarray(got[0][:, 1::3])).min() > 0
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        assert_close(a, b, jnp.float32, name)
+    np.testing.assert_array_equal(got[1][:, ::3], 0.0)   # no key, no gradient to that query
+
+
+def test_bf16_accumulates_in_f32():
+    """Summing 4096 equal bf16 values in bf16 would stall at 256; f32 accumulation gives the mean."""
+    dims = dict(b=1, t=1, s=4096, n=1, k=1, h=8)
+    q = jnp.zeros((1, 1, 1, 8), jnp.bfloat16)
+    v = jnp.ones((1, 4096, 1, 8), jnp.bfloat16) * jnp.asarray(1.5, jnp.bfloat16)
+    k = jnp.zeros_like(v)
+    out = flash_attention(q, k, v, causal=False, block_sizes=BlockSizes(8, 4096, 8, 512),
+                          interpret=True)
+    assert out.dtype == jnp.bfloat16 and dims["s"] == 4096
+    np.testing.assert_array_equal(np.asarray(out, np.float32), 1.5)
+
+
+def test_lengths_are_padded_to_whole_tiles():
+    tiling = plan_tiling(BlockSizes(16, 32, 8, 64), 20, 50, check_tpu_layout=False)
+    assert (tiling.block_q, tiling.block_kv, tiling.block_q_bwd, tiling.block_kv_bwd) == (16, 32, 8, 56)
+    assert (tiling.q_padded, tiling.kv_padded) == (32, 224)
+    small = plan_tiling(BlockSizes(), 3, 5, check_tpu_layout=True)
+    assert (small.block_q, small.block_kv, small.q_padded, small.kv_padded) == (8, 8, 8, 8)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: BlockSizes(block_q=12), "multiple of 8"),
+    (lambda: BlockSizes(block_kv=0), "multiple of 8"),
+    (lambda: plan_tiling(BlockSizes(block_kv=64), 8, 1000, check_tpu_layout=True), "multiple of 128"),
+])
+def test_bad_block_sizes_raise_clear_errors(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+@pytest.mark.parametrize("shapes, kwargs, message", [
+    (((1, 9, 2, 8), (1, 8, 1, 8), (1, 8, 1, 8)), {}, "exceeds key length"),
+    (((1, 8, 3, 8), (1, 8, 2, 8), (1, 8, 2, 8)), {}, "multiple of kv heads"),
+    (((1, 8, 2, 8), (1, 8, 1, 8), (1, 8, 1, 8)), dict(sliding_window=0), "sliding_window"),
+    (((1, 8, 2, 8), (1, 8, 1, 8), (1, 8, 1, 8)), dict(logits_soft_cap=-1.0), "soft_cap"),
+])
+def test_bad_inputs_raise_clear_errors(shapes, kwargs, message):
+    q, k, v = (jnp.zeros(shape) for shape in shapes)
+    with pytest.raises(ValueError, match=message):
+        flash_attention(q, k, v, interpret=True, **kwargs)
+
+
+def test_mixed_dtypes_and_compiled_mode_on_cpu_are_refused():
+    q = jnp.zeros((1, 8, 2, 8), jnp.bfloat16)
+    k = jnp.zeros((1, 8, 1, 8))
+    with pytest.raises(ValueError, match="share a dtype"):
+        flash_attention(q, k, k, interpret=True)
+    with pytest.raises(NotImplementedError, match="Mosaic TPU"):
+        flash_attention(k[:, :, :1], k, k, interpret=False)

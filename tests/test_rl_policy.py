@@ -1,0 +1,261 @@
+"""Policy losses: surrogate gradients, clipping, dual clip, exact reduction, stability."""
+import itertools
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from agentic_jax.rl import POLICY_LOSSES, combine_outputs, kl_penalty, policy_loss, psum_output
+
+B, T = 4, 6
+LENGTHS = np.array([6, 4, 3, 5])
+MASK = jnp.asarray(np.arange(T)[None, :] < LENGTHS[:, None])
+# Types whose gradient at ratio 1 is exactly −A·∇log π (the covariance variants may detach
+# or penalise selected tokens even there).
+SURROGATES = tuple(t for t in POLICY_LOSSES if t not in ("clip_cov", "kl_cov"))
+SEQUENCE_LEVEL = ("gspo", "geo_mean")
+
+
+def _batch(seed=0):
+    rng = np.random.default_rng(seed)
+    logp = -rng.uniform(0.1, 3.0, (B, T))
+    log_ratio = rng.uniform(-1.6, 1.6, (B, T))
+    log_ratio[0, :3] = [np.log(4.0), np.log(1.25), np.log(0.5)]  # dual-clip, DAPO band, low clip
+    adv = rng.normal(0.0, 1.5, (B, T))
+    adv[0, :3] = [-1.0, 1.0, -1.0]
+    return [jnp.asarray(x, jnp.float32) for x in (logp, logp - log_ratio, adv)]
+
+
+def _over_types(types, fn, jit):
+    """Evaluates fn(loss_type, *args) for every type in one (optionally jitted) function."""
+
+    def run(*args):
+        return {loss_type: fn(loss_type, *args) for loss_type in types}
+
+    return jax.jit(run) if jit else run
+
+
+def _value(loss_type, logp, old_logp, adv, mask, **kw):
+    return policy_loss(logp, old_logp, adv, mask, loss_type=loss_type, **kw).value
+
+
+def _grads_at_ratio_one(loss_type, logp, adv):
+    if loss_type in SEQUENCE_LEVEL:  # these use one advantage per sequence
+        adv = jnp.broadcast_to(adv[:, :1], adv.shape)
+    grad = jax.grad(lambda lp: _value(loss_type, lp, logp, adv, MASK, aggregation="token-mean"))(logp)
+    return grad, -adv * MASK / MASK.sum()
+
+
+_GRADS_AT_ONE = {jit: _over_types(SURROGATES, _grads_at_ratio_one, jit) for jit in (False, True)}
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@given(
+    logp=hnp.arrays(np.float32, (B, T), elements=st.floats(-8.0, -0.125, width=32)),
+    adv=hnp.arrays(np.float32, (B, T), elements=st.floats(-3.0, 3.0, width=32)),
+)
+def test_gradient_at_ratio_one_is_minus_advantage(jit, logp, adv):
+    for loss_type, (grad, expected) in _GRADS_AT_ONE[jit](logp, adv).items():
+        np.testing.assert_allclose(grad, expected, atol=1e-6, err_msg=loss_type)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_tokens_clipped_in_the_direction_of_the_advantage_pass_no_gradient(jit):
+    logp, old_logp, adv = _batch()
+    ratio, eps = np.exp(logp - old_logp), 0.2
+    types = ("ppo", "grpo", "bnpo", "dr_grpo", "cispo")
+    grads = _over_types(types, lambda lt, lp: jax.grad(lambda x: _value(lt, x, old_logp, adv, MASK, epsilon_high=eps))(lp), jit)(logp)
+    clipped = ((adv > 0) & (ratio > 1 + eps)) | ((adv < 0) & (ratio < 1 - eps))
+    dual_clipped = (adv < 0) & (ratio > 3.0)
+    assert clipped[MASK].sum() >= 3 and dual_clipped[MASK].sum() >= 1
+    for loss_type in types[:-1]:
+        frozen = clipped | dual_clipped if loss_type == "ppo" else clipped
+        assert np.all(grads[loss_type][frozen] == 0.0), loss_type
+        assert np.all(grads[loss_type][~frozen & MASK] != 0.0), loss_type
+    # CISPO clips the weight, not the gradient: clipped tokens still learn.
+    assert np.all(grads["cispo"][clipped & MASK] != 0.0)
+
+
+def test_dual_clip_bounds_the_loss_for_negative_advantages():
+    adv = jnp.full((1, 1), -2.0)
+    mask = jnp.ones((1, 1))
+    for log_ratio in [np.log(3.5), 5.0, 19.0, 50.0]:
+        old = jnp.full((1, 1), -log_ratio - 1.0)
+        logp = jnp.full((1, 1), -1.0)
+        ppo = policy_loss(logp, old, adv, mask, loss_type="ppo", dual_clip=3.0).value
+        grpo = policy_loss(logp, old, adv, mask, loss_type="grpo").value
+        assert ppo == pytest.approx(3.0 * 2.0) and grpo > ppo
+        assert jax.grad(lambda lp: policy_loss(lp, old, adv, mask, loss_type="ppo").value)(logp) == 0.0
+    with pytest.raises(ValueError, match="dual_clip"):
+        policy_loss(logp, old, adv, mask, loss_type="ppo", dual_clip=0.5)
+
+
+def test_dapo_decouples_the_upper_clip():
+    logp, old_logp, adv = _batch()
+    assert np.exp(logp - old_logp)[0, 1] == pytest.approx(1.25) and adv[0, 1] > 0
+
+    def grad(loss_type):
+        return jax.grad(lambda lp: _value(loss_type, lp, old_logp, adv, MASK))(logp)[0, 1]
+
+    assert grad("grpo") == 0.0 and grad("dapo") != 0.0
+    metrics = policy_loss(logp, old_logp, adv, MASK, loss_type="dapo").metrics
+    grpo_metrics = policy_loss(logp, old_logp, adv, MASK, loss_type="grpo").metrics
+    assert metrics["clip_frac_high"] == grpo_metrics["clip_frac_high"] - 1
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_every_loss_type_gives_its_own_value(jit):
+    logp, old_logp, adv = _batch()
+    values = _over_types(POLICY_LOSSES, _value, jit)(logp, old_logp, adv, MASK)
+    for a, b in itertools.combinations(POLICY_LOSSES, 2):
+        assert not np.isclose(values[a], values[b], rtol=1e-5), (a, b)
+
+
+def test_gspo_token_equals_gspo_for_sequence_level_advantages():
+    logp, old_logp, adv = _batch()
+    seq_adv = adv[:, 0]
+    for advantages in (seq_adv, jnp.broadcast_to(seq_adv[:, None], (B, T))):
+        values, grads = {}, {}
+        for loss_type in ("gspo", "gspo_token"):
+            values[loss_type], grads[loss_type] = jax.value_and_grad(
+                lambda lp: _value(loss_type, lp, old_logp, advantages, MASK)  # noqa: B023
+            )(logp)
+        np.testing.assert_allclose(values["gspo"], values["gspo_token"], rtol=1e-6)
+        np.testing.assert_allclose(grads["gspo"], grads["gspo_token"], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_micro_batches_reduce_exactly(jit):
+    logp, old_logp, adv = _batch(seed=5)
+    ref = logp + 0.3
+    entropy = jnp.abs(adv)
+
+    def outputs(loss_type, logp, old_logp, adv, mask, ref, entropy):
+        kw = dict(loss_type=loss_type, ref_logp=ref, kl_coef=0.1, entropy=entropy, entropy_coef=0.01)
+        whole = policy_loss(logp, old_logp, adv, mask, **kw)
+        parts = [policy_loss(*(x[s] for x in (logp, old_logp, adv, mask)), **{**kw, "ref_logp": ref[s],
+                 "entropy": entropy[s]}) for s in (slice(0, 1), slice(1, 4))]
+        return whole, combine_outputs(parts)
+
+    results = _over_types(SURROGATES, outputs, jit)(logp, old_logp, adv, MASK, ref, entropy)
+    for loss_type, (whole, combined) in results.items():
+        np.testing.assert_allclose(combined.value, whole.value, rtol=1e-5, err_msg=loss_type)
+        for key in whole.metrics:
+            np.testing.assert_allclose(combined.metrics[key], whole.metrics[key], rtol=1e-5, err_msg=key)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "gspo"])
+def test_data_parallel_shards_reduce_exactly(loss_type):
+    rng = np.random.default_rng(1)
+    logp = jnp.asarray(-rng.uniform(0.1, 3, (16, T)), jnp.float32)
+    old = logp + jnp.asarray(rng.normal(0, 0.3, (16, T)), jnp.float32)
+    adv = jnp.asarray(rng.normal(size=16), jnp.float32)
+    mask = jnp.asarray(rng.uniform(size=(16, T)) > 0.3)
+    mesh = jax.make_mesh((8,), ("data",))
+    sharded = [jax.device_put(x, NamedSharding(mesh, P("data"))) for x in (logp, old, adv, mask)]
+
+    @jax.jit
+    @partial(jax.shard_map, mesh=mesh, in_specs=P("data"), out_specs=P())
+    def loss(*shard):
+        return psum_output(policy_loss(*shard, loss_type=loss_type), "data")
+
+    reduced, whole = loss(*sharded), policy_loss(logp, old, adv, mask, loss_type=loss_type)
+    np.testing.assert_allclose(reduced.value, whole.value, rtol=1e-5)
+    np.testing.assert_allclose(reduced.metrics["ratio_min"], whole.metrics["ratio_min"])
+    np.testing.assert_allclose(reduced.metrics["clip_frac_low"], whole.metrics["clip_frac_low"])
+
+
+def test_packed_sequences_match_padded_ones():
+    logp, old_logp, adv = _batch(seed=2)
+    # Rows 1 (4 tokens) and 2 (3 tokens) of the padded batch, packed into one row of 7 + padding.
+    packed = [jnp.concatenate([x[1, :4], x[2, :3], jnp.zeros(1)])[None] for x in (logp, old_logp, adv)]
+    segment_ids = jnp.array([[0, 0, 0, 0, 1, 1, 1, 0]])
+    packed_mask = jnp.array([[1, 1, 1, 1, 1, 1, 1, 0]])
+    for loss_type in ("grpo", "gspo", "geo_mean", "dr_grpo"):
+        padded = policy_loss(logp[1:3], old_logp[1:3], adv[1:3], MASK[1:3], loss_type=loss_type, max_length=8)
+        pack = policy_loss(*packed, packed_mask, loss_type=loss_type, segment_ids=segment_ids, max_length=8)
+        np.testing.assert_allclose(pack.value, padded.value, rtol=1e-5, err_msg=loss_type)
+        assert pack.count == padded.count == 2
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_finite_for_extreme_log_probs_and_all_zero_masks(jit):
+    logp = jnp.array([[-1e4, 0.0, -1e-6], [-30.0, -1e4, 0.0]])
+    old = jnp.array([[0.0, -1e4, -1e-6], [-1e4, -1e-6, -jnp.inf]])
+    adv = jnp.array([[5.0, -5.0, 1.0], [-1.0, 2.0, 0.0]])
+    mask = jnp.array([[1, 1, 1], [1, 1, 0]])
+    ref = jnp.array([[0.0, -1e4, -50.0], [-1e-6, 0.0, jnp.nan]])
+
+    def check(loss_type, logp, mask):
+        def value(lp):
+            return policy_loss(lp, old, adv, mask, loss_type=loss_type, ref_logp=ref, kl_coef=0.1).value
+
+        return jax.value_and_grad(value)(logp), policy_loss(logp, old, adv, mask, loss_type=loss_type).metrics
+
+    for mask_case in (mask, jnp.zeros_like(mask)):
+        results = _over_types(POLICY_LOSSES, check, jit)(logp, mask_case)
+        for loss_type, ((value, grad), metrics) in results.items():
+            assert np.isfinite(value) and np.all(np.isfinite(grad)), loss_type
+            assert all(np.isfinite(m) for m in metrics.values()), loss_type
+            if not mask_case.any():
+                assert value == 0.0 and np.all(grad == 0.0), loss_type
+
+
+def test_kl_and_entropy_terms_enter_the_loss():
+    logp, old_logp, adv = _batch(seed=3)
+    ref = logp - 0.4
+    entropy = jnp.full((B, T), 2.0)
+    base = policy_loss(logp, old_logp, adv, MASK, loss_type="bnpo").value
+    kl = np.sum(kl_penalty(logp, ref, "k3") * MASK) / MASK.sum()
+    with_kl = policy_loss(logp, old_logp, adv, MASK, loss_type="bnpo", ref_logp=ref, kl_coef=0.5)
+    np.testing.assert_allclose(with_kl.value, base + 0.5 * kl, rtol=1e-5)
+    np.testing.assert_allclose(with_kl.metric_means()["kl"], kl, rtol=1e-5)
+    with_entropy = policy_loss(logp, old_logp, adv, MASK, loss_type="bnpo", entropy=entropy, entropy_coef=0.01)
+    np.testing.assert_allclose(with_entropy.value, base - 0.02, rtol=1e-5)
+    with pytest.raises(ValueError, match="ref_logp is required when kl_coef is non-zero"):
+        policy_loss(logp, old_logp, adv, MASK, kl_coef=0.1)
+
+
+def test_metrics_count_clipped_tokens_and_ratio_range():
+    logp, old_logp, adv = _batch()
+    ratio = np.exp(logp - old_logp)
+    out = policy_loss(logp, old_logp, adv, MASK, loss_type="ppo")
+    means = out.metric_means()
+    assert means["tokens"] == MASK.sum()
+    np.testing.assert_allclose(means["clip_frac_low"], np.mean(((adv < 0) & (ratio < 0.8))[MASK]), rtol=1e-6)
+    np.testing.assert_allclose(means["clip_frac_high"], np.mean(((adv > 0) & (ratio > 1.2))[MASK]), rtol=1e-6)
+    np.testing.assert_allclose(out.metrics["ratio_max"], ratio[MASK].max(), rtol=1e-5)
+    np.testing.assert_allclose(out.metrics["ratio_min"], ratio[MASK].min(), rtol=1e-5)
+    np.testing.assert_allclose(means["approx_kl"], np.mean((ratio - 1 - np.log(ratio))[MASK]), rtol=1e-4)
+
+
+def test_clip_cov_randomises_its_selection_with_a_key():
+    logp, old_logp, adv = _batch(seed=4)
+    kw = dict(loss_type="clip_cov", cov_fraction=0.2, clip_cov_bounds=(-10.0, 10.0))
+    a = policy_loss(logp, old_logp, adv, MASK, key=jax.random.key(0), **kw).value
+    b = policy_loss(logp, old_logp, adv, MASK, key=jax.random.key(1), **kw).value
+    deterministic = policy_loss(logp, old_logp, adv, MASK, **kw).value
+    assert a != b and deterministic != policy_loss(logp, old_logp, adv, MASK, loss_type="bnpo").value
+
+
+def test_errors_name_the_argument_and_the_valid_values():
+    logp, old_logp, adv = _batch()
+    with pytest.raises(ValueError, match=r"unknown loss_type 'reinforce'; valid values: ppo, grpo, .*kl_cov"):
+        policy_loss(logp, old_logp, adv, MASK, loss_type="reinforce")
+    with pytest.raises(ValueError, match=r"advantages must have shape \(4,\), got \(3,\)"):
+        policy_loss(logp, old_logp, adv[:3, 0], MASK)
+    with pytest.raises(ValueError, match=r"old_logp must have shape \(4, 6\)"):
+        policy_loss(logp, old_logp[:, :5], adv, MASK)
+    with pytest.raises(ValueError, match="logp must be a floating-point array"):
+        policy_loss(jnp.zeros((B, T), jnp.int32), old_logp, adv, MASK)
+    with pytest.raises(ValueError, match="unknown aggregation mode 'mean'"):
+        policy_loss(logp, old_logp, adv, MASK, aggregation="mean")
+    with pytest.raises(ValueError, match="unknown kl_estimator"):
+        policy_loss(logp, old_logp, adv, MASK, kl_estimator="k4")

@@ -1,0 +1,115 @@
+"""Optimiser, schedules, loss and the train step."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from hypothesis import given, strategies as st
+
+from agentic_jax.models import TransformerConfig, init_params
+from agentic_jax.training import (TrainState, cross_entropy, make_optimizer, make_schedule,
+                                  make_train_step, weight_decay_mask)
+
+PEAK, TOTAL, WARM = 1e-3, 100, 10
+
+
+@pytest.mark.parametrize("kind", ["constant", "cosine", "linear", "wsd"])
+def test_schedules_warm_up_linearly_then_follow_their_shape(kind):
+    f = make_schedule(PEAK, TOTAL, kind=kind, warmup_steps=WARM, final_lr_ratio=0.1, decay_fraction=0.2)
+    lr = np.array([float(f(s)) for s in range(TOTAL + 1)])
+    np.testing.assert_allclose(lr[:WARM + 1], np.linspace(0, PEAK, WARM + 1), rtol=1e-5, atol=1e-9)
+    after = lr[WARM:]
+    if kind == "constant":
+        np.testing.assert_allclose(after, PEAK, rtol=1e-6)
+        return
+    assert np.all(np.diff(after) <= 1e-9), "never increases after warmup"
+    np.testing.assert_allclose(lr[TOTAL], 0.1 * PEAK, rtol=1e-4)
+    if kind == "cosine":  # half-way through the decay: the midpoint between peak and final
+        np.testing.assert_allclose(lr[WARM + (TOTAL - WARM) // 2], 0.55 * PEAK, rtol=1e-3)
+    if kind == "linear":
+        np.testing.assert_allclose(np.diff(after), (0.1 * PEAK - PEAK) / (TOTAL - WARM), rtol=1e-3)
+    if kind == "wsd":  # stable until the last 20% of training
+        np.testing.assert_allclose(lr[WARM:TOTAL - 20 + 1], PEAK, rtol=1e-6)
+        assert lr[TOTAL - 10] < PEAK
+
+
+def test_schedule_rejects_bad_values():
+    with pytest.raises(ValueError, match="kind"):
+        make_schedule(kind="step")
+    with pytest.raises(ValueError, match="warmup_steps"):
+        make_schedule(total_steps=10, warmup_steps=20)
+
+
+CFG = TransformerConfig(vocab_size=61, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8,
+                        d_ff=24, tie_embeddings=False, qkv_bias=True)
+
+
+def test_weight_decay_mask_excludes_norms_biases_and_embeddings():
+    mask = weight_decay_mask(init_params(CFG, jax.random.key(0)))
+    flat = {jax.tree_util.keystr(p, simple=True, separator="/"): v
+            for p, v in jax.tree_util.tree_leaves_with_path(mask)}
+    excluded = {k for k, v in flat.items() if not v}
+    assert excluded == {"embed", "final_norm", "layers/attn_norm", "layers/mlp_norm",
+                        "layers/attn/q_bias", "layers/attn/k_bias", "layers/attn/v_bias"}
+    assert flat["lm_head"] and flat["layers/mlp/down"] and flat["layers/attn/q"]
+
+
+def test_weight_decay_touches_only_masked_params():
+    params = init_params(CFG, jax.random.key(0))
+    opt = make_optimizer(lambda _: 1e-2, weight_decay=0.5, clip_norm=None)
+    zero = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = opt.update(zero, opt.init(params), params)  # zero gradient: only decay moves params
+    mask = weight_decay_mask(params)
+    for u, m in zip(jax.tree.leaves(updates), jax.tree.leaves(mask)):
+        assert bool(jnp.any(u != 0)) == m
+
+
+@given(st.integers(2, 5), st.integers(3, 9), st.floats(0.0, 1e-2))
+def test_cross_entropy_matches_optax_with_mask_and_z_loss(b, t, z):
+    k1, k2, k3 = jax.random.split(jax.random.key(b * 10 + t), 3)
+    logits = 3 * jax.random.normal(k1, (b, t, 11))
+    targets = jax.random.randint(k2, (b, t), 0, 11)
+    mask = jax.random.bernoulli(k3, 0.7, (b, t))
+    total, count, m = jax.jit(lambda *a: cross_entropy(*a, z_loss=z))(logits, targets, mask)
+    ref = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    log_z = jax.nn.logsumexp(logits, -1)
+    np.testing.assert_allclose(m["nll"], jnp.sum(ref * mask), rtol=1e-5)
+    np.testing.assert_allclose(total, jnp.sum((ref + z * log_z ** 2) * mask), rtol=1e-5)
+    assert count == mask.sum()
+
+
+def _batch(seed, rows=4, t=8):
+    tok = jax.random.randint(jax.random.key(seed), (rows, t + 1), 0, CFG.vocab_size)
+    seg = jnp.ones((rows, t), jnp.int32).at[0, 5:].set(2)
+    return {"tokens": tok[:, :-1], "targets": tok[:, 1:], "segment_ids": seg,
+            "positions": jnp.broadcast_to(jnp.arange(t), (rows, t)),
+            "loss_mask": jnp.ones((rows, t), jnp.int32).at[1, :3].set(0)}
+
+
+def test_gradient_accumulation_gives_the_same_update():
+    sched = make_schedule(1e-2, 10, kind="constant", warmup_steps=0)
+    opt = make_optimizer(sched)
+    state = TrainState.create(init_params(CFG, jax.random.key(1)), opt, seed=0)
+    batch = _batch(2)
+    whole, m1 = jax.jit(make_train_step(CFG, opt, sched, accum_steps=1))(state, batch)
+    split, m2 = jax.jit(make_train_step(CFG, opt, sched, accum_steps=2))(state, batch)
+    np.testing.assert_allclose(m1["loss"], m2["loss"], rtol=1e-6)
+    np.testing.assert_allclose(m1["grad_norm"], m2["grad_norm"], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(split.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)  # Adam amplifies rounding
+    assert int(whole.step) == 1
+    with pytest.raises(ValueError, match="accum_steps=3"):
+        make_train_step(CFG, opt, sched, accum_steps=3)(state, batch)
+
+
+def test_train_steps_reduce_loss_on_a_fixed_batch():
+    sched = make_schedule(1e-2, 30, kind="constant", warmup_steps=0)
+    opt = make_optimizer(sched)
+    state = TrainState.create(init_params(CFG, jax.random.key(3)), opt, seed=0)
+    step = jax.jit(make_train_step(CFG, opt, sched))
+    batch = _batch(4)
+    losses = []
+    for _ in range(30):
+        state, m = step(state, batch)
+        losses.append(float(m["loss"]))
+    assert losses[-1] < 0.5 * losses[0]
