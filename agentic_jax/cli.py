@@ -1,6 +1,8 @@
 """``agentic-jax <verb>``: every job runs from gin configs in ``configs/``.
 
     agentic-jax train [--gin_file F]... [--gin_param P]... [--workdir DIR]
+                      [--coordinator_address HOST:PORT --num_processes N --process_id I]
+                      [--distributed]
     agentic-jax tokenizer --workdir DIR [--gin_param train_tokenizer.vocab_size=4096]
     agentic-jax convert SRC DST --to native|hf
 
@@ -30,7 +32,18 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--workdir", default=None, help="output directory (default runs/<config>)")
         return p
 
-    job("train", "train a language model (default: the quickstart config)")
+    train = job("train", "train a language model (default: the quickstart config)")
+    multi = train.add_argument_group(
+        "multi-process (multi-host) training",
+        "Run the same command in every process.  Each flag defaults to its environment variable "
+        "(JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID); with none of them set, "
+        "training runs as a single process.")
+    multi.add_argument("--coordinator_address", default=None,
+                       help="HOST:PORT of process 0, where the coordination service listens")
+    multi.add_argument("--num_processes", type=int, default=None, help="processes in the job")
+    multi.add_argument("--process_id", type=int, default=None, help="this process, 0..N-1")
+    multi.add_argument("--distributed", action="store_true",
+                       help="detect the job from the cluster (TPU pod slice, SLURM, Open MPI)")
     tok = job("tokenizer", "train a byte-level BPE tokenizer into WORKDIR/tokenizer.json")
     tok.add_argument("--files", nargs="*", default=None,
                      help="text or .txt.gz files (default: the shipped training corpus)")
@@ -63,7 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     workdir = _setup(args)
     try:
         if args.verb == "train":
+            from agentic_jax.training.distributed import initialize_distributed
             from agentic_jax.training.loop import train
+            initialize_distributed(args.coordinator_address, args.num_processes, args.process_id,
+                                   auto_detect=args.distributed)
             result = train(workdir)
             print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in result.items()
                                         if isinstance(v, float)))

@@ -69,10 +69,10 @@ def _token_losses_fwd(x, w, labels, chunk):
 
 def _token_losses_bwd(chunk, residuals, g):
     x, w, labels, lse = residuals
-    vocab = w.shape[1]
-    starts = _chunk_starts(vocab, chunk)
+    starts = _chunk_starts(w.shape[1], chunk)
 
-    def step(dx, xs):
+    def step(carry, xs):
+        dx, dw = carry
         index, start = xs
         w_c, logits, cols, fresh = _chunk_logits(x, w, start, chunk, index)
         onehot = cols[None, :] == labels[:, None]
@@ -80,14 +80,12 @@ def _token_losses_bwd(chunk, residuals, g):
         dlogits = jnp.where(fresh, dlogits, 0.0)
         dx = dx + jnp.dot(dlogits.astype(w.dtype), w_c.T, preferred_element_type=jnp.float32)
         dw_c = jnp.dot(x.T, dlogits.astype(x.dtype), preferred_element_type=jnp.float32)
-        return dx, dw_c.astype(w.dtype)
+        # Written in place into the dW carry; columns an earlier chunk owns keep their value.
+        dw_c = jnp.where(fresh, dw_c.astype(w.dtype), jax.lax.dynamic_slice_in_dim(dw, start, chunk, 1))
+        return (dx, jax.lax.dynamic_update_slice_in_dim(dw, dw_c, start, axis=1)), None
 
-    dx, dw_chunks = jax.lax.scan(step, jnp.zeros(x.shape, jnp.float32),
-                                 (jnp.arange(len(starts)), jnp.asarray(starts)))
-    # Chunks are contiguous except the last, whose first columns repeat the previous chunk.
-    tail = vocab - (len(starts) - 1) * chunk
-    dw = jnp.concatenate([jnp.moveaxis(dw_chunks[:-1], 0, 1).reshape(w.shape[0], -1),
-                          dw_chunks[-1][:, chunk - tail:]], axis=1)
+    init = (jnp.zeros(x.shape, jnp.float32), jnp.zeros(w.shape, w.dtype))
+    (dx, dw), _ = jax.lax.scan(step, init, (jnp.arange(len(starts)), jnp.asarray(starts)))
     return dx.astype(x.dtype), dw, None
 
 

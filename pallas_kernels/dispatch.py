@@ -53,7 +53,7 @@ def choose_attention_backend(q, k, v, *, causal=True, segment_ids=None, sliding_
     return "cudnn" if cudnn_ok else "xla"
 
 
-def jax_nn_mask_arguments(q, k, *, causal, segment_ids, sliding_window):
+def jax_nn_mask_arguments(q, k, *, causal=True, segment_ids=None, sliding_window=None):
     """``mask`` / ``is_causal`` / ``local_window_size`` for ``jax.nn``-style attention APIs
     that reproduce this project's mask rule (their causal mask is top-left aligned, so
     T != S needs an explicit mask)."""

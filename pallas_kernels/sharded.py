@@ -13,7 +13,7 @@ import math
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 
 from pallas_kernels.flash_attention import flash_attention
 from pallas_kernels.reference import check_attention_inputs
@@ -49,6 +49,15 @@ def sharded_flash_attention(q, k, v, *, segment_ids=None, mesh=None,
     def local(q, k, v, segment_ids):
         return flash_attention(q, k, v, segment_ids=segment_ids, **kwargs)
 
+    specs = (heads_spec, heads_spec, heads_spec, seg_spec)
+    args = (q, k, v, segment_ids)
+    # Explicit axes require inputs already laid out as in_specs (Auto ones are resharded by
+    # shard_map itself).
+    axis_types = dict(zip(mesh.axis_names, mesh.axis_types))
+    used = batch + ((head,) if head else ())
+    if used and all(axis_types[a] == AxisType.Explicit for a in used):
+        args = jax.tree.map(lambda x, spec: jax.reshard(x, NamedSharding(mesh, spec)), args,
+                            specs)
     # check_vma=False: the Pallas call does not declare how its outputs vary over the mesh.
-    return jax.shard_map(local, mesh=mesh, in_specs=(heads_spec, heads_spec, heads_spec, seg_spec),
-                         out_specs=heads_spec, check_vma=False)(q, k, v, segment_ids)
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=heads_spec,
+                         check_vma=False)(*args)

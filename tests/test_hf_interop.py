@@ -29,10 +29,12 @@ HF_CASES = {
     "llama_llama3": ("LlamaConfig", dict(head_dim=16, rope_scaling={
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 16}), None),
-    "llama_linear": ("LlamaConfig", dict(rope_scaling={"rope_type": "linear", "factor": 2.0}), None),
+    "llama_linear": ("LlamaConfig", dict(rope_scaling={"rope_type": "linear", "factor": 2.0}),
+                     None),
     # Dynamic NTK only acts past max_position_embeddings, so the test sequence runs past it.
-    "llama_dynamic": ("LlamaConfig", dict(max_position_embeddings=SEQ - 4,
-                                          rope_scaling={"rope_type": "dynamic", "factor": 2.0}), None),
+    "llama_dynamic": ("LlamaConfig", dict(
+        max_position_embeddings=SEQ - 4, rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+        None),
     "mistral": ("MistralConfig", dict(sliding_window=4, tie_word_embeddings=False), None),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True), None),
     "qwen2_yarn_window": ("Qwen2Config", dict(
@@ -103,11 +105,11 @@ def _random_params(config, seed=0):
 
 def test_hf_matches_native_only_features(tmp_path):
     """Static NTK has no HF type (it is saved as a larger rope_theta); q/k/v biases with a window
-    on every layer become Qwen2 with max_window_layers=0."""
+    on every layer become Qwen2 with max_window_layers=0; head_dim != hidden / heads."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     config = TransformerConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                               head_dim=8, d_ff=48, qkv_bias=True, tie_embeddings=False,
+                               head_dim=16, d_ff=48, qkv_bias=True, tie_embeddings=False,
                                sliding_window=5, rope_scaling={"type": "ntk", "factor": 4.0})
     params = _random_params(config)
     save_hf_checkpoint(tmp_path, config, params)
@@ -220,6 +222,8 @@ def test_unsupported_hf_features_fail_loudly():
         from_hf_config({**hf, "attention_bias": True})
     with pytest.raises(NotImplementedError, match="longrope"):
         from_hf_config({**hf, "rope_scaling": {"rope_type": "longrope", "factor": 2.0}})
+    with pytest.raises(NotImplementedError, match="per-layer-type"):
+        from_hf_config({**hf, "rope_parameters": {"full_attention": {"rope_type": "default"}}})
     mixed = {**to_hf_config(BASE.replace(qkv_bias=True, sliding_window=4)), "max_window_layers": 1}
     with pytest.raises(NotImplementedError, match="some layers only"):
         from_hf_config(mixed)

@@ -53,25 +53,25 @@ def _grads_at_ratio_one(loss_type, logp, adv):
     return grad, -adv * MASK / MASK.sum()
 
 
-_GRADS_AT_ONE = {jit: _over_types(SURROGATES, _grads_at_ratio_one, jit) for jit in (False, True)}
+_GRADS_AT_ONE = _over_types(SURROGATES, _grads_at_ratio_one, jit=True)
 
 
-@pytest.mark.parametrize("jit", [False, True])
 @given(
     logp=hnp.arrays(np.float32, (B, T), elements=st.floats(-8.0, -0.125, width=32)),
     adv=hnp.arrays(np.float32, (B, T), elements=st.floats(-3.0, 3.0, width=32)),
 )
-def test_gradient_at_ratio_one_is_minus_advantage(jit, logp, adv):
-    for loss_type, (grad, expected) in _GRADS_AT_ONE[jit](logp, adv).items():
+def test_gradient_at_ratio_one_is_minus_advantage(logp, adv):
+    for loss_type, (grad, expected) in _GRADS_AT_ONE(logp, adv).items():
         np.testing.assert_allclose(grad, expected, atol=1e-6, err_msg=loss_type)
 
 
-@pytest.mark.parametrize("jit", [False, True])
-def test_tokens_clipped_in_the_direction_of_the_advantage_pass_no_gradient(jit):
+def test_tokens_clipped_in_the_direction_of_the_advantage_pass_no_gradient():
     logp, old_logp, adv = _batch()
     ratio, eps = np.exp(logp - old_logp), 0.2
     types = ("ppo", "grpo", "bnpo", "dr_grpo", "cispo")
-    grads = _over_types(types, lambda lt, lp: jax.grad(lambda x: _value(lt, x, old_logp, adv, MASK, epsilon_high=eps))(lp), jit)(logp)
+    grads = _over_types(
+        types, lambda lt, lp: jax.grad(lambda x: _value(lt, x, old_logp, adv, MASK, epsilon_high=eps))(lp), jit=True
+    )(logp)
     clipped = ((adv > 0) & (ratio > 1 + eps)) | ((adv < 0) & (ratio < 1 - eps))
     dual_clipped = (adv < 0) & (ratio > 3.0)
     assert clipped[MASK].sum() >= 3 and dual_clipped[MASK].sum() >= 1
@@ -84,17 +84,18 @@ def test_tokens_clipped_in_the_direction_of_the_advantage_pass_no_gradient(jit):
 
 
 def test_dual_clip_bounds_the_loss_for_negative_advantages():
-    adv = jnp.full((1, 1), -2.0)
-    mask = jnp.ones((1, 1))
+    adv, mask, logp = jnp.full((1, 1), -2.0), jnp.ones((1, 1)), jnp.full((1, 1), -1.0)
+
+    @jax.jit
+    def losses(old):
+        ppo = jax.value_and_grad(lambda lp: policy_loss(lp, old, adv, mask, loss_type="ppo", dual_clip=3.0).value)
+        return ppo(logp), policy_loss(logp, old, adv, mask, loss_type="grpo").value
+
     for log_ratio in [np.log(3.5), 5.0, 19.0, 50.0]:
-        old = jnp.full((1, 1), -log_ratio - 1.0)
-        logp = jnp.full((1, 1), -1.0)
-        ppo = policy_loss(logp, old, adv, mask, loss_type="ppo", dual_clip=3.0).value
-        grpo = policy_loss(logp, old, adv, mask, loss_type="grpo").value
-        assert ppo == pytest.approx(3.0 * 2.0) and grpo > ppo
-        assert jax.grad(lambda lp: policy_loss(lp, old, adv, mask, loss_type="ppo").value)(logp) == 0.0
+        (ppo, ppo_grad), grpo = losses(jnp.full((1, 1), -log_ratio - 1.0))
+        assert ppo == pytest.approx(3.0 * 2.0) and grpo > ppo and ppo_grad == 0.0
     with pytest.raises(ValueError, match="dual_clip"):
-        policy_loss(logp, old, adv, mask, loss_type="ppo", dual_clip=0.5)
+        policy_loss(logp, logp, adv, mask, loss_type="ppo", dual_clip=0.5)
 
 
 def test_dapo_decouples_the_upper_clip():
@@ -131,8 +132,7 @@ def test_gspo_token_equals_gspo_for_sequence_level_advantages():
         np.testing.assert_allclose(grads["gspo"], grads["gspo_token"], rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("jit", [False, True])
-def test_micro_batches_reduce_exactly(jit):
+def test_micro_batches_reduce_exactly():
     logp, old_logp, adv = _batch(seed=5)
     ref = logp + 0.3
     entropy = jnp.abs(adv)
@@ -144,15 +144,15 @@ def test_micro_batches_reduce_exactly(jit):
                  "entropy": entropy[s]}) for s in (slice(0, 1), slice(1, 4))]
         return whole, combine_outputs(parts)
 
-    results = _over_types(SURROGATES, outputs, jit)(logp, old_logp, adv, MASK, ref, entropy)
+    types = ("ppo", "grpo", "dr_grpo", "gspo", "geo_mean", "sapo")  # every aggregation and sequence path
+    results = _over_types(types, outputs, jit=True)(logp, old_logp, adv, MASK, ref, entropy)
     for loss_type, (whole, combined) in results.items():
         np.testing.assert_allclose(combined.value, whole.value, rtol=1e-5, err_msg=loss_type)
         for key in whole.metrics:
             np.testing.assert_allclose(combined.metrics[key], whole.metrics[key], rtol=1e-5, err_msg=key)
 
 
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "gspo"])
-def test_data_parallel_shards_reduce_exactly(loss_type):
+def test_data_parallel_shards_reduce_exactly():
     rng = np.random.default_rng(1)
     logp = jnp.asarray(-rng.uniform(0.1, 3, (16, T)), jnp.float32)
     old = logp + jnp.asarray(rng.normal(0, 0.3, (16, T)), jnp.float32)
@@ -160,16 +160,18 @@ def test_data_parallel_shards_reduce_exactly(loss_type):
     mask = jnp.asarray(rng.uniform(size=(16, T)) > 0.3)
     mesh = jax.make_mesh((8,), ("data",))
     sharded = [jax.device_put(x, NamedSharding(mesh, P("data"))) for x in (logp, old, adv, mask)]
+    types = ("grpo", "dr_grpo", "gspo")
 
     @jax.jit
     @partial(jax.shard_map, mesh=mesh, in_specs=P("data"), out_specs=P())
-    def loss(*shard):
-        return psum_output(policy_loss(*shard, loss_type=loss_type), "data")
+    def reduced(*shard):
+        return {t: psum_output(policy_loss(*shard, loss_type=t), "data") for t in types}
 
-    reduced, whole = loss(*sharded), policy_loss(logp, old, adv, mask, loss_type=loss_type)
-    np.testing.assert_allclose(reduced.value, whole.value, rtol=1e-5)
-    np.testing.assert_allclose(reduced.metrics["ratio_min"], whole.metrics["ratio_min"])
-    np.testing.assert_allclose(reduced.metrics["clip_frac_low"], whole.metrics["clip_frac_low"])
+    whole = _over_types(types, lambda t, *args: policy_loss(*args, loss_type=t), jit=True)(logp, old, adv, mask)
+    for loss_type, out in reduced(*sharded).items():
+        np.testing.assert_allclose(out.value, whole[loss_type].value, rtol=1e-5, err_msg=loss_type)
+        for key in ("ratio_min", "ratio_max", "clip_frac_low", "tokens"):
+            np.testing.assert_allclose(out.metrics[key], whole[loss_type].metrics[key], rtol=1e-6, err_msg=key)
 
 
 def test_packed_sequences_match_padded_ones():
@@ -178,9 +180,14 @@ def test_packed_sequences_match_padded_ones():
     packed = [jnp.concatenate([x[1, :4], x[2, :3], jnp.zeros(1)])[None] for x in (logp, old_logp, adv)]
     segment_ids = jnp.array([[0, 0, 0, 0, 1, 1, 1, 0]])
     packed_mask = jnp.array([[1, 1, 1, 1, 1, 1, 1, 0]])
-    for loss_type in ("grpo", "gspo", "geo_mean", "dr_grpo"):
+    types = ("grpo", "gspo", "geo_mean", "dr_grpo")
+
+    def both(loss_type):
         padded = policy_loss(logp[1:3], old_logp[1:3], adv[1:3], MASK[1:3], loss_type=loss_type, max_length=8)
         pack = policy_loss(*packed, packed_mask, loss_type=loss_type, segment_ids=segment_ids, max_length=8)
+        return padded, pack
+
+    for loss_type, (padded, pack) in _over_types(types, both, jit=True)().items():
         np.testing.assert_allclose(pack.value, padded.value, rtol=1e-5, err_msg=loss_type)
         assert pack.count == padded.count == 2
 
@@ -195,13 +202,14 @@ def test_finite_for_extreme_log_probs_and_all_zero_masks(jit):
 
     def check(loss_type, logp, mask):
         def value(lp):
-            return policy_loss(lp, old, adv, mask, loss_type=loss_type, ref_logp=ref, kl_coef=0.1).value
+            out = policy_loss(lp, old, adv, mask, loss_type=loss_type, ref_logp=ref, kl_coef=0.1)
+            return out.value, out.metrics
 
-        return jax.value_and_grad(value)(logp), policy_loss(logp, old, adv, mask, loss_type=loss_type).metrics
+        return jax.value_and_grad(value, has_aux=True)(logp)
 
+    run = _over_types(POLICY_LOSSES, check, jit)
     for mask_case in (mask, jnp.zeros_like(mask)):
-        results = _over_types(POLICY_LOSSES, check, jit)(logp, mask_case)
-        for loss_type, ((value, grad), metrics) in results.items():
+        for loss_type, ((value, metrics), grad) in run(logp, mask_case).items():
             assert np.isfinite(value) and np.all(np.isfinite(grad)), loss_type
             assert all(np.isfinite(m) for m in metrics.values()), loss_type
             if not mask_case.any():

@@ -150,9 +150,14 @@ def test_matches_float64_reference(loss_type):
     np.testing.assert_allclose(preference_loss(*arrays, loss_type=loss_type, **lengths), expected, rtol=2e-5)
 
 
-def test_every_loss_type_gives_its_own_value(loss_fn):
+@pytest.mark.parametrize("jit", [False, True])
+def test_every_loss_type_gives_its_own_value(jit):
     arrays, lengths = _inputs(seed=1)
-    values = {lt: np.asarray(loss_fn(*arrays, loss_type=lt, label_smoothing=0.1, **lengths)) for lt in PREFERENCE_LOSSES}
+
+    def all_types(*arrays):
+        return {lt: preference_loss(*arrays, loss_type=lt, label_smoothing=0.1, **lengths) for lt in PREFERENCE_LOSSES}
+
+    values = (jax.jit(all_types) if jit else all_types)(*arrays)
     for a, b in itertools.combinations(PREFERENCE_LOSSES, 2):
         if {a, b} == {"sigmoid", "cdpo"}:  # documented alias at equal label smoothing
             np.testing.assert_array_equal(values[a], values[b])

@@ -2,8 +2,8 @@
 
 A native model directory holds ``config.json`` (every :class:`TransformerConfig` field, so compute
 dtype, attention implementation and the like survive, which a HF config cannot carry) and
-``params/``, an orbax ``StandardCheckpointer`` checkpoint (the format training checkpoints use, which
-restores straight into jax arrays).  ``config.json`` is written after the parameters, so its
+``params/``, an orbax ``StandardCheckpointer`` checkpoint (the format training checkpoints use,
+which restores straight into jax arrays).  ``config.json`` is written after the parameters, so its
 presence marks a complete save.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ def save_model(path, config: TransformerConfig, params) -> Path:
 
 
 def load_model(path) -> tuple[TransformerConfig, dict]:
-    """(config, params) saved by :func:`save_model`; parameters come back in ``config.param_dtype``."""
+    """(config, params) saved by :func:`save_model`, parameters in ``config.param_dtype``."""
     path = Path(path).absolute()
     for required in (path / CONFIG_FILE, path / PARAMS_DIR):
         if not required.exists():

@@ -62,9 +62,11 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 
 
 def _rope_from_hf(hf: Mapping[str, Any], max_pos: int) -> tuple[float, dict | None]:
-    """(rope_theta, rope_scaling) as transformers 5 resolves them (see ``standardize_rope_params``)."""
-    params = {k: v for k, v in (hf.get("rope_scaling") or hf.get("rope_parameters") or {}).items()
-              if v is not None}
+    """(rope_theta, rope_scaling) as transformers 5 resolves them (``standardize_rope_params``)."""
+    given = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    if any(isinstance(v, Mapping) for v in given.values()):
+        raise NotImplementedError(f"per-layer-type rope parameters {dict(given)}")
+    params = {k: v for k, v in given.items() if v is not None}
     kind = params.pop("rope_type", None) or params.get("type") or "default"
     params.pop("type", None)
     theta = float(params.pop("rope_theta", None) or hf.get("rope_theta") or 10000.0)
@@ -74,24 +76,24 @@ def _rope_from_hf(hf: Mapping[str, Any], max_pos: int) -> tuple[float, dict | No
     if kind == "default":
         return theta, None
     if kind not in ("linear", "dynamic", "yarn", "llama3"):
-        raise NotImplementedError(f"HF rope type {kind!r}; supported: linear, dynamic, yarn, llama3")
+        raise NotImplementedError(f"HF rope type {kind!r}; supported: linear, dynamic, yarn, "
+                                  "llama3")
     if kind == "dynamic":
-        # HF measures dynamic-NTK growth against max_position_embeddings, whatever the dict says.
+        # HF grows dynamic NTK from max_position_embeddings, whatever the dict says.
         params["original_max_position_embeddings"] = max_pos
     if kind in ("yarn", "llama3"):
         params.setdefault("original_max_position_embeddings", max_pos)
     if kind == "yarn":
-        if not params.get("truncate", True):
-            raise NotImplementedError("yarn with truncate=false (rope.py always truncates)")
         params.setdefault("factor", max_pos / params["original_max_position_embeddings"])
-        if "attention_factor" not in params and params.get("mscale") and params.get("mscale_all_dim"):
-            params["attention_factor"] = (_yarn_mscale(params["factor"], params["mscale"]) /
-                                          _yarn_mscale(params["factor"], params["mscale_all_dim"]))
+        mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
+        if "attention_factor" not in params and mscale and mscale_all_dim:
+            params["attention_factor"] = (_yarn_mscale(params["factor"], mscale) /
+                                          _yarn_mscale(params["factor"], mscale_all_dim))
     return theta, {"type": kind, **params}
 
 
 def _sliding_window_from_hf(hf: Mapping[str, Any]) -> int | None:
-    """Mistral windows every layer; Qwen2 only layers >= max_window_layers (or per ``layer_types``)."""
+    """Mistral windows every layer; Qwen2 the layers >= max_window_layers (or per layer_types)."""
     if hf["model_type"] == "llama":
         return None
     if hf["model_type"] == "mistral":
@@ -113,7 +115,7 @@ def _sliding_window_from_hf(hf: Mapping[str, Any]) -> int | None:
 
 
 def from_hf_config(hf: Mapping[str, Any], **overrides) -> TransformerConfig:
-    """The :class:`TransformerConfig` of a HF ``config.json`` dict; ``overrides`` set other fields."""
+    """The :class:`TransformerConfig` of a HF ``config.json`` dict, plus ``overrides``."""
     model_type = hf.get("model_type")
     if model_type not in ARCHITECTURES:
         raise ValueError(f"unsupported HF model_type {model_type!r}; expected one of "
@@ -121,8 +123,8 @@ def from_hf_config(hf: Mapping[str, Any], **overrides) -> TransformerConfig:
     if hf.get("hidden_act", "silu") != "silu":
         raise NotImplementedError(f"hidden_act={hf['hidden_act']!r}; the MLP is SwiGLU (silu)")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
-        raise NotImplementedError("Llama attention_bias / mlp_bias: the model has q/k/v biases only "
-                                  "(no o_proj or MLP biases)")
+        raise NotImplementedError("Llama attention_bias / mlp_bias: the model has q/k/v biases "
+                                  "only (no o_proj or MLP biases)")
     d_model, n_heads = _required(hf, "hidden_size"), _required(hf, "num_attention_heads")
     max_pos = _required(hf, "max_position_embeddings")
     theta, scaling = _rope_from_hf(hf, max_pos)
@@ -166,7 +168,7 @@ def _rope_to_hf(config: TransformerConfig) -> tuple[float, int, dict | None]:
 
 
 def to_hf_config(config: TransformerConfig, dtype: str | None = None) -> dict:
-    """The HF ``config.json`` dict of ``config`` (see :func:`hf_model_type` for the architecture)."""
+    """The HF ``config.json`` dict of ``config`` (:func:`hf_model_type` picks the architecture)."""
     model_type = hf_model_type(config)
     theta, max_pos, scaling = _rope_to_hf(config)
     hf = {
@@ -245,7 +247,8 @@ def check_params(config: TransformerConfig, params) -> dict:
     leaves, _ = _leaves_by_path(params)
     expected, _ = _leaves_by_path(param_shapes(config))
     wrong = sorted("/".join(p) for p in set(leaves) | set(expected)
-                   if p not in leaves or p not in expected or np.shape(leaves[p]) != expected[p].shape)
+                   if p not in leaves or p not in expected
+                   or np.shape(leaves[p]) != expected[p].shape)
     if wrong:
         raise ValueError(f"params do not match the config's parameter tree at {wrong}")
     return leaves
@@ -322,8 +325,8 @@ def load_hf_checkpoint(path, *, param_dtype: str = "float32",
                     continue
                 t, array = by_name[name], _read(f, name)
                 if array.shape != t.hf_shape:
-                    raise ValueError(f"HF tensor {name} has shape {array.shape}; the config implies "
-                                     f"{t.hf_shape}")
+                    raise ValueError(f"HF tensor {name} has shape {array.shape}; the config "
+                                     f"implies {t.hf_shape}")
                 dest = buffers[t.path] if t.layer is None else buffers[t.path][t.layer]
                 dest[...] = (array.T if t.transpose else array).reshape(dest.shape)
     # Popping hands each host buffer to the device and frees it before the next one is copied.

@@ -32,21 +32,24 @@ def _base_inv_freq(dim: int, base):
 def _yarn(dim: int, base: float, scaling) -> tuple[jnp.ndarray, float]:
     factor = scaling["factor"]
     original = scaling["original_max_position_embeddings"]
-    beta_fast = scaling.get("beta_fast", 32.0)
-    beta_slow = scaling.get("beta_slow", 1.0)
+    beta_fast = scaling.get("beta_fast") or 32.0
+    beta_slow = scaling.get("beta_slow") or 1.0
 
     def correction_dim(rotations):
         return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
-    low = max(math.floor(correction_dim(beta_fast)), 0)
-    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001
     ramp = jnp.clip((jnp.arange(dim // 2, dtype=jnp.float32) - low) / (high - low), 0.0, 1.0)
     extrapolate = 1.0 - ramp
     inv_freq = _base_inv_freq(dim, base)
     inv_freq = (inv_freq / factor) * (1.0 - extrapolate) + inv_freq * extrapolate
-    attention_factor = scaling.get("attention_factor") or 0.1 * math.log(factor) + 1.0
+    attention_factor = scaling.get("attention_factor") or (
+        0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
     return inv_freq, attention_factor
 
 

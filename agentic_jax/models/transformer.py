@@ -137,8 +137,24 @@ def segment_positions(segment_ids):
     return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=segment_ids.ndim - 1)
 
 
-def _block(config: TransformerConfig, p, x, cos, sin, segment_ids):
-    """One pre-norm residual block on ``x[B,T,D]``; ``p`` holds this layer's parameters."""
+def self_attention(config: TransformerConfig, segment_ids):
+    """The training/prefill ``attend``: causal self-attention within segments, no state."""
+    seg = None if segment_ids is None else (segment_ids, segment_ids)
+
+    def attend(q, k, v, state):
+        o = attention(q, k, v, causal=True, segment_ids=seg, sliding_window=config.sliding_window,
+                      implementation=config.attention_impl, chunk_size=config.attention_chunk_size)
+        return o, state
+
+    return attend
+
+
+def _block(config: TransformerConfig, p, x, cos, sin, attend, state):
+    """One pre-norm residual block on ``x[B,T,D]``; ``p`` holds this layer's parameters.
+
+    ``attend(q, k, v, state) -> (o, state)`` is where decoders plug in a KV cache: ``state`` is
+    this layer's slice of whatever per-layer state the caller threads through the layers.
+    """
     dtype = config.compute_dtype
     p = jax.tree.map(lambda a: a.astype(dtype), p)
     a = p["attn"]
@@ -151,15 +167,13 @@ def _block(config: TransformerConfig, p, x, cos, sin, segment_ids):
     q = with_logical_constraint(apply_rope(q, cos, sin), BTNH)
     k = with_logical_constraint(apply_rope(k, cos, sin), BTKH)
     v = with_logical_constraint(v, BTKH)
-    seg = None if segment_ids is None else (segment_ids, segment_ids)
-    o = attention(q, k, v, causal=True, segment_ids=seg, sliding_window=config.sliding_window,
-                  implementation=config.attention_impl, chunk_size=config.attention_chunk_size)
+    o, state = attend(q, k, v, state)
     x = with_logical_constraint(x + jnp.einsum("btnh,nhd->btd", o, a["o"]), BTD)
     m = p["mlp"]
     h = rms_norm(x, p["mlp_norm"], config.norm_eps)
     hidden = jax.nn.silu(jnp.einsum("btd,df->btf", h, m["gate"])) * jnp.einsum("btd,df->btf", h, m["up"])
     hidden = with_logical_constraint(hidden, BTF)
-    return with_logical_constraint(x + jnp.einsum("btf,fd->btd", hidden, m["down"]), BTD)
+    return with_logical_constraint(x + jnp.einsum("btf,fd->btd", hidden, m["down"]), BTD), state
 
 
 _REMAT = {
@@ -177,8 +191,13 @@ def _check_tokens(config: TransformerConfig, tokens, positions, segment_ids):
             raise ValueError(f"{name} must have the shape of tokens {tokens.shape}; got {arr.shape}")
 
 
-def hidden_states(params, config: TransformerConfig, tokens, *, positions=None, segment_ids=None):
-    """Final-norm hidden states ``[B, T, D]`` (the LM head's input)."""
+def hidden_states(params, config: TransformerConfig, tokens, *, positions=None, segment_ids=None,
+                  attend=None, layer_state=None):
+    """Final-norm hidden states ``[B, T, D]`` (the LM head's input).
+
+    Decoders pass ``attend`` (see :func:`_block`) and ``layer_state``, a pytree whose leaves have a
+    leading ``n_layers`` axis (a KV cache); the result is then ``(hidden, new_layer_state)``.
+    """
     _check_tokens(config, tokens, positions, segment_ids)
     if positions is None:
         positions = (segment_positions(segment_ids) if segment_ids is not None else
@@ -186,24 +205,37 @@ def hidden_states(params, config: TransformerConfig, tokens, *, positions=None, 
     x = jnp.take(params["embed"], tokens, axis=0).astype(config.compute_dtype)
     x = with_logical_constraint(x, BTD)
     cos, sin = rope_tables(config, positions)
+    stateful = attend is not None
+    attend = attend or self_attention(config, segment_ids)
 
-    def block(x, p):
-        return _block(config, p, x, cos, sin, segment_ids)
+    def block(x, p, state):
+        return _block(config, p, x, cos, sin, attend, state)
 
     if config.remat_policy != "none":
         block = jax.checkpoint(block, policy=_REMAT[config.remat_policy])
     if config.scan_layers:
-        x, _ = jax.lax.scan(lambda x, p: (block(x, p), None), x, params["layers"])
+        x, layer_state = jax.lax.scan(lambda x, ps: block(x, *ps), x, (params["layers"], layer_state))
     else:
+        states = []
         for i in range(config.n_layers):
-            x = block(x, jax.tree.map(lambda a: a[i], params["layers"]))
-    return rms_norm(x, params["final_norm"].astype(config.compute_dtype), config.norm_eps)
+            x, st = block(x, *jax.tree.map(lambda a: a[i], (params["layers"], layer_state)))
+            states.append(st)
+        layer_state = jax.tree.map(lambda *a: jnp.stack(a), *states) if states[0] is not None else None
+    h = rms_norm(x, params["final_norm"].astype(config.compute_dtype), config.norm_eps)
+    return (h, layer_state) if stateful else h
 
 
 def lm_head_weight(params, config: TransformerConfig):
     """The ``[D, V]`` output projection (the embedding table, transposed, when tied)."""
     w = params["embed"].T if config.tie_embeddings else params["lm_head"]
     return w.astype(config.compute_dtype)
+
+
+def logits_from_hidden(params, config: TransformerConfig, h):
+    """The LM head: float32 logits ``[B, T, V]`` from hidden states."""
+    logits = jnp.einsum("btd,dv->btv", h, lm_head_weight(params, config),
+                        preferred_element_type=jnp.float32)
+    return with_logical_constraint(logits, BTV)
 
 
 def forward(params, config: TransformerConfig, tokens, *, positions=None, segment_ids=None):
@@ -213,6 +245,4 @@ def forward(params, config: TransformerConfig, tokens, *, positions=None, segmen
     segment); ``positions`` default to 0..T-1, restarting per segment when segments are given.
     """
     h = hidden_states(params, config, tokens, positions=positions, segment_ids=segment_ids)
-    logits = jnp.einsum("btd,dv->btv", h, lm_head_weight(params, config),
-                        preferred_element_type=jnp.float32)
-    return with_logical_constraint(logits, BTV)
+    return logits_from_hidden(params, config, h)

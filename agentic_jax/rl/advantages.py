@@ -14,15 +14,25 @@ GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_bas
 GROUP_SCALES = ("group", "batch", "none")
 
 
+def _centered(x: jax.Array, axis) -> jax.Array:
+    """x − mean(x), shifted by one element first so that equal values give exactly 0.
+
+    A float32 mean of equal values is not always that value; the rounding
+    residue divided by a std of the same size would give O(1) advantages.
+    """
+    shift = x[:, :1] if axis == 1 else x.ravel()[0]
+    shifted = x - shift
+    return shifted - jnp.mean(shifted, axis=axis, keepdims=True)
+
+
 def _std(x: jax.Array, axis, ddof: int) -> jax.Array:
     """Standard deviation with `ddof` (1 = Bessel); 0 rather than NaN for one sample."""
     n = x.size if axis is None else x.shape[axis]
-    centered = x - jnp.mean(x, axis=axis, keepdims=True)
-    return jnp.sqrt(jnp.sum(jnp.square(centered), axis=axis, keepdims=True) / max(n - ddof, 1))
+    return jnp.sqrt(jnp.sum(jnp.square(_centered(x, axis)), axis=axis, keepdims=True) / max(n - ddof, 1))
 
 
 def _whiten(x: jax.Array, axis, ddof: int, eps: float) -> jax.Array:
-    return (x - jnp.mean(x, axis=axis, keepdims=True)) / (_std(x, axis, ddof) + eps)
+    return _centered(x, axis) / (_std(x, axis, ddof) + eps)
 
 
 def group_advantages(rewards, *, estimator="grpo", scale="group", eps=1e-6, std_ddof=1, lengths=None, baseline=None):
@@ -51,7 +61,7 @@ def group_advantages(rewards, *, estimator="grpo", scale="group", eps=1e-6, std_
         raise ValueError(f"scale applies to estimator='grpo' only, got scale={scale!r} with {estimator!r}")
     rewards = check.rank("rewards", check.floating("rewards", rewards), 2)
     group_size = rewards.shape[1]
-    centered = rewards - jnp.mean(rewards, axis=1, keepdims=True)
+    centered = _centered(rewards, 1)
     if estimator == "grpo":
         if scale == "none":
             return centered
@@ -86,11 +96,14 @@ def masked_whiten(values, mask, *, shift_mean=True, ddof=1, eps=1e-8) -> jax.Arr
     values = check.floating("values", values)
     mask = check.shape("mask", check.mask("mask", mask), values.shape)
     count = jnp.sum(mask)
-    mean = safe_div(jnp.sum(values * mask), count)
-    var = safe_div(jnp.sum(jnp.square(values - mean) * mask), jnp.maximum(count - ddof, 1.0))
-    whitened = (values - mean) * jax.lax.rsqrt(var + eps)
+    # Shift by a valid entry first, so that equal values whiten to exactly 0.
+    shift = values.ravel()[jnp.argmax(mask.ravel())]
+    mean = safe_div(jnp.sum((values - shift) * mask), count)
+    centered = values - shift - mean
+    var = safe_div(jnp.sum(jnp.square(centered) * mask), jnp.maximum(count - ddof, 1.0))
+    whitened = centered * jax.lax.rsqrt(var + eps)
     if not shift_mean:
-        whitened = whitened + mean
+        whitened = whitened + mean + shift
     return jnp.where(mask > 0, whitened, 0.0)
 
 

@@ -27,6 +27,11 @@ def _inputs(per_token, mask, segment_ids):
     return per_token, mask, segment_ids
 
 
+def _masked(x: jax.Array, mask: jax.Array) -> jax.Array:
+    """x on valid tokens, 0 elsewhere: inf or NaN in padding never leaks into sums."""
+    return jnp.where(mask > 0, x, 0.0)
+
+
 def _sequence_sums(x: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
     """Per-sequence sums, [B, S]: S = 1 without packing, S = T with packing."""
     if segment_ids is None:
@@ -42,7 +47,7 @@ def segment_mean(x, mask, segment_ids=None) -> jax.Array:
     sequence advantages) so that they work on padded and packed rows alike.
     """
     x, mask, segment_ids = _inputs(x, mask, segment_ids)
-    means = safe_div(_sequence_sums(x * mask, segment_ids), _sequence_sums(mask, segment_ids))
+    means = safe_div(_sequence_sums(_masked(x, mask), segment_ids), _sequence_sums(mask, segment_ids))
     if segment_ids is None:
         return jnp.broadcast_to(means, x.shape)
     return jnp.take_along_axis(means, segment_ids, axis=-1)
@@ -61,7 +66,7 @@ def aggregate(per_token, mask, mode: str = "token-mean", *, segment_ids=None, ma
     """
     check.choice("aggregation mode", mode, AGGREGATIONS)
     per_token, mask, segment_ids = _inputs(per_token, mask, segment_ids)
-    masked = per_token * mask
+    masked = _masked(per_token, mask)
     if mode == "token-mean":
         return jnp.sum(masked), jnp.sum(mask)
     token_counts = _sequence_sums(mask, segment_ids)

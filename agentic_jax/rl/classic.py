@@ -36,6 +36,19 @@ def td_error(v_tm1, r_t, discount_t, v_t, *, stop_target_gradients=True) -> jax.
     return (sg(target) if stop_target_gradients else target) - v_tm1
 
 
+# Scan bodies live at module level so that eager calls reuse their compilation.
+def _lambda_return_step(g_next, xs):
+    r, discount, v, lam = xs
+    g = r + discount * ((1.0 - lam) * v + lam * g_next)
+    return g, g
+
+
+def _gae_step(next_advantage, xs):
+    delta, discount, lam = xs
+    advantage = delta + discount * lam * next_advantage
+    return advantage, advantage
+
+
 def lambda_returns(r_t, discount_t, v_t, lambda_=1.0, *, stop_target_gradients=False) -> jax.Array:
     """λ-returns G_t = r_t + γ_t·((1 − λ_t)·v_t + λ_t·G_{t+1}), bootstrapped from v_{T−1}.
 
@@ -45,13 +58,7 @@ def lambda_returns(r_t, discount_t, v_t, lambda_=1.0, *, stop_target_gradients=F
     """
     r_t, discount_t, v_t = _stream(r_t=r_t, discount_t=discount_t, v_t=v_t)
     lambda_ = _per_step("lambda_", lambda_, r_t.shape[0])
-
-    def step(g_next, xs):
-        r, discount, v, lam = xs
-        g = r + discount * ((1.0 - lam) * v + lam * g_next)
-        return g, g
-
-    _, returns = jax.lax.scan(step, v_t[-1], (r_t, discount_t, v_t, lambda_), reverse=True)
+    _, returns = jax.lax.scan(_lambda_return_step, v_t[-1], (r_t, discount_t, v_t, lambda_), reverse=True)
     return sg(returns) if stop_target_gradients else returns
 
 
@@ -74,13 +81,7 @@ def gae(rewards, values, discounts, lam) -> jax.Array:
     values = check.shape("values", check.floating("values", values), (rewards.shape[0] + 1,))
     lam = _per_step("lam", lam, rewards.shape[0])
     deltas = rewards + discounts * values[1:] - values[:-1]
-
-    def step(next_advantage, xs):
-        delta, discount, lam_t = xs
-        advantage = delta + discount * lam_t * next_advantage
-        return advantage, advantage
-
-    _, advantages = jax.lax.scan(step, jnp.float32(0.0), (deltas, discounts, lam), reverse=True)
+    _, advantages = jax.lax.scan(_gae_step, jnp.float32(0.0), (deltas, discounts, lam), reverse=True)
     return advantages
 
 

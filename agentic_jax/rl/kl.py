@@ -8,9 +8,17 @@ import jax
 import jax.numpy as jnp
 
 from agentic_jax.rl import validation as check
-from agentic_jax.rl.numerics import clamped_exp
+from agentic_jax.rl.numerics import LOG_RATIO_CLAMP
 
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs", "k1+", "k3+")
+
+
+def _k3(x):
+    """e^{−x} − 1 + x without cancellation: ≥ 0 in float32, and > 0 for tiny x ≠ 0."""
+    x_clipped = jnp.clip(x, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    small = jnp.abs(x) < 1e-3
+    series = jnp.square(x) * (0.5 - x / 6.0 + jnp.square(x) / 24.0)
+    return jnp.where(small, series, jnp.expm1(-x_clipped) + x)
 
 
 def kl_penalty(logp, ref_logp, kind: str = "k3", *, clamp: float | None = None) -> jax.Array:
@@ -38,7 +46,7 @@ def kl_penalty(logp, ref_logp, kind: str = "k3", *, clamp: float | None = None) 
     estimates = {
         "k1": lambda: x,
         "k2": lambda: k2,
-        "k3": lambda: clamped_exp(-x) - 1.0 + x,
+        "k3": lambda: _k3(x),
         "abs": lambda: jnp.abs(x),
     }
     value = estimates[kind.rstrip("+")]()

@@ -301,7 +301,7 @@ def policy_loss(
         "tokens": jnp.sum(mask),
         "clip_frac_low": jnp.sum(mask * ((advantages < 0) & (ratio < 1.0 - epsilon))),
         "clip_frac_high": jnp.sum(mask * ((advantages > 0) & (ratio > 1.0 + epsilon_high))),
-        "approx_kl": jnp.sum(mask * sg(inputs.ratio - 1.0 - log_ratio)),
+        "approx_kl": jnp.sum(mask * sg(kl_penalty(old_logp, logp, "k3"))),
         "ratio": jnp.sum(mask * ratio),
         # Ratios lie in [0, e^20], so these identities keep the reduction exact.
         "ratio_min": jnp.min(jnp.where(valid, ratio, jnp.exp(LOG_RATIO_CLAMP))),

@@ -21,16 +21,17 @@ import time
 import gin
 import jax
 import numpy as np
-import optax
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.experimental import multihost_utils
 from tqdm.auto import tqdm
 
 import sharding
 from agentic_jax import config as gin_config
 from agentic_jax.data.pipeline import heldout_data, train_data
+from agentic_jax.data.stats import unigram_entropy
 from agentic_jax.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
-from agentic_jax.models import TransformerConfig, flops_per_token, init_params, param_axes
+from agentic_jax.models import TransformerConfig, flops_per_token, init_params
 from agentic_jax.models.export import save_model
+from agentic_jax.training import distributed
 from agentic_jax.training.checkpoint import Checkpointer
 from agentic_jax.training.metrics import MetricsLog, plot_curves, read_metrics
 from agentic_jax.training.mfu import peak_flops_per_device
@@ -38,30 +39,22 @@ from agentic_jax.training.optim import make_optimizer, make_schedule
 from agentic_jax.training.state import TrainState
 from agentic_jax.training.step import make_eval_step, make_train_step
 
-BATCH_AXES = ("activation_batch", "activation_length")
-
 
 def prepare_tokenizer(workdir: str, tokenizer_path: str | None) -> Tokenizer:
-    """The given tokenizer, else the run's own (trained on the training corpus on first start)."""
+    """The given tokenizer, else the run's own (trained on the training corpus on first start).
+
+    With several processes only process 0 trains it; the others wait for the file (the work
+    directory is shared by all hosts, as the checkpoints must be).
+    """
     if tokenizer_path is not None:
         return load_tokenizer(tokenizer_path)
     path = os.path.join(workdir, "tokenizer.json")
-    if os.path.exists(path):
-        return load_tokenizer(path)
-    print(f"training a byte-level BPE tokenizer -> {path}", flush=True)
-    return train_tokenizer(path)
-
-
-def state_shardings(abstract_state: TrainState, config: TransformerConfig,
-                    optimizer: optax.GradientTransformation, mesh, rules) -> TrainState:
-    """NamedShardings for the whole state: params by their logical axes, optimiser moments like
-    their parameters (ZeRO-3 when ``embed`` maps to ``fsdp``), scalars replicated."""
-    replicated = NamedSharding(mesh, PartitionSpec())
-    params = sharding.logical_to_sharding(param_axes(config), mesh, rules,
-                                          shapes=abstract_state.params)
-    opt = optax.tree_map_params(optimizer, lambda _, s: s, abstract_state.opt_state, params,
-                                transform_non_params=lambda _: replicated)
-    return TrainState(step=replicated, params=params, opt_state=opt, rng=replicated)
+    if not os.path.exists(path) and jax.process_index() == 0:
+        print(f"training a byte-level BPE tokenizer -> {path}", flush=True)
+        train_tokenizer(path)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("tokenizer")
+    return load_tokenizer(path)
 
 
 class _StopRequest:
@@ -84,15 +77,19 @@ def _to_global(batch, batch_sharding):
 
 
 def evaluate(eval_step, params, batches, batch_sharding, max_batches: int = 0) -> dict:
-    """Mean held-out next-token loss (nats/token) and perplexity over the held-out stream."""
-    nll, count = 0.0, 0.0
+    """Mean held-out next-token loss (nats/token) and perplexity over the held-out stream, with
+    the unigram entropy of the same targets: the loss of the best context-free model, which a
+    language model must beat to be using context."""
+    nll, count, targets = 0.0, 0.0, []
     for i, batch in enumerate(batches):
         if max_batches and i >= max_batches:
             break
         total, n = eval_step(params, _to_global(batch, batch_sharding))
         nll, count = nll + float(total), count + float(n)
+        targets.append(np.asarray(batch["targets"])[np.asarray(batch["loss_mask"]) > 0])
     loss = nll / max(count, 1.0)
-    return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0)), "eval_tokens": count}
+    return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0)), "eval_tokens": count,
+            "heldout_unigram_entropy": unigram_entropy(np.concatenate(targets))}
 
 
 @gin.configurable
@@ -109,7 +106,9 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
     ``workdir``.  Returns the final train and held-out metrics.
     """
     os.makedirs(workdir, exist_ok=True)
-    gin_config.save_config(workdir, operative=False)
+    primary = jax.process_index() == 0  # the one process that writes logs, configs and plots
+    if primary:
+        gin_config.save_config(workdir, operative=False)
     tokenizer = prepare_tokenizer(workdir, tokenizer_path)
     if model.vocab_size != tokenizer.vocab_size:
         model = model.replace(vocab_size=tokenizer.vocab_size)
@@ -129,11 +128,11 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
             return TrainState.create(init_params(model, key), optimizer, seed)
 
         abstract = jax.eval_shape(create, jax.random.key(seed))
-        shardings = state_shardings(abstract, model, optimizer, mesh, rules)
-        batch_sharding = NamedSharding(mesh, sharding.logical_to_spec(BATCH_AXES, rules, mesh))
-        train_step = jax.jit(make_train_step(model, optimizer, schedule, z_loss=z_loss,
-                                             accum_steps=accum_steps),
-                             in_shardings=(shardings, batch_sharding), donate_argnums=0)
+        shardings = distributed.state_shardings(abstract, model, optimizer, mesh, rules)
+        batch_sharding = distributed.batch_sharding(mesh, rules)
+        train_step = distributed.jit_train_step(
+            make_train_step(model, optimizer, schedule, z_loss=z_loss, accum_steps=accum_steps),
+            shardings, batch_sharding)
         eval_step = jax.jit(make_eval_step(model), in_shardings=(shardings.params, batch_sharding))
 
         ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=keep_checkpoints)
@@ -142,13 +141,13 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
             state = jax.jit(create, out_shardings=shardings)(jax.random.key(seed))
             start = 0
         else:
-            target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                  abstract, shardings)
+            target = distributed.abstract_with_shardings(abstract, shardings)
             state, data_state = ckpt.restore(start, target)
             data.set_state(data_state)
             print(f"resumed from step {start} in {workdir}", flush=True)
 
-        log = MetricsLog(os.path.join(workdir, "metrics.jsonl"), resume_step=start)
+        log = MetricsLog(os.path.join(workdir, "metrics.jsonl") if primary else os.devnull,
+                         resume_step=start)
         tokens_per_step = batch_size * seq_len
         flops_per_step = flops_per_token(model, seq_len) * tokens_per_step
         peak = peak_flops_per_device() * jax.device_count()
@@ -164,8 +163,9 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
             nonlocal pending, last, interval_start
             if not pending:
                 return
+            fetched = jax.device_get(pending)  # waits for the interval's steps to finish
             tokens_per_sec = len(pending) * tokens_per_step / (time.perf_counter() - interval_start)
-            for s, m in jax.device_get(pending):
+            for s, m in fetched:
                 last = {"step": s, **{k: float(v) for k, v in m.items()}}
                 log.write({**last, "tokens_per_sec": tokens_per_sec,
                            "mfu": tokens_per_sec * flops_per_step / tokens_per_step / peak})
@@ -181,14 +181,15 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
                 bar.update(1)
                 if step % log_every == 0 or step == steps:
                     flush()
-                    if step == log_every or step == steps:
+                    if primary and (step == log_every or step == steps):
                         gin_config.save_config(workdir, operative=True)
                 if step % eval_every == 0 or step == steps:
                     flush()
                     result = evaluate(eval_step, state.params, heldout, batch_sharding, eval_batches)
                     log.write({"step": step, **result})
                     last.update(result)
-                    bar.write(f"step {step}: held-out loss {result['eval_loss']:.4f}")
+                    bar.write(f"step {step}: held-out loss {result['eval_loss']:.4f} nats/token "
+                              f"(unigram entropy {result['heldout_unigram_entropy']:.4f})")
                     interval_start = time.perf_counter()
                 if step % checkpoint_every == 0 or step == steps:
                     flush()  # the log must hold every step up to the checkpoint it resumes from
@@ -209,7 +210,11 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
             raise KeyboardInterrupt
 
     if step >= steps:
-        save_model(os.path.join(workdir, "model"), model, jax.device_get(state.params))
-        plot_curves(read_metrics(log.path), os.path.join(workdir, "loss_curve.png"),
-                    title=f"{model.n_layers}-layer, d={model.d_model}, {steps} steps")
+        # Every process joins the save (orbax synchronises them); ``process_allgather`` assembles
+        # parameters that span other hosts' devices, which ``device_get`` cannot read.
+        save_model(os.path.join(workdir, "model"), model,
+                   multihost_utils.process_allgather(state.params, tiled=True))
+        if primary:
+            plot_curves(read_metrics(log.path), os.path.join(workdir, "loss_curve.png"),
+                        title=f"{model.n_layers}-layer, d={model.d_model}, {steps} steps")
     return last

@@ -34,7 +34,8 @@ def read_metrics(path: str) -> list[dict]:
 
 
 def plot_curves(records: list[dict], path: str, *, keys=("loss", "eval_loss"), title: str = "") -> str:
-    """Plots each key present in the records against ``step`` and writes a PNG."""
+    """Plots each key present in the records against ``step`` (and the held-out unigram entropy,
+    the loss to beat, when recorded) and writes a PNG."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -45,6 +46,9 @@ def plot_curves(records: list[dict], path: str, *, keys=("loss", "eval_loss"), t
         if points:
             steps, values = zip(*points)
             ax.plot(steps, values, label=key, marker="o" if len(points) < 30 else None)
+    baseline = [r["heldout_unigram_entropy"] for r in records if "heldout_unigram_entropy" in r]
+    if baseline:
+        ax.axhline(baseline[-1], color="gray", linestyle="--", label="held-out unigram entropy")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/token)")
     ax.set_title(title)

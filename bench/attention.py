@@ -1,0 +1,114 @@
+"""Attention benchmark: memory of the dense reference vs the flash kernel, and GPU speed.
+
+    python -m bench.attention            # CPU: memory at T = 8k and 32k; GPU: speed table too
+    python -m bench.attention --quick    # tiny sizes, a smoke test
+
+Memory (any backend) is XLA's compiled memory analysis -- compile only, nothing runs -- of
+``reference_attention`` (materialises [B, N, T, S] logits) and of ``flash_attention``.  On
+CPU the flash figure is the Pallas kernel itself in interpret mode (the same kernel source,
+lowered to XLA loops); its memory is what the algorithm needs, its speed means nothing.
+Going from T to 4T the reference grows ~16x (quadratic), flash ~4x (linear).
+
+Speed (GPU only): causal bf16 attention, forward and forward+backward, for XLA (the
+reference), cuDNN (``jax.nn.dot_product_attention``), tokamax when installed, and the
+Pallas kernel where the installed JAX lowers it on GPU (it targets Mosaic TPU, so usually
+it does not and is reported as such).  FLOPs count the visible half of the causal T x S
+score matrix: forward 4 B N T S H / 2, backward 2.5x forward.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import BlockSizes, flash_attention, reference_attention
+from pallas_kernels.benchmarking import compiled_peak_bytes, describe_device, median_seconds
+
+
+def _shapes(b, t, n, k, h, dtype):
+    return (jax.ShapeDtypeStruct((b, t, n, h), dtype), jax.ShapeDtypeStruct((b, t, k, h), dtype),
+            jax.ShapeDtypeStruct((b, t, k, h), dtype))
+
+
+def _with_grad(fn):
+    """Forward + backward: gradients of a scalar function of the output w.r.t. q, k, v."""
+    return jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32)), argnums=(0, 1, 2))
+
+
+def memory_table(seq_lens, b, n, k, h, dtype, blocks):
+    interpret = jax.default_backend() != "tpu"
+    flash = functools.partial(flash_attention, block_sizes=blocks, interpret=interpret)
+    print(f"\nPeak compiled memory (MiB), causal {jnp.dtype(dtype).name}, B={b} N={n} K={k} H={h}; "
+          f"flash = Pallas kernel{' (interpret mode)' if interpret else ''}")
+    print(f"{'T':>7} {'pass':>8} {'reference':>11} {'flash':>9} {'ratio':>7}")
+    previous = {}
+    for t in seq_lens:
+        args = _shapes(b, t, n, k, h, dtype)
+        for name, wrap in (("fwd", lambda f: f), ("fwd+bwd", _with_grad)):
+            ref = compiled_peak_bytes(wrap(reference_attention), *args) / 2**20
+            fl = compiled_peak_bytes(wrap(flash), *args) / 2**20
+            growth = ""
+            if name in previous:
+                (t0, r0, f0) = previous[name]
+                growth = f"   T x{t / t0:g}: reference x{ref / r0:.1f}, flash x{fl / f0:.1f}"
+            previous[name] = (t, ref, fl)
+            print(f"{t:>7} {name:>8} {ref:>11.1f} {fl:>9.1f} {ref / fl:>6.1f}x{growth}")
+
+
+def _implementations():
+    impls = {
+        "xla": reference_attention,
+        "cudnn": functools.partial(jax.nn.dot_product_attention, is_causal=True,
+                                   implementation="cudnn"),
+        "pallas": functools.partial(flash_attention, interpret=False),
+    }
+    if importlib.util.find_spec("tokamax") is not None:
+        import tokamax
+        impls["tokamax"] = functools.partial(tokamax.dot_product_attention, is_causal=True)
+    return impls
+
+
+def speed_table(configs, h, k, iters):
+    print(f"\nCausal bf16 attention on {describe_device()}: ms (TFLOP/s)")
+    impls = _implementations()
+    print(f"{'B':>3} {'T':>6} {'N':>3} {'pass':>8} " + "".join(f"{name:>20}" for name in impls))
+    for b, t, n in configs:
+        key_q, key_k, key_v = jax.random.split(jax.random.key(0), 3)
+        q = jax.random.normal(key_q, (b, t, n, h), jnp.bfloat16)
+        kv = [jax.random.normal(key, (b, t, k, h), jnp.bfloat16) for key in (key_k, key_v)]
+        fwd_flops = 4 * b * n * t * t * h / 2
+        for name, wrap, flops in (("fwd", lambda f: f, fwd_flops),
+                                  ("fwd+bwd", _with_grad, 3.5 * fwd_flops)):
+            cells = []
+            for fn in impls.values():
+                try:
+                    seconds = median_seconds(wrap(fn), q, *kv, iters=iters)
+                    cells.append(f"{seconds * 1e3:9.2f} ({flops / seconds / 1e12:6.1f})")
+                except Exception as err:  # noqa: BLE001 - a failing implementation is a result
+                    kind = "OOM" if "RESOURCE_EXHAUSTED" in str(err) else type(err).__name__
+                    cells.append(f"{kind[:18]:>18}")
+            print(f"{b:>3} {t:>6} {n:>3} {name:>8} " + "".join(f"{c:>20}" for c in cells))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    args = parser.parse_args(argv)
+    print(f"device: {describe_device()}")
+    if args.quick:
+        memory_table((256, 1024), b=1, n=4, k=2, h=64, dtype=jnp.bfloat16,
+                     blocks=BlockSizes(128, 128, 128, 128))
+    else:
+        memory_table((8192, 32768), b=1, n=8, k=2, h=128, dtype=jnp.bfloat16,
+                     blocks=BlockSizes(512, 512, 512, 512))
+    if jax.default_backend() == "gpu":
+        configs = ((1, 1024, 16),) if args.quick else (
+            (4, 4096, 16), (4, 4096, 32), (2, 16384, 16), (8, 8192, 32))
+        speed_table(configs, h=128, k=8, iters=3 if args.quick else 5)
+
+
+if __name__ == "__main__":
+    main()

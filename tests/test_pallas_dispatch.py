@@ -1,0 +1,68 @@
+"""Backend choice of gpu_attention and its translation of the mask rule to jax.nn arguments."""
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import choose_attention_backend, gpu_attention, reference_attention
+from pallas_kernels import dispatch
+
+
+def _qkv(t, s, n=4, k=2, h=16, dtype=jnp.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    return tuple(jnp.asarray(rng.standard_normal(shape), dtype)
+                 for shape in ((2, t, n, h), (2, s, k, h), (2, s, k, h)))
+
+
+@pytest.mark.parametrize("platform, dtype, options, tokamax, want", [
+    ("tpu", jnp.float32, {}, False, "pallas"),
+    ("cpu", jnp.bfloat16, {}, True, "xla"),
+    ("gpu", jnp.bfloat16, {}, True, "tokamax"),
+    ("gpu", jnp.bfloat16, dict(sliding_window=4), False, "cudnn"),
+    ("gpu", jnp.float32, {}, False, "xla"),
+    ("gpu", jnp.bfloat16, dict(logits_soft_cap=30.0), False, "xla"),
+    ("gpu", jnp.bfloat16, dict(causal=False, sliding_window=4), False, "xla"),
+])
+def test_backend_choice(monkeypatch, platform, dtype, options, tokamax, want):
+    monkeypatch.setattr(dispatch, "_tokamax_installed", lambda: tokamax)
+    q, k, v = _qkv(8, 8, dtype=dtype)
+    assert choose_attention_backend(q, k, v, platform=platform, **options) == want
+
+
+@pytest.mark.parametrize("t, options", [
+    (16, dict(causal=True)),
+    (16, dict(causal=False)),
+    (10, dict(causal=True)),
+    (16, dict(causal=True, sliding_window=5)),
+    (16, dict(causal=False, sliding_window=5)),
+    (10, dict(causal=True, sliding_window=5)),
+    (16, dict(causal=True, segment_ids=True)),
+])
+def test_jax_nn_arguments_reproduce_the_mask_rule(t, options):
+    """The arguments handed to cuDNN / tokamax, checked through jax.nn's XLA implementation."""
+    q, k, v = _qkv(t, 16)
+    if options.pop("segment_ids", False):
+        ids = jnp.asarray(np.repeat([[1, 2, 3, 4]], 4, axis=1).repeat(2, axis=0))
+        options["segment_ids"] = (ids[:, 16 - t:], ids)
+    args = dispatch.jax_nn_mask_arguments(q, k, **options)
+    got = jax.nn.dot_product_attention(q, k, v, implementation="xla", **args)
+    np.testing.assert_allclose(got, reference_attention(q, k, v, **options), atol=1e-5)
+
+
+def test_gpu_attention_on_cpu_uses_xla():
+    q, k, v = _qkv(8, 12)
+    out, backend = gpu_attention(q, k, v, sliding_window=3, return_backend=True)
+    assert backend == "xla"
+    np.testing.assert_allclose(out, reference_attention(q, k, v, sliding_window=3), atol=1e-6)
+
+
+def test_rejected_fused_call_falls_back_to_xla_and_says_so(monkeypatch, caplog):
+    monkeypatch.setattr(dispatch, "choose_attention_backend", lambda *a, **k: "cudnn")
+    q, k, v = _qkv(8, 8, dtype=jnp.bfloat16)
+    with caplog.at_level(logging.INFO, logger=dispatch.__name__):
+        out, backend = gpu_attention(q, k, v, return_backend=True)   # no cuDNN on CPU
+    assert backend == "xla"
+    assert "cudnn rejected the call" in caplog.text and "using xla" in caplog.text
+    np.testing.assert_array_equal(out, reference_attention(q, k, v))
