@@ -5,6 +5,8 @@
                       [--distributed]
     agentic-jax tokenizer --workdir DIR [--gin_param train_tokenizer.vocab_size=4096]
     agentic-jax convert SRC DST --to native|hf
+    agentic-jax generate --checkpoint DIR --prompt TEXT [--chat | --no-chat] [--temperature T]
+                         [--top_p P] [--top_k K] [--max_tokens N] [--seed S] [--gin_param P]...
 
 A misspelt configurable or parameter fails while parsing, before any work starts, with gin's
 message naming the binding.
@@ -23,13 +25,14 @@ def _parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = parser.add_subparsers(dest="verb", required=True)
 
-    def job(name, help_text):
+    def job(name, help_text, workdir=True):
         p = verbs.add_parser(name, help=help_text)
         p.add_argument("--gin_file", action="append", default=[],
                        help="a .gin file (a path, or a name in configs/); repeatable")
         p.add_argument("--gin_param", action="append", default=[],
                        help="a gin binding such as 'train.steps=100'; repeatable, applied last")
-        p.add_argument("--workdir", default=None, help="output directory (default runs/<config>)")
+        if workdir:
+            p.add_argument("--workdir", default=None, help="output directory (default runs/<config>)")
         return p
 
     train = job("train", "train a language model (default: the quickstart config)")
@@ -52,6 +55,18 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument("dst")
     conv.add_argument("--to", choices=("native", "hf"), required=True,
                       help="native: HF directory -> agentic-jax model; hf: the reverse")
+    gen = job("generate", "stream a continuation of a prompt from a trained model", workdir=False)
+    gen.add_argument("--checkpoint", required=True,
+                     help="a training workdir (model/ and tokenizer.json) or a native model directory "
+                          "with a tokenizer.json")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                     help="wrap the prompt as a ChatML user turn (default: if the tokenizer has "
+                          "chat tokens)")
+    for flag, kind in (("temperature", float), ("top_p", float), ("top_k", int),
+                       ("max_tokens", int), ("seed", int)):
+        gen.add_argument(f"--{flag}", type=kind, default=None,
+                         help=f"default: default_sampling_params.{flag} (gin)")
     return parser
 
 
@@ -63,7 +78,37 @@ def _setup(args) -> str:
     files = args.gin_file or ([DEFAULT_CONFIG[args.verb]] if args.verb in DEFAULT_CONFIG else [])
     gin_config.parse(files, args.gin_param)
     name = os.path.splitext(os.path.basename(files[-1]))[0] if files else args.verb
-    return args.workdir or os.path.join("runs", name)
+    return getattr(args, "workdir", None) or os.path.join("runs", name)
+
+
+def _generate(args) -> None:
+    """Streams the completion of ``args.prompt`` to stdout.  One prompt needs one slot; the rest
+    of EngineConfig and the default sampling settings come from gin."""
+    import dataclasses
+
+    from agentic_jax.data.chat import render_ids
+    from agentic_jax.data.tokenizer import IM_END, IM_START
+    from agentic_jax.inference.engine import (Engine, EngineConfig, Request, default_sampling_params,
+                                              load_checkpoint, stream_text)
+
+    config, params, tokenizer = load_checkpoint(args.checkpoint)
+    chat = args.chat if args.chat is not None else {IM_START, IM_END} <= tokenizer.special_ids.keys()
+    add_bos = tokenizer.bos_id is not None
+    overrides = {k: getattr(args, k) for k in ("temperature", "top_p", "top_k", "max_tokens", "seed")
+                 if getattr(args, k) is not None}
+    sampling = default_sampling_params(**overrides)
+    if chat:  # the assistant turn ends at <|im_end|>; EOS still ends it too
+        prompt = render_ids([{"role": "user", "content": args.prompt}], tokenizer,
+                            add_generation_prompt=True, add_bos=add_bos).ids.tolist()
+        eos_id = tokenizer.token_id(IM_END)
+        if tokenizer.eos_id is not None:
+            sampling = dataclasses.replace(sampling, stop_token_ids=(tokenizer.eos_id,))
+    else:
+        prompt, eos_id = tokenizer.encode(args.prompt, add_bos=add_bos), tokenizer.eos_id
+    engine = Engine(params, config, EngineConfig(num_slots=1), eos_id=eos_id, tokenizer=tokenizer)
+    for piece in stream_text(engine, Request(prompt, sampling), tokenizer):
+        print(piece, end="", flush=True)
+    print()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         (hf_to_native if args.to == "native" else native_to_hf)(args.src, args.dst)
         print(f"wrote {args.dst}")
         return 0
+    if args.verb == "generate":
+        import agentic_jax.inference.engine  # noqa: F401  (its configurables, before gin parses)
     workdir = _setup(args)
     try:
         if args.verb == "train":
@@ -88,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             files = {} if args.files is None else {"files": args.files}
             tok = train_tokenizer(os.path.join(workdir, "tokenizer.json"), **files)
             print(f"wrote {os.path.join(workdir, 'tokenizer.json')} ({tok.vocab_size} tokens)")
+        elif args.verb == "generate":
+            _generate(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import BlockSizes, flash_attention, reference_attention
-from pallas_kernels.benchmarking import compiled_peak_bytes, describe_device, median_seconds
+from pallas_kernels.benchmarking import compiled_memory, describe_device, median_seconds
 
 
 def _shapes(b, t, n, k, h, dtype):
@@ -48,8 +48,8 @@ def memory_table(seq_lens, b, n, k, h, dtype, blocks):
     for t in seq_lens:
         args = _shapes(b, t, n, k, h, dtype)
         for name, wrap in (("fwd", lambda f: f), ("fwd+bwd", _with_grad)):
-            ref = compiled_peak_bytes(wrap(reference_attention), *args) / 2**20
-            fl = compiled_peak_bytes(wrap(flash), *args) / 2**20
+            ref = compiled_memory(wrap(reference_attention), *args).peak / 2**20
+            fl = compiled_memory(wrap(flash), *args).peak / 2**20
             growth = ""
             if name in previous:
                 (t0, r0, f0) = previous[name]

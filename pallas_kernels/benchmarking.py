@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import NamedTuple
 
 import jax
 
 
-def compiled_peak_bytes(fn, *args) -> int:
-    """Arguments + outputs + temporaries (minus donated aliases) of ``jit(fn)`` on ``args``
-    (arrays or ``jax.ShapeDtypeStruct``)."""
+class CompiledMemory(NamedTuple):
+    peak: int   # arguments + outputs + temporaries, minus donated aliases
+    temp: int   # temporaries alone: the working memory the computation adds
+
+
+def compiled_memory(fn, *args) -> CompiledMemory:
+    """Memory of ``jit(fn)`` on ``args`` (arrays or ``jax.ShapeDtypeStruct``), in bytes."""
     m = jax.jit(fn).lower(*args).compile().memory_analysis()
-    return (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+    peak = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
             - m.alias_size_in_bytes)
+    return CompiledMemory(peak, m.temp_size_in_bytes)
 
 
 def median_seconds(fn, *args, iters: int = 5) -> float:

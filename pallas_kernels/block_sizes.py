@@ -2,7 +2,7 @@
 
 Sequence lengths need not be multiples of the tiles: queries and keys are zero-padded up
 to a whole number of tiles, padded keys are masked inside the kernel and padded query rows
-are sliced off.  Tiles larger than the (8-rounded) sequence shrink to it, so short
+are sliced off.  Tiles larger than the (rounded-up) sequence shrink to it, so short
 sequences do not pay for a full tile.
 """
 from __future__ import annotations
@@ -61,19 +61,27 @@ class Tiling:
     kv_padded: int
 
 
+def _fit_axis(blocks: tuple[int, ...], length: int) -> tuple[tuple[int, ...], int]:
+    """Tiles for one sequence axis and the padded length that all of them divide.
+
+    Smallest tile first, each is capped at the length rounded up to the tiles before it, so
+    power-of-two tiles stay powers of two and the padding stays below the largest tile.
+    """
+    unit, tiles = _SUBLANES, {}
+    for block in sorted(set(blocks)):
+        tiles[block] = min(block, _round_up(length, unit))
+        unit = math.lcm(unit, tiles[block])
+    return tuple(tiles[b] for b in blocks), _round_up(length, unit)
+
+
 def plan_tiling(blocks: BlockSizes, q_len: int, kv_len: int, *, check_tpu_layout: bool) -> Tiling:
     """Shrinks tiles to the sequence, pads lengths to a common multiple, checks TPU layout.
 
     On TPU a key tile is the lane dimension of the logits block and of the key segment-id
     block, so it must be a multiple of 128 unless one tile spans the whole padded sequence.
     """
-    def fit(block, length):
-        return min(block, _round_up(length, _SUBLANES))
-
-    bq, bq_bwd = fit(blocks.block_q, q_len), fit(blocks.block_q_bwd, q_len)
-    bk, bk_bwd = fit(blocks.block_kv, kv_len), fit(blocks.block_kv_bwd, kv_len)
-    q_padded = _round_up(q_len, math.lcm(bq, bq_bwd))
-    kv_padded = _round_up(kv_len, math.lcm(bk, bk_bwd))
+    (bq, bq_bwd), q_padded = _fit_axis((blocks.block_q, blocks.block_q_bwd), q_len)
+    (bk, bk_bwd), kv_padded = _fit_axis((blocks.block_kv, blocks.block_kv_bwd), kv_len)
     if check_tpu_layout:
         for name, b in (("block_kv", bk), ("block_kv_bwd", bk_bwd)):
             if b % _LANES and b != kv_padded:

@@ -12,7 +12,8 @@
 The mask convention of this project (queries are the last T of S positions, Mistral
 windows, segment ids) is translated to the ``jax.nn`` arguments: natively when T == S and
 there are no segments, otherwise as an explicit [B, 1, T, S] boolean mask (cuDNN then
-takes it as a bias: still fused, but that mask costs O(B T S) memory).
+takes it as a bias: still fused, but that mask costs O(B T S) memory), and rows that see
+no key are zeroed afterwards, as the contract requires.
 """
 from __future__ import annotations
 
@@ -69,21 +70,25 @@ def jax_nn_mask_arguments(q, k, *, causal=True, segment_ids=None, sliding_window
     return dict(mask=mask[:, None], is_causal=False, local_window_size=None)
 
 
-def _run(backend, q, k, v, options):
+def _fused(backend, q, k, v, options):
+    """tokamax or cuDNN with this project's mask rule, zeros for rows that see no key."""
     mask_args = jax_nn_mask_arguments(q, k, causal=options["causal"],
                                       segment_ids=options["segment_ids"],
                                       sliding_window=options["sliding_window"])
     if backend == "tokamax":
         tokamax = importlib.import_module("tokamax")
-        return tokamax.dot_product_attention(q, k, v, scale=options["sm_scale"],
-                                             logits_soft_cap=options["logits_soft_cap"],
-                                             **mask_args)
-    if backend == "cudnn":
-        return jax.nn.dot_product_attention(q, k, v, scale=options["sm_scale"],
-                                            implementation="cudnn", **mask_args)
-    if backend == "pallas":
-        return flash_attention(q, k, v, **options)
-    return reference_attention(q, k, v, **options)
+        out = tokamax.dot_product_attention(q, k, v, scale=options["sm_scale"],
+                                            logits_soft_cap=options["logits_soft_cap"],
+                                            **mask_args)
+    else:
+        out = jax.nn.dot_product_attention(q, k, v, scale=options["sm_scale"],
+                                           implementation="cudnn", **mask_args)
+    mask = mask_args["mask"]
+    if mask is None:   # causal / windowed / full self-attention: every row sees a key
+        return out
+    # A finite mask bias turns an empty row into the mean of V; the contract says zeros.
+    seen = jnp.swapaxes(mask.any(axis=-1), 1, 2)[..., None]     # [B, T, 1, 1]
+    return jnp.where(seen, out, 0).astype(out.dtype)
 
 
 def gpu_attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=None,
@@ -102,13 +107,18 @@ def gpu_attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=None
                    logits_soft_cap=logits_soft_cap, sm_scale=sm_scale)
     backend = choose_attention_backend(q, k, v, **options)
     if backend == "pallas":
-        options.update(block_sizes=block_sizes, interpret=interpret)
+        out = flash_attention(q, k, v, block_sizes=block_sizes, interpret=interpret, **options)
+        return _report(out, backend, return_backend)
+    if backend == "xla":
+        return _report(reference_attention(q, k, v, **options), backend, return_backend)
     try:
-        out = _run(backend, q, k, v, options)
+        out = _fused(backend, q, k, v, options)
     except (NotImplementedError, ValueError, RuntimeError) as err:
-        if backend in ("xla", "pallas"):
-            raise
         _log.warning("gpu_attention: %s rejected the call (%s); using xla", backend, err)
         backend, out = "xla", reference_attention(q, k, v, **options)
+    return _report(out, backend, return_backend)
+
+
+def _report(out, backend: str, return_backend: bool):
     _log.info("gpu_attention: using %s", backend)
     return (out, backend) if return_backend else out

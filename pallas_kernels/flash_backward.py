@@ -27,7 +27,8 @@ from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.backend import tpu_compiler_params
 from pallas_kernels.flash_blocks import (FlashConfig, clamp_kv_block, clamp_q_block, dot_nn,
-                                         dot_nt, dot_tn, tile_flags, tile_logits, tile_mask)
+                                         dot_nt, dot_tn, head_tile_spec, on_visible_tiles,
+                                         segment_specs, tile_logits)
 from pallas_kernels.masks import MASK_VALUE
 
 
@@ -50,17 +51,6 @@ def _split_refs(refs, cfg: FlashConfig, num_outputs: int):
     return (*inputs, *segs), rest[:num_outputs], rest[num_outputs:]
 
 
-def _masked_tiles(cfg, i, j, bq, bk, qs_ref, ks_ref, body):
-    """Runs ``body(mask)`` on visible tiles: mask=None where the tile is fully visible."""
-    compute, needs_mask = tile_flags(cfg, i, j, bq, bk)
-    pl.when(compute & jnp.logical_not(needs_mask))(lambda: body(None))
-
-    @pl.when(compute & needs_mask)
-    def _():
-        segs = (qs_ref[...], ks_ref[...]) if cfg.has_segments else (None, None)
-        body(tile_mask(cfg, i, j, bq, bk, *segs))
-
-
 def _dq_kernel(*refs, cfg: FlashConfig):
     (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qs_ref, ks_ref), (dq_ref,), (dq_scr,) = \
         _split_refs(refs, cfg, 1)
@@ -77,7 +67,7 @@ def _dq_kernel(*refs, cfg: FlashConfig):
                                    delta_ref[...], mask)
         dq_scr[...] += dot_nn(ds.astype(k.dtype), k)
 
-    _masked_tiles(cfg, i, j, bq, bk, qs_ref, ks_ref, body)
+    on_visible_tiles(cfg, i, j, bq, bk, qs_ref, ks_ref, body)
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
@@ -102,16 +92,12 @@ def _dkv_kernel(*refs, cfg: FlashConfig):
         dv_scr[...] += dot_tn(p.astype(do.dtype), do)
         dk_scr[...] += dot_tn(ds.astype(q.dtype), q)
 
-    _masked_tiles(cfg, i, j, bq, bk, qs_ref, ks_ref, body)
+    on_visible_tiles(cfg, i, j, bq, bk, qs_ref, ks_ref, body)
 
     @pl.when((g == pl.num_programs(3) - 1) & (i == pl.num_programs(4) - 1))
     def _finish():
         dk_ref[...] = dk_scr[...].astype(dk_ref.dtype)
         dv_ref[...] = dv_scr[...].astype(dv_ref.dtype)
-
-
-def _tile_spec(block, index_map):
-    return pl.BlockSpec((pl.squeezed, pl.squeezed, *block), index_map)
 
 
 @functools.partial(jax.jit, static_argnames="cfg")
@@ -133,18 +119,16 @@ def flash_backward(q, k, v, q_seg, kv_seg, o, lse, do, *, cfg: FlashConfig):
     def dq_rows(bi, ni, i, j):
         return bi, ni, i, 0
 
-    dq_specs = [_tile_spec((bq, h), dq_rows), _tile_spec((bk, h), dq_kv),
-                _tile_spec((bk, h), dq_kv), _tile_spec((bq, h), dq_rows),
-                _tile_spec((bq, 1), dq_rows), _tile_spec((bq, 1), dq_rows)]
+    dq_specs = [head_tile_spec((bq, h), dq_rows), head_tile_spec((bk, h), dq_kv),
+                head_tile_spec((bk, h), dq_kv), head_tile_spec((bq, h), dq_rows),
+                head_tile_spec((bq, 1), dq_rows), head_tile_spec((bq, 1), dq_rows)]
     if cfg.has_segments:
-        dq_specs += [pl.BlockSpec((pl.squeezed, bq, 1), lambda bi, ni, i, j: (bi, i, 0)),
-                     pl.BlockSpec((pl.squeezed, 1, bk),
-                                  lambda bi, ni, i, j: (bi, 0, dq_kv(bi, ni, i, j)[2]))]
+        dq_specs += segment_specs(bq, bk, dq_rows, dq_kv)
     dq = pl.pallas_call(
         functools.partial(_dq_kernel, cfg=cfg),
         grid=(b, n, nq, nk),
         in_specs=dq_specs,
-        out_specs=_tile_spec((bq, h), dq_rows),
+        out_specs=head_tile_spec((bq, h), dq_rows),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         scratch_shapes=[pltpu.VMEM((bq, h), jnp.float32)],
         compiler_params=tpu_compiler_params(True, True, True, False),
@@ -159,18 +143,16 @@ def flash_backward(q, k, v, q_seg, kv_seg, o, lse, do, *, cfg: FlashConfig):
     def dkv_kv(bi, ki, j, gi, i):
         return bi, ki, j, 0
 
-    dkv_specs = [_tile_spec((bq, h), dkv_rows), _tile_spec((bk, h), dkv_kv),
-                 _tile_spec((bk, h), dkv_kv), _tile_spec((bq, h), dkv_rows),
-                 _tile_spec((bq, 1), dkv_rows), _tile_spec((bq, 1), dkv_rows)]
+    dkv_specs = [head_tile_spec((bq, h), dkv_rows), head_tile_spec((bk, h), dkv_kv),
+                 head_tile_spec((bk, h), dkv_kv), head_tile_spec((bq, h), dkv_rows),
+                 head_tile_spec((bq, 1), dkv_rows), head_tile_spec((bq, 1), dkv_rows)]
     if cfg.has_segments:
-        dkv_specs += [pl.BlockSpec((pl.squeezed, bq, 1),
-                                   lambda bi, ki, j, gi, i: (bi, dkv_rows(bi, ki, j, gi, i)[2], 0)),
-                      pl.BlockSpec((pl.squeezed, 1, bk), lambda bi, ki, j, gi, i: (bi, 0, j))]
+        dkv_specs += segment_specs(bq, bk, dkv_rows, dkv_kv)
     dk, dv = pl.pallas_call(
         functools.partial(_dkv_kernel, cfg=cfg),
         grid=(b, kh, nk, g, nq),
         in_specs=dkv_specs,
-        out_specs=[_tile_spec((bk, h), dkv_kv), _tile_spec((bk, h), dkv_kv)],
+        out_specs=[head_tile_spec((bk, h), dkv_kv), head_tile_spec((bk, h), dkv_kv)],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         scratch_shapes=[pltpu.VMEM((bk, h), jnp.float32), pltpu.VMEM((bk, h), jnp.float32)],
         compiler_params=tpu_compiler_params(True, True, True, False, False),

@@ -11,6 +11,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 
 from pallas_kernels import masks
 from pallas_kernels.block_sizes import Tiling
@@ -89,6 +90,19 @@ def tile_mask(cfg: FlashConfig, q_block, kv_block, bq: int, bk: int, q_seg=None,
     return ok
 
 
+def on_visible_tiles(cfg: FlashConfig, q_block, kv_block, bq: int, bk: int, q_seg_ref, kv_seg_ref,
+                     body):
+    """Runs ``body(mask)`` unless the tile is hidden; ``mask`` is None for fully visible tiles
+    (which then skip building it) and the [bq, bk] tile mask otherwise."""
+    compute, needs_mask = tile_flags(cfg, q_block, kv_block, bq, bk)
+    pl.when(compute & jnp.logical_not(needs_mask))(lambda: body(None))
+
+    @pl.when(compute & needs_mask)
+    def _():
+        segs = (q_seg_ref[...], kv_seg_ref[...]) if cfg.has_segments else (None, None)
+        body(tile_mask(cfg, q_block, kv_block, bq, bk, *segs))
+
+
 def dot_nt(a, b):
     """a @ b.T with f32 accumulation (the MXU contracts b's minor axis natively)."""
     return jax.lax.dot_general(a, b, (((1,), (1,)), ((), ())),
@@ -112,3 +126,22 @@ def tile_logits(cfg: FlashConfig, q, k):
     if cfg.soft_cap is not None:
         s = cfg.soft_cap * jnp.tanh(s / cfg.soft_cap)
     return s
+
+
+def head_tile_spec(block, index_map):
+    """BlockSpec of one [rows, cols] tile of a head-major [B, heads, L, cols] array."""
+    return pl.BlockSpec((pl.squeezed, pl.squeezed, *block), index_map)
+
+
+def segment_specs(bq: int, bk: int, q_map, kv_map):
+    """BlockSpecs of q_seg [B, Tp, 1] and kv_seg [B, 1, Sp] that follow the tiles chosen by
+    the query and key/value index maps ``(*grid) -> (b, head, tile, 0)``."""
+    def q_seg(*grid):
+        b, _, tile, _ = q_map(*grid)
+        return b, tile, 0
+
+    def kv_seg(*grid):
+        b, _, tile, _ = kv_map(*grid)
+        return b, 0, tile
+
+    return [pl.BlockSpec((pl.squeezed, bq, 1), q_seg), pl.BlockSpec((pl.squeezed, 1, bk), kv_seg)]

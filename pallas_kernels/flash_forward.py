@@ -24,8 +24,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.backend import tpu_compiler_params
-from pallas_kernels.flash_blocks import (FlashConfig, clamp_kv_block, dot_nn, tile_flags,
-                                         tile_logits, tile_mask)
+from pallas_kernels.flash_blocks import (FlashConfig, clamp_kv_block, dot_nn, head_tile_spec,
+                                         on_visible_tiles, segment_specs, tile_logits)
 from pallas_kernels.masks import MASK_VALUE
 
 
@@ -44,16 +44,14 @@ def _forward_kernel(*refs, cfg: FlashConfig):
         l_scr[...] = jnp.zeros(l_scr.shape, jnp.float32)
         acc_scr[...] = jnp.zeros(acc_scr.shape, jnp.float32)
 
-    def accumulate(masked: bool):
+    def accumulate(mask):
         s = tile_logits(cfg, q_ref[...], k_ref[...])
-        if masked:
-            segs = (qs_ref[...], ks_ref[...]) if cfg.has_segments else (None, None)
-            mask = tile_mask(cfg, i, j, bq, bk, *segs)
+        if mask is not None:
             s = jnp.where(mask, s, MASK_VALUE)
         m_prev = m_scr[...]
         m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1, keepdims=True))
         p = jnp.exp(s - m_new)
-        if masked:  # rows with nothing visible yet have m_new = MASK_VALUE and p = 1
+        if mask is not None:  # rows with nothing visible yet have m_new = MASK_VALUE, p = 1
             p = jnp.where(mask, p, 0.0)
         alpha = jnp.exp(m_prev - m_new)
         m_scr[...] = m_new
@@ -61,9 +59,7 @@ def _forward_kernel(*refs, cfg: FlashConfig):
         v = v_ref[...]
         acc_scr[...] = alpha * acc_scr[...] + dot_nn(p.astype(v.dtype), v)
 
-    compute, needs_mask = tile_flags(cfg, i, j, bq, bk)
-    pl.when(compute & jnp.logical_not(needs_mask))(lambda: accumulate(False))
-    pl.when(compute & needs_mask)(lambda: accumulate(True))
+    on_visible_tiles(cfg, i, j, bq, bk, qs_ref, ks_ref, accumulate)
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _finish():
@@ -83,29 +79,23 @@ def flash_forward(q, k, v, q_seg, kv_seg, *, cfg: FlashConfig):
     nq, nk = tp // bq, sp // bk
     g = cfg.groups
 
-    def kv_index(bi, ni, i, j):
+    def rows(bi, ni, i, j):
+        return bi, ni, i, 0
+
+    def kv_tile(bi, ni, i, j):
         return bi, ni // g, clamp_kv_block(cfg, i, j, bq, bk, nk), 0
 
-    in_specs = [
-        pl.BlockSpec((pl.squeezed, pl.squeezed, bq, h), lambda bi, ni, i, j: (bi, ni, i, 0)),
-        pl.BlockSpec((pl.squeezed, pl.squeezed, bk, h), kv_index),
-        pl.BlockSpec((pl.squeezed, pl.squeezed, bk, h), kv_index),
-    ]
+    in_specs = [head_tile_spec((bq, h), rows), head_tile_spec((bk, h), kv_tile),
+                head_tile_spec((bk, h), kv_tile)]
     args = [q, k, v]
     if cfg.has_segments:
-        in_specs += [
-            pl.BlockSpec((pl.squeezed, bq, 1), lambda bi, ni, i, j: (bi, i, 0)),
-            pl.BlockSpec((pl.squeezed, 1, bk),
-                         lambda bi, ni, i, j: (bi, 0, clamp_kv_block(cfg, i, j, bq, bk, nk))),
-        ]
+        in_specs += segment_specs(bq, bk, rows, kv_tile)
         args += [q_seg, kv_seg]
-    row_spec = lambda width: pl.BlockSpec((pl.squeezed, pl.squeezed, bq, width),
-                                          lambda bi, ni, i, j: (bi, ni, i, 0))
     return pl.pallas_call(
         functools.partial(_forward_kernel, cfg=cfg),
         grid=(b, n, nq, nk),
         in_specs=in_specs,
-        out_specs=[row_spec(h), row_spec(1)],
+        out_specs=[head_tile_spec((bq, h), rows), head_tile_spec((bq, 1), rows)],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((b, n, tp, 1), jnp.float32)],
         scratch_shapes=[pltpu.VMEM((bq, 1), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),

@@ -98,7 +98,8 @@ def paged_attention(q, k_pages, v_pages, block_tables, lengths, *, sm_scale=None
     """One decode step: q [B,N,H] attends to its sequence's first ``lengths[b]`` cached keys.
 
     k_pages, v_pages: [num_pages, page_size, K, H]; block_tables: int32 [B, max_pages]
-    (entries past a sequence's length are ignored); lengths: int32 [B].  Returns [B,N,H];
+    (entries past a sequence's length are ignored); lengths: int32 [B], at most
+    ``max_pages * page_size``.  Returns [B,N,H];
     a sequence of length 0 gets zeros.  ``sliding_window=w``: only the last w keys count.
     """
     _check_paged_inputs(q, k_pages, v_pages, block_tables, lengths)
@@ -110,7 +111,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, lengths, *, sm_scale=None
 
     def page_index(bi, j, tables_ref, lengths_ref):
         first, last = _page_span(lengths_ref, bi, page_size, sliding_window)
-        return tables_ref[bi, jnp.clip(j, first, last)], 0, 0, 0
+        return tables_ref[bi, jnp.minimum(jnp.clip(j, first, last), max_pages - 1)], 0, 0, 0
 
     page_spec = pl.BlockSpec((pl.squeezed, page_size, kv_heads, h), page_index)
     token_spec = pl.BlockSpec((pl.squeezed, n, h), lambda bi, j, *_: (bi, 0, 0))

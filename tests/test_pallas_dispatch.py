@@ -39,16 +39,26 @@ def test_backend_choice(monkeypatch, platform, dtype, options, tokamax, want):
     (16, dict(causal=False, sliding_window=5)),
     (10, dict(causal=True, sliding_window=5)),
     (16, dict(causal=True, segment_ids=True)),
+    (10, dict(causal=False, segment_ids=True)),   # some queries' segment has no keys
 ])
-def test_jax_nn_arguments_reproduce_the_mask_rule(t, options):
-    """The arguments handed to cuDNN / tokamax, checked through jax.nn's XLA implementation."""
+def test_cudnn_call_reproduces_the_mask_rule(monkeypatch, t, options):
+    """The whole cuDNN path on CPU, with jax.nn's XLA implementation standing in for cuDNN."""
+    calls, jax_nn_attention = [], jax.nn.dot_product_attention
+
+    def xla_instead_of_cudnn(*args, implementation, **kwargs):
+        calls.append(implementation)
+        return jax_nn_attention(*args, implementation="xla", **kwargs)
+
+    monkeypatch.setattr(dispatch, "choose_attention_backend", lambda *a, **k: "cudnn")
+    monkeypatch.setattr(dispatch.jax.nn, "dot_product_attention", xla_instead_of_cudnn)
     q, k, v = _qkv(t, 16)
     if options.pop("segment_ids", False):
-        ids = jnp.asarray(np.repeat([[1, 2, 3, 4]], 4, axis=1).repeat(2, axis=0))
-        options["segment_ids"] = (ids[:, 16 - t:], ids)
-    args = dispatch.jax_nn_mask_arguments(q, k, **options)
-    got = jax.nn.dot_product_attention(q, k, v, implementation="xla", **args)
-    np.testing.assert_allclose(got, reference_attention(q, k, v, **options), atol=1e-5)
+        ids = np.repeat([[1, 2, 3, 4]], 4, axis=1).repeat(2, axis=0)
+        q_ids = np.where(np.arange(t) % 3 == 0, 7, ids[:, 16 - t:])   # segment 7 has no keys
+        options["segment_ids"] = (jnp.asarray(q_ids), jnp.asarray(ids))
+    out, backend = gpu_attention(q, k, v, return_backend=True, **options)
+    assert backend == "cudnn" and calls == ["cudnn"]
+    np.testing.assert_allclose(out, reference_attention(q, k, v, **options), atol=1e-5)
 
 
 def test_gpu_attention_on_cpu_uses_xla():

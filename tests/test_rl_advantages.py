@@ -1,4 +1,5 @@
 """Advantage estimators: group baselines, whitening and token-level GAE."""
+
 import math
 
 import jax
@@ -54,8 +55,9 @@ def test_estimators_are_permutation_equivariant(rewards, seed):
 def test_two_samples_give_plus_minus_one_over_sqrt_two_or_one(advantages_fn):
     rewards = jnp.array([[0.0, 1.0], [3.0, -5.0]])
     bessel = advantages_fn(rewards)
-    np.testing.assert_allclose(bessel, [[-1 / math.sqrt(2), 1 / math.sqrt(2)], [1 / math.sqrt(2), -1 / math.sqrt(2)]],
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        bessel, [[-1 / math.sqrt(2), 1 / math.sqrt(2)], [1 / math.sqrt(2), -1 / math.sqrt(2)]], rtol=1e-5
+    )
     population = advantages_fn(rewards, std_ddof=0)
     np.testing.assert_allclose(population, [[-1.0, 1.0], [1.0, -1.0]], rtol=1e-5)
 
@@ -96,10 +98,18 @@ def test_baselines_and_scales_match_their_definitions():
     }
     extras = dict(baseline=rewards[:, 0], lengths=lengths)
     for (estimator, scale), value in expected.items():
-        kw = {k: v for k, v in extras.items() if (k == "baseline") == (estimator == "remax") and
-              (k == "lengths") == (estimator == "opo")}
-        np.testing.assert_allclose(JIT_GROUP(rewards, estimator=estimator, scale=scale, **kw), value, rtol=1e-5,
-                                   atol=1e-6, err_msg=f"{estimator}/{scale}")
+        kw = {
+            k: v
+            for k, v in extras.items()
+            if (k == "baseline") == (estimator == "remax") and (k == "lengths") == (estimator == "opo")
+        }
+        np.testing.assert_allclose(
+            JIT_GROUP(rewards, estimator=estimator, scale=scale, **kw),
+            value,
+            rtol=1e-5,
+            atol=1e-6,
+            err_msg=f"{estimator}/{scale}",
+        )
 
 
 def test_errors_name_the_argument_and_the_valid_values():

@@ -1,4 +1,5 @@
 """Aggregation: exact reduction over micro-batches, 8 data-parallel shards and packed rows."""
+
 from functools import partial
 
 import jax
@@ -33,7 +34,7 @@ def _reference(per_token, mask, mode, max_length=T):
     if mode == "token-mean":
         return (x * m).sum(), m.sum()
     if mode == "seq-mean-token-mean":
-        return sum(s / n for s, n in zip(sequences, lengths)), len(sequences)
+        return sum(s / n for s, n in zip(sequences, lengths, strict=True)), len(sequences)
     if mode == "seq-mean-token-sum":
         return sum(sequences), len(sequences)
     return sum(sequences) / max_length, len(sequences)
@@ -48,14 +49,15 @@ def test_every_mode_matches_a_slow_reference(variant, per_token, mask):
         assert count == expected_count, mode
 
 
-@given(per_token=per_token_strategy, mask=mask_strategy, cut=st.integers(1, B - 1))
+@given(per_token=per_token_strategy, mask=mask_strategy, cut=st.sampled_from([4, 8]))  # few shapes, few compilations
 def test_micro_batches_reduce_to_the_whole_batch(per_token, mask, cut):
     whole = ALL_MODES["jit"](per_token, mask)
     first, second = ALL_MODES["jit"](per_token[:cut], mask[:cut]), ALL_MODES["jit"](per_token[cut:], mask[cut:])
     for mode in AGGREGATIONS:
         combined = combine_outputs([LossOutput(*first[mode], {}), LossOutput(*second[mode], {})])
-        np.testing.assert_allclose(combined.value, LossOutput(*whole[mode], {}).value, rtol=1e-5, atol=1e-6,
-                                   err_msg=mode)
+        np.testing.assert_allclose(
+            combined.value, LossOutput(*whole[mode], {}).value, rtol=1e-5, atol=1e-6, err_msg=mode
+        )
 
 
 def test_eight_data_parallel_shards_reduce_to_the_whole_batch():
@@ -89,9 +91,9 @@ def test_packed_rows_match_padded_rows(seed):
     for b, n in enumerate(lengths):
         if position + n > 2 * T:
             row, position, segment = row + 1, 0, 0
-        packed[row, position:position + n] = padded[b, :n]
-        packed_mask[row, position:position + n] = True
-        ids[row, position:position + n] = segment
+        packed[row, position : position + n] = padded[b, :n]
+        packed_mask[row, position : position + n] = True
+        ids[row, position : position + n] = segment
         position, segment = position + n, segment + 1
     pack = ALL_MODES["jit"](packed, packed_mask, segment_ids=ids, max_length=T)
     pad = ALL_MODES["jit"](padded, padded_mask, max_length=T)

@@ -1,4 +1,5 @@
 """Classic single-stream RL: returns, GAE, TD/Q losses, surrogate and value losses, shaping."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,23 +51,33 @@ def _monte_carlo_returns(rewards, discounts, bootstrap):
     return returns
 
 
-@given(rewards=floats, values=hnp.arrays(np.float32, T + 1, elements=st.floats(-5, 5, width=32)), discounts=discounts,
-       lam=hnp.arrays(np.float32, T, elements=st.floats(0.0, 1.0, width=32)))
+@given(
+    rewards=floats,
+    values=hnp.arrays(np.float32, T + 1, elements=st.floats(-5, 5, width=32)),
+    discounts=discounts,
+    lam=hnp.arrays(np.float32, T, elements=st.floats(0.0, 1.0, width=32)),
+)
 def test_gae_matches_a_slow_loop_and_its_limits(gae_fn, rewards, values, discounts, lam):
-    np.testing.assert_allclose(gae_fn(rewards, values, discounts, lam), _slow_gae(rewards, values, discounts, lam),
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        gae_fn(rewards, values, discounts, lam), _slow_gae(rewards, values, discounts, lam), rtol=1e-4, atol=1e-4
+    )
     monte_carlo = _monte_carlo_returns(rewards, discounts, values[-1]) - values[:-1]
     np.testing.assert_allclose(gae_fn(rewards, values, discounts, 1.0), monte_carlo, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(gae_fn(rewards, values, discounts, 0.0), td_error(values[:-1], rewards, discounts,
-                               values[1:]), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        gae_fn(rewards, values, discounts, 0.0),
+        td_error(values[:-1], rewards, discounts, values[1:]),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 @given(rewards=floats, values=hnp.arrays(np.float32, T + 1, elements=st.floats(-5, 5, width=32)), discounts=discounts)
 def test_gae_plus_values_are_lambda_returns(rewards, values, discounts):
     returns = jax.jit(lambda_returns)(rewards, discounts, values[1:], 0.7)
     np.testing.assert_allclose(JIT_GAE(rewards, values, discounts, 0.7) + values[:-1], returns, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(td_lambda(values[:-1], rewards, discounts, values[1:], 0.7), returns - values[:-1],
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        td_lambda(values[:-1], rewards, discounts, values[1:], 0.7), returns - values[:-1], rtol=1e-5, atol=1e-5
+    )
 
 
 def test_td_errors_do_not_differentiate_their_targets():
@@ -74,7 +85,8 @@ def test_td_errors_do_not_differentiate_their_targets():
     grads = jax.grad(lambda a, b: td_lambda(a, r_t, discount_t, b, 0.5).sum(), argnums=(0, 1))(v_tm1, v_t)
     np.testing.assert_array_equal(grads[0], -1.0)
     np.testing.assert_array_equal(grads[1], 0.0)
-    batched = jax.vmap(gae, in_axes=(0, 0, 0, None))(jnp.stack([r_t, -r_t]), jnp.ones((2, T + 1)), jnp.stack([discount_t] * 2), 0.9)
+    batched_gae = jax.vmap(gae, in_axes=(0, 0, 0, None))
+    batched = batched_gae(jnp.stack([r_t, -r_t]), jnp.ones((2, T + 1)), jnp.stack([discount_t] * 2), 0.9)
     np.testing.assert_allclose(batched[1], gae(-r_t, jnp.ones(T + 1), discount_t, 0.9), rtol=1e-6)
 
 
@@ -87,8 +99,9 @@ def test_q_learning_losses_use_max_and_double_q_targets():
     assert double == pytest.approx(0.5 * (1.0 + 0.5 * 0.0 - 2.0) ** 2)
     grad = jax.grad(lambda q: q_learning_loss(q_tm1, jnp.int32(2), 1.0, 0.5, q))(q_t)
     np.testing.assert_array_equal(grad, 0.0)
-    batch = jax.vmap(q_learning_loss)(jnp.stack([q_tm1] * 2), jnp.array([0, 2]), jnp.ones(2), jnp.zeros(2),
-                                      jnp.stack([q_t] * 2))
+    batch = jax.vmap(q_learning_loss)(
+        jnp.stack([q_tm1] * 2), jnp.array([0, 2]), jnp.ones(2), jnp.zeros(2), jnp.stack([q_t] * 2)
+    )
     np.testing.assert_allclose(batch, [0.0, 2.0])
     with pytest.raises(ValueError, match=r"q_t must have shape \(3,\), got \(2,\)"):
         q_learning_loss(q_tm1, jnp.int32(1), 1.0, 0.5, q_t[:2])

@@ -1,4 +1,5 @@
 """Distillation: KL directions, generalised JSD, temperature, top-k and self-distillation."""
+
 import math
 
 import jax
@@ -74,8 +75,7 @@ def test_topk_with_the_whole_vocabulary_is_forward_kl_and_nonnegative_otherwise(
     student, teacher = (jnp.asarray(rng.normal(size=(B, T, V)), jnp.float32) for _ in range(2))
     ids = jnp.broadcast_to(jnp.arange(V), (B, T, V))
     full = topk_distillation_loss(student, teacher, ids, MASK, temperature=2.0)
-    np.testing.assert_allclose(full.value, distillation_loss(student, teacher, MASK, temperature=2.0).value,
-                               rtol=1e-5)
+    np.testing.assert_allclose(full.value, distillation_loss(student, teacher, MASK, temperature=2.0).value, rtol=1e-5)
     top_logits, top_ids = jax.lax.top_k(teacher, 2)
     partial = jax.jit(topk_distillation_loss)(student, top_logits, top_ids, MASK)
     assert partial.value >= 0.0 and np.isfinite(partial.value)
@@ -89,9 +89,9 @@ def test_self_distillation_detaches_the_privileged_branch():
     out = self_distillation_loss(plain, privileged, MASK)
     reverse = distillation_loss(plain, privileged, MASK, divergence="reverse_kl")
     np.testing.assert_allclose(out.value, reverse.value, rtol=1e-6)
-    grad_plain, grad_privileged = jax.grad(
-        lambda a, b: self_distillation_loss(a, b, MASK).value, argnums=(0, 1)
-    )(plain, privileged)
+    grad_plain, grad_privileged = jax.grad(lambda a, b: self_distillation_loss(a, b, MASK).value, argnums=(0, 1))(
+        plain, privileged
+    )
     assert np.any(grad_plain != 0.0)
     np.testing.assert_array_equal(grad_privileged, 0.0)
 

@@ -1,4 +1,5 @@
 """KL estimators, KL-in-reward placement and KL-coefficient controllers."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np

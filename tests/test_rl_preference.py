@@ -1,4 +1,5 @@
 """Preference losses: DPO properties, every loss_type's distinctness and stability, KTO."""
+
 import itertools
 import math
 
@@ -22,8 +23,16 @@ from agentic_jax.rl import (
 
 B = 4
 STATIC = (
-    "loss_type", "beta", "label_smoothing", "f_divergence", "f_alpha", "simpo_gamma", "nll_coef",
-    "discopop_tau", "bco_delta", "alphapo_alpha",
+    "loss_type",
+    "beta",
+    "label_smoothing",
+    "f_divergence",
+    "f_alpha",
+    "simpo_gamma",
+    "nll_coef",
+    "discopop_tau",
+    "bco_delta",
+    "alphapo_alpha",
 )
 VARIANTS = {"eager": preference_loss, "jit": jax.jit(preference_loss, static_argnames=STATIC)}
 logps = hnp.arrays(np.float32, B, elements=st.floats(-200.0, -0.5, width=32))
@@ -134,8 +143,9 @@ def _numpy_reference(loss_type, chosen, rejected, ref_chosen, ref_rejected, chos
         "sigmoid": lambda: -log_sig(beta * h),
         "hinge": lambda: np.maximum(0.0, 1.0 - beta * h),
         "ipo": lambda: (
-            (chosen - ref_chosen) / chosen_lengths - (rejected - ref_rejected) / rejected_lengths - 1 / (2 * beta)
-        ) ** 2,
+            ((chosen - ref_chosen) / chosen_lengths - (rejected - ref_rejected) / rejected_lengths - 1 / (2 * beta))
+            ** 2
+        ),
         "simpo": lambda: -log_sig(beta * (avg_c - avg_r) - 0.5),
         "orpo": lambda: -avg_c - beta * log_sig((avg_c - log1mexp(avg_c)) - (avg_r - log1mexp(avg_r))),
         "cpo": lambda: -log_sig(beta * (chosen - rejected)) - avg_c,
@@ -146,7 +156,8 @@ def _numpy_reference(loss_type, chosen, rejected, ref_chosen, ref_rejected, chos
 @pytest.mark.parametrize("loss_type", ["sigmoid", "hinge", "ipo", "simpo", "orpo", "cpo", "sppo_hard"])
 def test_matches_float64_reference(loss_type):
     arrays, lengths = _inputs(seed=3)
-    expected = _numpy_reference(loss_type, *[np.float64(a) for a in arrays], **{k: np.float64(v) for k, v in lengths.items()})
+    as_float64 = {k: np.float64(v) for k, v in lengths.items()}
+    expected = _numpy_reference(loss_type, *[np.float64(a) for a in arrays], **as_float64)
     np.testing.assert_allclose(preference_loss(*arrays, loss_type=loss_type, **lengths), expected, rtol=2e-5)
 
 
@@ -170,9 +181,7 @@ def test_f_divergences_are_distinct_and_alpha_one_is_forward_kl(loss_fn):
     values = {f: np.asarray(loss_fn(*arrays, f_divergence=f)) for f in F_DIVERGENCES}
     for a, b in itertools.combinations(F_DIVERGENCES, 2):
         assert not np.allclose(values[a], values[b]), (a, b)
-    np.testing.assert_allclose(
-        loss_fn(*arrays, f_divergence="alpha", f_alpha=1.0), values["forward_kl"], rtol=1e-6
-    )
+    np.testing.assert_allclose(loss_fn(*arrays, f_divergence="alpha", f_alpha=1.0), values["forward_kl"], rtol=1e-6)
     with pytest.raises(ValueError, match="margin-based"):
         loss_fn(*arrays, loss_type="ipo", f_divergence="js", chosen_lengths=jnp.ones(B), rejected_lengths=jnp.ones(B))
 
@@ -203,7 +212,8 @@ def test_aot_total_is_invariant_to_the_order_of_pairs():
     permuted = [a[jnp.array([2, 0, 3, 1])] for a in arrays]
     for loss_type in ["aot", "aot_unpaired"]:
         np.testing.assert_allclose(
-            preference_loss(*arrays, loss_type=loss_type).sum(), preference_loss(*permuted, loss_type=loss_type).sum(),
+            preference_loss(*arrays, loss_type=loss_type).sum(),
+            preference_loss(*permuted, loss_type=loss_type).sum(),
             rtol=1e-6,
         )
 
@@ -248,7 +258,8 @@ def test_kto_reference_point_is_clamped_and_detached():
 
 @pytest.mark.parametrize("jit", [False, True])
 def test_kto_matches_its_formula_with_class_weights(jit):
-    fn = jax.jit(kto_loss, static_argnames=("loss_type", "beta", "desirable_weight", "undesirable_weight")) if jit else kto_loss
+    static = ("loss_type", "beta", "desirable_weight", "undesirable_weight")
+    fn = jax.jit(kto_loss, static_argnames=static) if jit else kto_loss
     logps, ref = jnp.array([-3.0, -3.0, -1.0]), jnp.array([-4.0, -2.0, -1.5])
     desirable = jnp.array([1, 0, 1])
     rho, z0, sig = np.array([1.0, -1.0, 0.5]), 0.25, lambda x: 1 / (1 + np.exp(-x))  # noqa: E731

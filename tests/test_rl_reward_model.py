@@ -1,4 +1,5 @@
 """Reward-model losses: Bradley–Terry, Plackett–Luce / ListMLE and process-reward BCE."""
+
 import math
 
 import jax
@@ -24,8 +25,9 @@ def test_bradley_terry_matches_its_formula_and_is_shift_invariant(fn, chosen, re
     np.testing.assert_allclose(fn(chosen, rejected, margin=margin), np.logaddexp(0.0, -x), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(fn(chosen + shift, rejected + shift), fn(chosen, rejected), rtol=1e-5, atol=1e-5)
     centered = fn(chosen, rejected, center_coef=0.01)
-    np.testing.assert_allclose(centered - fn(chosen, rejected), 0.01 * (np.float64(chosen) + rejected) ** 2,
-                               rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(
+        centered - fn(chosen, rejected), 0.01 * (np.float64(chosen) + rejected) ** 2, rtol=1e-3, atol=1e-3
+    )
 
 
 def test_bradley_terry_gradient_separates_the_pair():
@@ -36,13 +38,16 @@ def test_bradley_terry_gradient_separates_the_pair():
 
 def _slow_list_mle(scores, mask):
     total = []
-    for row, valid in zip(np.float64(scores), mask):
+    for row, valid in zip(np.float64(scores), mask, strict=True):
         items = row[valid]
         total.append(-sum(items[k] - np.log(np.exp(items[k:]).sum()) for k in range(len(items))))
     return np.array(total)
 
 
-@given(scores=hnp.arrays(np.float32, (B, K), elements=st.floats(-10.0, 10.0, width=32)), mask=hnp.arrays(np.bool_, (B, K)))
+@given(
+    scores=hnp.arrays(np.float32, (B, K), elements=st.floats(-10.0, 10.0, width=32)),
+    mask=hnp.arrays(np.bool_, (B, K)),
+)
 def test_plackett_luce_matches_a_slow_loop_with_missing_items(scores, mask):
     np.testing.assert_allclose(JIT_PL(scores, mask), _slow_list_mle(scores, mask), rtol=1e-4, atol=1e-4)
 

@@ -2,8 +2,8 @@
 
     engine = Engine(params, config, EngineConfig(num_slots=8), tokenizer=tok)
     done = engine.generate([Request(prompt_ids, SamplingParams(temperature=0))])
-    for event in engine.stream(Request(prompt_ids)):   # or drive engine.step() yourself
-        print(tok.decode([event.token]), end="")
+    for piece in stream_text(engine, Request(prompt_ids), tok):  # engine.stream: token events
+        print(piece, end="", flush=True)
 
 Each :meth:`Engine.step` is one scheduler iteration (``scheduler.py``): newly admitted sequences
 are prefilled (their uncached tokens in one pass, which also samples their first token) and every
@@ -23,6 +23,7 @@ import dataclasses
 import functools
 import itertools
 import time
+from pathlib import Path
 from collections.abc import Iterable, Iterator, Sequence as SequenceT
 from typing import NamedTuple
 
@@ -31,12 +32,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentic_jax.data.tokenizer import Tokenizer, load_tokenizer
 from agentic_jax.inference.block_manager import BlockManager
 from agentic_jax.inference.paged_cache import (PagedBatch, PagedKVCache, copy_blocks,
                                                decode_attention_fn, paged_forward)
 from agentic_jax.inference.sampling import SamplingArrays, SamplingParams, add_tokens, sample
 from agentic_jax.inference.scheduler import Scheduler, Sequence
 from agentic_jax.models.config import TransformerConfig
+from agentic_jax.models.export import CONFIG_FILE, load_model
 
 BATCHING = ("continuous", "static")
 
@@ -223,9 +226,10 @@ class Engine:
     def step(self) -> list[StepOutput]:
         """One iteration: admit and prefill, decode every running sequence, retire finished ones."""
         plan = self.scheduler.schedule(self.step_count)
-        if plan.copies:
-            self._copy(plan.copies)
-        sampled = [(seq, *self._prefill(seq)) for seq in plan.prefills]
+        self._copy([c for seq in plan.decodes + plan.prefills for c in plan.copies[seq.request_id]])
+        sampled = []
+        for seq in plan.prefills:  # in admission order: later ones may read earlier ones' blocks
+            sampled.append((seq, *self._prefill(seq)))
         if plan.decodes:
             sampled += self._decode(plan.decodes)
         self.step_count += 1
@@ -234,9 +238,12 @@ class Engine:
     def generate(self, requests: Iterable[Request]) -> list[Completion]:
         """Runs ``requests`` to completion (with whatever else is queued); results in order."""
         ids = [self.add_request(r) for r in requests]
-        done: dict[str, Completion] = {}
-        while len(done) < len(ids):
-            done.update((e.request_id, e.completion) for e in self.step() if e.finished)
+        pending, done = set(ids), {}
+        while pending:
+            for event in self.step():
+                if event.finished and event.request_id in pending:
+                    pending.remove(event.request_id)
+                    done[event.request_id] = event.completion
         return [done[i] for i in ids]
 
     def stream(self, request: Request) -> Iterator[StepOutput]:
@@ -251,7 +258,10 @@ class Engine:
 
     # ----------------------------------------------------------------------------- internals
     def _copy(self, copies: list[tuple[int, int]]) -> None:
-        # Padded to num_slots pairs (at most one copy per scheduled sequence): one compilation.
+        """Copy-on-write on the device, padded to ``num_slots`` pairs (at most one per decoding
+        sequence) so that it compiles once."""
+        if not copies:
+            return
         src = np.zeros(self.engine_config.num_slots, np.int32)
         dst = np.full(self.engine_config.num_slots, self.blocks.num_blocks, np.int32)
         src[:len(copies)], dst[:len(copies)] = zip(*copies)
@@ -350,3 +360,39 @@ class Engine:
             seq.request_id, seq.prompt, tuple(seq.output), tuple(seq.logprobs), seq.finish_reason,
             seq.cached_tokens, seq.preemptions, seq.admitted_step - seq.arrival_step,
             seq.arrival_time, seq.first_token_time, now))
+
+
+# --------------------------------------------------------------------------------- text front end
+@gin.configurable
+def default_sampling_params(temperature: float = 0.8, top_p: float = 0.95, top_k: int = 0,
+                            max_tokens: int = 64, seed: int | None = None) -> SamplingParams:
+    """The sampling settings ``agentic-jax generate`` starts from (its flags override them)."""
+    return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
+                          seed=seed)
+
+
+def load_checkpoint(path) -> tuple[TransformerConfig, dict, Tokenizer]:
+    """``(config, params, tokenizer)`` from a training workdir (``model/`` and ``tokenizer.json``)
+    or a native model directory holding a ``tokenizer.json`` (or with one beside it)."""
+    path = Path(path)
+    model_dir = path / "model" if (path / "model" / CONFIG_FILE).exists() else path
+    candidates = [path / "tokenizer.json", model_dir / "tokenizer.json",
+                  model_dir.parent / "tokenizer.json"]
+    tokenizer_file = next((c for c in candidates if c.exists()), None)
+    if tokenizer_file is None:
+        raise FileNotFoundError(f"no tokenizer.json in {path} or beside {model_dir}")
+    config, params = load_model(model_dir)
+    return config, params, load_tokenizer(tokenizer_file)
+
+
+def stream_text(engine: Engine, request: Request, tokenizer: Tokenizer) -> Iterator[str]:
+    """The completion's text as it grows, without special tokens.  A byte-level token can end
+    inside a UTF-8 character; such text (ending in U+FFFD) waits for the next token."""
+    tokens, shown = [], ""
+    for event in engine.stream(request):
+        tokens.append(event.token)
+        text = tokenizer.decode(tokens, skip_special_tokens=True)
+        if text.endswith("\ufffd") and not event.finished:
+            continue
+        yield text[len(shown):]
+        shown = text

@@ -15,6 +15,10 @@ the longest one in their batch.  The policy here is vLLM's:
   starved by a stream of small ones; nothing is admitted in a step that had to preempt.
 * ``static=True`` admits only into an empty batch: the static-batching baseline.
 
+An admitted prompt's blocks enter the prefix cache at once, so a burst of requests sharing a system
+prompt computes it once.  That relies on the engine's order within a step: prefills run one by
+one in admission order (each after its own copy-on-write copies), then the batched decode.
+
 The scheduler and the block manager are host-side Python; the engine runs what they decide.
 """
 from __future__ import annotations
@@ -58,7 +62,7 @@ class SchedulerOutput(NamedTuple):
     prefills: list[Sequence]  # admitted now: compute tokens[num_computed:], sample one
     decodes: list[Sequence]  # running: feed the last token, sample one
     preempted: list[Sequence]
-    copies: list[tuple[int, int]]  # copy-on-write (src, dst) blocks, before the model runs
+    copies: dict[str, list[tuple[int, int]]]  # per request: copy-on-write (src, dst) blocks
 
 
 class Scheduler:
@@ -102,7 +106,7 @@ class Scheduler:
 
     def schedule(self, step: int) -> SchedulerOutput:
         """Reserves blocks for this step's writes and returns what to run."""
-        decodes, preempted, copies = [], [], []
+        decodes, preempted, copies = [], [], {}
         for seq in list(self.running):
             if seq.slot is None:  # preempted for an earlier sequence of this loop
                 continue
@@ -114,14 +118,14 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                copies += self.blocks.prepare_write(seq.request_id, pos, pos + 1)
+                copies[seq.request_id] = self.blocks.prepare_write(seq.request_id, pos, pos + 1)
                 decodes.append(seq)
         prefills = []
         if not preempted and not (self.static and self.running):
             prefills = self._admit(step, copies)
         return SchedulerOutput(prefills, decodes, preempted, copies)
 
-    def _admit(self, step: int, copies: list[tuple[int, int]]) -> list[Sequence]:
+    def _admit(self, step: int, copies: dict[str, list[tuple[int, int]]]) -> list[Sequence]:
         admitted = []
         while self.waiting and self._free_slots:
             seq = self.waiting[0]
@@ -133,7 +137,9 @@ class Scheduler:
                 break
             self.waiting.popleft()
             seq.num_computed = self.blocks.allocate(seq.request_id, tokens)
-            copies += self.blocks.prepare_write(seq.request_id, seq.num_computed, len(tokens))
+            copies[seq.request_id] = self.blocks.prepare_write(seq.request_id, seq.num_computed,
+                                                               len(tokens))
+            self.blocks.commit(seq.request_id, tokens, len(tokens))  # computed before it is read
             if seq.admitted_step is None:
                 seq.admitted_step, seq.cached_tokens = step, seq.num_computed
             seq.slot = self._free_slots.pop(0)

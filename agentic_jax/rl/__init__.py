@@ -2,6 +2,7 @@
 
 The catalogue, with formulas, papers and defaults, is in docs/rl_losses.md.
 """
+
 from agentic_jax.rl.advantages import GROUP_ESTIMATORS, group_advantages, masked_whiten, token_gae
 from agentic_jax.rl.aggregation import AGGREGATIONS, aggregate, segment_mean
 from agentic_jax.rl.classic import (

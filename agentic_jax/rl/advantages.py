@@ -4,6 +4,7 @@ Critic-free methods sample G responses per prompt and use the other responses'
 rewards as the baseline; they differ in the baseline and in the scale.
 Advantages are targets: they are never differentiated through.
 """
+
 import jax
 import jax.numpy as jnp
 

@@ -10,6 +10,7 @@ Packed rows hold several sequences; `segment_ids[B, T]` (non-negative ints
 below T) says which one each token belongs to. Tokens with mask 0 are ignored
 whatever their id.
 """
+
 import jax
 import jax.numpy as jnp
 

@@ -5,6 +5,7 @@ terminal step (γ·(1 − done) otherwise). Functions handle one trajectory
 [T] (or one transition for the Q losses); `jax.vmap` them for batches.
 Losses are per step, so any `aggregate` mode and masking apply on top.
 """
+
 import jax
 import jax.numpy as jnp
 
@@ -16,7 +17,7 @@ sg = jax.lax.stop_gradient
 def _stream(**arrays) -> list[jax.Array]:
     """float32 1-D arrays of a common length, named in the error if not."""
     out = [check.rank(name, check.floating(name, x), 1) for name, x in arrays.items()]
-    for name, x in zip(arrays, out):
+    for name, x in zip(arrays, out, strict=True):
         check.shape(name, x, out[0].shape)
     return out
 

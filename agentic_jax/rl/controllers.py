@@ -3,6 +3,7 @@
 The state is just the coefficient, so it can live in a jitted train state and
 be checkpointed with it.
 """
+
 from collections.abc import Callable
 from typing import NamedTuple
 

@@ -5,6 +5,7 @@ temperature τ and the loss is multiplied by τ², which keeps gradient
 magnitudes comparable across temperatures (Hinton et al. 2015, arXiv:1503.02531).
 The teacher is never differentiated.
 """
+
 import jax
 import jax.numpy as jnp
 
@@ -33,16 +34,22 @@ def _logits_and_mask(student_logits, mask):
 
 
 def distillation_loss(
-    student_logits, teacher_logits, mask, *, divergence="forward_kl", temperature=1.0, jsd_beta=0.5,
+    student_logits,
+    teacher_logits,
+    mask,
+    *,
+    divergence="forward_kl",
+    temperature=1.0,
+    jsd_beta=0.5,
     aggregation="token-mean",
 ) -> LossOutput:
     """τ²·D(teacher, student) per valid token, reduced by `aggregate`.
 
-      forward_kl: KL(p_T ‖ p_S), mean-seeking (Hinton et al. 2015, arXiv:1503.02531)
-      reverse_kl: KL(p_S ‖ p_T), mode-seeking (Gu et al. 2023, MiniLLM, arXiv:2306.08543)
-      jsd:        β·KL(p_T ‖ m) + (1 − β)·KL(p_S ‖ m), m = β·p_T + (1 − β)·p_S with
-                  β = `jsd_beta` in (0, 1); bounded, symmetric at β = ½
-                  (Agarwal et al. 2024, GKD, arXiv:2306.13649)
+    forward_kl: KL(p_T ‖ p_S), mean-seeking (Hinton et al. 2015, arXiv:1503.02531)
+    reverse_kl: KL(p_S ‖ p_T), mode-seeking (Gu et al. 2023, MiniLLM, arXiv:2306.08543)
+    jsd:        β·KL(p_T ‖ m) + (1 − β)·KL(p_S ‖ m), m = β·p_T + (1 − β)·p_S with
+                β = `jsd_beta` in (0, 1); bounded, symmetric at β = ½
+                (Agarwal et al. 2024, GKD, arXiv:2306.13649)
     """
     check.choice("divergence", divergence, DIVERGENCES)
     check.static_range("temperature", temperature, 0.0, float("inf"), low_open=True)

@@ -4,6 +4,7 @@ The KL term can sit in two places: in the reward (per token, detached, as in
 InstructGPT-style PPO: `kl_penalized_rewards`) or in the loss (differentiated,
 as in GRPO: `policy_loss(..., ref_logp=..., kl_coef=...)`).
 """
+
 import jax
 import jax.numpy as jnp
 

@@ -5,6 +5,7 @@ reference point z₀ ≈ KL(π ‖ π_ref), estimated from mismatched (prompt,
 completion) pairs. z₀ is clamped at 0 and detached: it is a baseline, not
 something to optimise.
 """
+
 import jax
 import jax.numpy as jnp
 

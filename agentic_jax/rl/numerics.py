@@ -4,6 +4,7 @@ Log-probabilities of whole sequences reach -1e4 and beyond; ratios of such
 numbers overflow `exp` in float32 (which saturates near e^88). Every `exp` of
 a log-ratio in this package therefore goes through `clamped_exp`.
 """
+
 import jax
 import jax.numpy as jnp
 

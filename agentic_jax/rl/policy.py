@@ -5,6 +5,7 @@ reference log-probs of the sampled tokens, advantages, a validity mask) and the
 same output, a `LossOutput` whose sums and counts reduce exactly across
 micro-batches and shards. Log-ratios are clamped to ±20 before `exp`.
 """
+
 from typing import NamedTuple
 
 import jax
@@ -270,6 +271,8 @@ def policy_loss(
     logp = jnp.where(valid, logp, 0.0)
     old_logp = sg(_token_array("old_logp", old_logp, logp.shape, valid))
     advantages = check.floating("advantages", advantages)
+    if advantages.ndim == 1 and segment_ids is not None:
+        raise ValueError("advantages must be per token [B, T] with segment_ids (a packed row holds several sequences)")
     if advantages.ndim == 1:
         advantages = jnp.broadcast_to(check.shape("advantages", advantages, logp.shape[:1])[:, None], logp.shape)
     advantages = sg(_token_array("advantages", advantages, logp.shape, valid))

@@ -9,6 +9,8 @@ the completions' token counts (for length-normalised losses). Notation:
 Each `loss_type`'s formula and paper is in its function's docstring and in
 docs/rl_losses.md.
 """
+
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -63,15 +65,15 @@ class _Pairs(NamedTuple):
     @property
     def margin(self):
         """h under the chosen f-divergence: f'(u_w) − f'(u_l), u = π/π_ref (Wang et al. 2023)."""
-        w, l = self.chosen_ratio, self.rejected_ratio
+        chosen, rejected = self.chosen_ratio, self.rejected_ratio
         if self.f_divergence == "forward_kl":
-            return clamped_exp(-l) - clamped_exp(-w)
+            return clamped_exp(-rejected) - clamped_exp(-chosen)
         if self.f_divergence == "js":
-            return w - l - (jax.nn.softplus(w) - jax.nn.softplus(l))
+            return chosen - rejected - (jax.nn.softplus(chosen) - jax.nn.softplus(rejected))
         if self.f_divergence == "alpha":
             a = self.f_alpha
-            return (clamped_exp(-a * l) - clamped_exp(-a * w)) / a
-        return w - l
+            return (clamped_exp(-a * rejected) - clamped_exp(-a * chosen)) / a
+        return chosen - rejected
 
     def smoothed_sigmoid(self, logits):
         """−(1 − ε)·log σ(x) − ε·log σ(−x): BCE towards the smoothed label 1 − ε."""
@@ -117,7 +119,7 @@ def _exo_pair(p: _Pairs):
 
     Ji et al. (2024), "Towards Efficient Exact Optimization of LM Alignment", arXiv:2402.00856.
     """
-    eps = p.label_smoothing or 1e-3
+    eps = jnp.where(p.label_smoothing == 0, 1e-3, p.label_smoothing)
     x = p.beta * p.margin
     return jax.nn.sigmoid(x) * (log_sigmoid(x) - jnp.log1p(-eps)) + jax.nn.sigmoid(-x) * (
         log_sigmoid(-x) - jnp.log(eps)
@@ -129,8 +131,8 @@ def _nca_pair(p: _Pairs):
 
     Chen et al. (2024), "Noise Contrastive Alignment", arXiv:2402.05369.
     """
-    w, l = p.beta * p.chosen_ratio, p.beta * p.rejected_ratio
-    return -log_sigmoid(w) - 0.5 * log_sigmoid(-w) - 0.5 * log_sigmoid(-l)
+    chosen, rejected = p.beta * p.chosen_ratio, p.beta * p.rejected_ratio
+    return -log_sigmoid(chosen) - 0.5 * log_sigmoid(-chosen) - 0.5 * log_sigmoid(-rejected)
 
 
 def _bco_pair(p: _Pairs):
@@ -138,8 +140,8 @@ def _bco_pair(p: _Pairs):
 
     Jung et al. (2024), "Binary Classifier Optimization", arXiv:2404.04656.
     """
-    w, l = p.beta * p.chosen_ratio, p.beta * p.rejected_ratio
-    return -log_sigmoid(w - p.bco_delta) - log_sigmoid(-(l - p.bco_delta))
+    chosen, rejected = p.beta * p.chosen_ratio, p.beta * p.rejected_ratio
+    return -log_sigmoid(chosen - p.bco_delta) - log_sigmoid(-(rejected - p.bco_delta))
 
 
 def _sppo_hard(p: _Pairs):
@@ -262,7 +264,7 @@ def _kto_pair(p: _Pairs):
 
 
 class _Spec(NamedTuple):
-    fn: object
+    fn: Callable[[_Pairs], jax.Array]
     needs_ref: bool
     needs_lengths: bool
     uses_margin: bool
@@ -343,7 +345,7 @@ def preference_loss(
     reference-free ones (simpo, orpo, cpo, alphapo) ignore them. Losses using
     length-averaged log-probs (ipo, sigmoid_norm, rpo, simpo, orpo, cpo, alphapo)
     need `chosen_lengths` / `rejected_lengths` (completion token counts).
-    `label_smoothing` ε applies to sigmoid/cdpo/aot*/robust/exo_pair;
+    `label_smoothing` ε applies to sigmoid/cdpo/rpo/aot*/robust/exo_pair;
     `f_divergence` (reverse_kl, forward_kl, js, alpha with `f_alpha`) replaces
     the margin h of the losses in `MARGIN_LOSSES` (Wang et al. 2023,
     "Beyond Reverse KL", arXiv:2309.16240). Take the mean for the batch loss.
@@ -352,7 +354,8 @@ def preference_loss(
     check.choice("f_divergence", f_divergence, F_DIVERGENCES)
     if f_divergence != "reverse_kl" and not spec.uses_margin:
         raise ValueError(
-            f"f_divergence={f_divergence!r} needs a margin-based loss_type ({', '.join(MARGIN_LOSSES)}), got {loss_type!r}"
+            f"f_divergence={f_divergence!r} needs a margin-based loss_type "
+            f"({', '.join(MARGIN_LOSSES)}), got {loss_type!r}"
         )
     check.static_range("beta", beta, 0.0, float("inf"), low_open=True)
     check.static_range("label_smoothing", label_smoothing, 0.0, 0.5)
@@ -396,8 +399,14 @@ def preference_loss(
 
 
 def preference_metrics(
-    chosen_logps, rejected_logps, ref_chosen_logps=None, ref_rejected_logps=None, *, beta=0.1,
-    chosen_lengths=None, rejected_lengths=None,
+    chosen_logps,
+    rejected_logps,
+    ref_chosen_logps=None,
+    ref_rejected_logps=None,
+    *,
+    beta=0.1,
+    chosen_lengths=None,
+    rejected_lengths=None,
 ) -> dict[str, jax.Array]:
     """Per-pair implicit rewards, margins and accuracies (detached), each [B].
 
@@ -420,4 +429,3 @@ def preference_metrics(
         "margins": chosen_rewards - rejected_rewards,
         "accuracies": (chosen_rewards > rejected_rewards).astype(jnp.float32),
     }
-

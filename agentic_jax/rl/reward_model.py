@@ -1,4 +1,5 @@
 """Reward-model training losses: pairwise, listwise and per-step (process) supervision."""
+
 import jax
 import jax.numpy as jnp
 

@@ -7,6 +7,7 @@ once. Metrics follow the same rule: they are sums over valid tokens (with the
 token count under "tokens"), except keys ending in "_min" / "_max", which
 reduce by min / max.
 """
+
 from collections.abc import Sequence
 from typing import NamedTuple
 

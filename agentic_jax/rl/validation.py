@@ -4,6 +4,7 @@ Shapes are static under `jit`, so these checks cost nothing at run time; they
 turn the classic "loss silently broadcast [B] against [B, 1]" bug into a
 ValueError that names the argument and what was expected.
 """
+
 from collections.abc import Iterable, Sequence
 
 import jax

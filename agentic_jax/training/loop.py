@@ -142,8 +142,7 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
             start = 0
         else:
             target = distributed.abstract_with_shardings(abstract, shardings)
-            state, data_state = ckpt.restore(start, target)
-            data.set_state(data_state)
+            state = ckpt.restore(start, target, data)
             print(f"resumed from step {start} in {workdir}", flush=True)
 
         log = MetricsLog(os.path.join(workdir, "metrics.jsonl") if primary else os.devnull,
@@ -193,7 +192,7 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
                     interval_start = time.perf_counter()
                 if step % checkpoint_every == 0 or step == steps:
                     flush()  # the log must hold every step up to the checkpoint it resumes from
-                    ckpt.save(step, state, data.get_state())
+                    ckpt.save(step, state, data)
         except KeyboardInterrupt:
             stop.requested = True
         finally:
@@ -201,7 +200,7 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
             bar.close()
             stop.restore()
             if stop.requested and ckpt.latest_step() != step:
-                ckpt.save(step, state, data.get_state())
+                ckpt.save(step, state, data)
                 print(f"interrupted: saved a checkpoint at step {step}; run the same command to "
                       "resume", flush=True)
             ckpt.wait()
