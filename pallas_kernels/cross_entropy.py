@@ -81,7 +81,8 @@ def _token_losses_bwd(chunk, residuals, g):
         dx = dx + jnp.dot(dlogits.astype(w.dtype), w_c.T, preferred_element_type=jnp.float32)
         dw_c = jnp.dot(x.T, dlogits.astype(x.dtype), preferred_element_type=jnp.float32)
         # Written in place into the dW carry; columns an earlier chunk owns keep their value.
-        dw_c = jnp.where(fresh, dw_c.astype(w.dtype), jax.lax.dynamic_slice_in_dim(dw, start, chunk, 1))
+        owned = jax.lax.dynamic_slice_in_dim(dw, start, chunk, axis=1)
+        dw_c = jnp.where(fresh, dw_c.astype(w.dtype), owned)
         return (dx, jax.lax.dynamic_update_slice_in_dim(dw, dw_c, start, axis=1)), None
 
     init = (jnp.zeros(x.shape, jnp.float32), jnp.zeros(w.shape, w.dtype))

@@ -37,7 +37,8 @@ def _tokamax_installed() -> bool:
 
 
 def choose_attention_backend(q, k, v, *, causal=True, segment_ids=None, sliding_window=None,
-                             logits_soft_cap=None, sm_scale=None, platform: str | None = None) -> str:
+                             logits_soft_cap=None, sm_scale=None,
+                             platform: str | None = None) -> str:
     """Name of the implementation :func:`gpu_attention` will try first for these inputs:
     ``"tokamax"``, ``"cudnn"``, ``"pallas"`` or ``"xla"``."""
     del k, v, segment_ids, sm_scale

@@ -59,7 +59,7 @@ def distance_bounds(*, causal: bool, sliding_window: int | None):
 
 def block_visibility(q_first, q_last, k_first, k_last, *, causal: bool,
                      sliding_window: int | None):
-    """``(any_visible, all_visible)`` for query positions [q_first, q_last] x keys [k_first, k_last].
+    """``(any_visible, all_visible)`` for queries [q_first, q_last] x keys [k_first, k_last].
 
     Segment ids and padding are not considered: callers mask those per element.
     """

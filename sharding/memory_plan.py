@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from sharding.diagnostics import array_layouts
+from sharding.names import BTD, BTF, BTKH, BTNH, BTV
 from sharding.rules import AxisRules, current_rules
 
 
@@ -103,13 +104,6 @@ def transformer_params(c):
     if not c.tie_embeddings:
         table["lm_head"] = (("embed", "vocab"), (D, V))
     return _arrays(table)
-
-
-BTD = ("activation_batch", "activation_length", "activation_embed")
-BTNH = ("activation_batch", "activation_length", "activation_heads", "head_dim")
-BTKH = ("activation_batch", "activation_length", "activation_kv_heads", "head_dim")
-BTF = ("activation_batch", "activation_length", "activation_mlp")
-BTV = ("activation_batch", "activation_length", "activation_vocab")
 
 
 class Saved(NamedTuple):

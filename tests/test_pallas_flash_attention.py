@@ -121,7 +121,8 @@ def test_bf16_inputs_accumulate_in_f32():
 
 def test_lengths_are_padded_to_whole_tiles():
     tiling = plan_tiling(BlockSizes(16, 32, 8, 64), 20, 50, check_tpu_layout=False)
-    assert (tiling.block_q, tiling.block_kv, tiling.block_q_bwd, tiling.block_kv_bwd) == (16, 32, 8, 64)
+    tiles = (tiling.block_q, tiling.block_kv, tiling.block_q_bwd, tiling.block_kv_bwd)
+    assert tiles == (16, 32, 8, 64)
     assert (tiling.q_padded, tiling.kv_padded) == (32, 64)
     shrunk = plan_tiling(BlockSizes(512, 512, 256, 256), 300, 1000, check_tpu_layout=True)
     assert (shrunk.block_q, shrunk.block_q_bwd, shrunk.q_padded) == (512, 256, 512)
@@ -133,7 +134,8 @@ def test_lengths_are_padded_to_whole_tiles():
 @pytest.mark.parametrize("make, message", [
     (lambda: BlockSizes(block_q=12), "multiple of 8"),
     (lambda: BlockSizes(block_kv=0), "multiple of 8"),
-    (lambda: plan_tiling(BlockSizes(block_kv=64), 8, 1000, check_tpu_layout=True), "multiple of 128"),
+    (lambda: plan_tiling(BlockSizes(block_kv=64), 8, 1000, check_tpu_layout=True),
+     "multiple of 128"),
 ])
 def test_bad_block_sizes_raise_clear_errors(make, message):
     with pytest.raises(ValueError, match=message):

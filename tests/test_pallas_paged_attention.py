@@ -12,10 +12,14 @@ from pallas_kernels import paged_attention, paged_attention_reference, reference
 
 @st.composite
 def paged_caches(draw):
-    """Contiguous per-sequence K/V scattered into pages through a random permutation."""
-    b, kv_heads, groups = draw(st.integers(1, 3)), draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 2]))
-    page_size, max_pages, h = draw(st.sampled_from([8, 16])), draw(st.integers(1, 4)), 8
-    lengths = draw(st.lists(st.integers(0, page_size * max_pages), min_size=b, max_size=b))
+    """Contiguous per-sequence K/V scattered into pages through a random permutation.
+
+    The last sequence is always empty (a free slot of a continuously batched engine)."""
+    b = draw(st.sampled_from([3, 2]))
+    kv_heads, groups = draw(st.sampled_from([2, 1])), draw(st.sampled_from([2, 1]))
+    page_size, max_pages, h = draw(st.sampled_from([8, 16])), draw(st.integers(2, 4)), 8
+    capacity = page_size * max_pages
+    lengths = [capacity - draw(st.integers(0, capacity - 1)) for _ in range(b - 1)] + [0]
     num_pages = b * max_pages + draw(st.integers(0, 3))          # some pages belong to no one
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
     dtype = draw(st.sampled_from([jnp.float32, jnp.bfloat16]))
@@ -27,9 +31,9 @@ def paged_caches(draw):
     v_pages[table] = v.reshape(b, max_pages, page_size, kv_heads, h)
     options = dict(sliding_window=draw(st.one_of(st.none(), st.integers(1, 20))),
                    logits_soft_cap=draw(st.sampled_from([None, 3.0])))
-    as_dtype = lambda x: jnp.asarray(x, dtype)
-    return (as_dtype(q), as_dtype(k), as_dtype(v), as_dtype(k_pages), as_dtype(v_pages),
-            jnp.asarray(table, jnp.int32), jnp.asarray(lengths, jnp.int32), options)
+    q, k, v, k_pages, v_pages = (jnp.asarray(x, dtype) for x in (q, k, v, k_pages, v_pages))
+    return (q, k, v, k_pages, v_pages, jnp.asarray(table, jnp.int32),
+            jnp.asarray(lengths, jnp.int32), options)
 
 
 @settings(max_examples=4)

@@ -22,7 +22,10 @@ def _mesh(axis_type):
 
 
 def _grads(fn, q, k, v):
-    return jax.jit(jax.grad(lambda q, k, v: jnp.sum(jnp.sin(fn(q, k, v))), argnums=(0, 1, 2)))(q, k, v)
+    def loss(q, k, v):
+        return jnp.sum(jnp.sin(fn(q, k, v)))
+
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
 
 
 def test_sharded_forward_and_gradients_equal_reference():
@@ -30,7 +33,8 @@ def test_sharded_forward_and_gradients_equal_reference():
     q, k, v = _qkv(kv_heads=2)
     ids = jnp.asarray(np.repeat([[0, 1]], 8, axis=1).repeat(4, axis=0))
     segs = (ids, ids)
-    q, k, v = (jax.device_put(x, NamedSharding(mesh, P(("data", "fsdp"), None, "tensor"))) for x in (q, k, v))
+    heads = NamedSharding(mesh, P(("data", "fsdp"), None, "tensor"))
+    q, k, v = (jax.device_put(x, heads) for x in (q, k, v))
 
     def flash(q, k, v):
         return sharded_flash_attention(q, k, v, segment_ids=segs, mesh=mesh, block_sizes=BLOCKS,
@@ -40,7 +44,7 @@ def test_sharded_forward_and_gradients_equal_reference():
         return reference_attention(q, k, v, segment_ids=segs, sliding_window=5)
 
     out = jax.jit(flash)(q, k, v)
-    assert out.sharding.is_equivalent_to(NamedSharding(mesh, P(("data", "fsdp"), None, "tensor")), 4)
+    assert out.sharding.is_equivalent_to(heads, 4)
     np.testing.assert_allclose(out, ref(q, k, v), atol=2e-5)
     for got, want in zip(_grads(flash, q, k, v), _grads(ref, q, k, v)):
         np.testing.assert_allclose(got, want, atol=2e-5)

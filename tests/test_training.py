@@ -113,3 +113,18 @@ def test_train_steps_reduce_loss_on_a_fixed_batch():
         state, m = step(state, batch)
         losses.append(float(m["loss"]))
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_fused_cross_entropy_step_equals_the_materialised_one():
+    sched = make_schedule(1e-2, 10, kind="constant", warmup_steps=0)
+    opt = make_optimizer(sched)
+    state = TrainState.create(init_params(CFG, jax.random.key(5)), opt, seed=0)
+    batch = _batch(6)
+    plain, m1 = jax.jit(make_train_step(CFG, opt, sched))(state, batch)
+    fused, m2 = jax.jit(make_train_step(CFG, opt, sched, fused_cross_entropy=True))(state, batch)
+    np.testing.assert_allclose(m1["loss"], m2["loss"], rtol=1e-6)
+    np.testing.assert_allclose(m1["grad_norm"], m2["grad_norm"], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(plain.params), jax.tree.leaves(fused.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="z_loss"):
+        make_train_step(CFG, opt, sched, z_loss=1e-4, fused_cross_entropy=True)(state, batch)

@@ -226,9 +226,10 @@ class Engine:
     def step(self) -> list[StepOutput]:
         """One iteration: admit and prefill, decode every running sequence, retire finished ones."""
         plan = self.scheduler.schedule(self.step_count)
-        self._copy([c for seq in plan.decodes + plan.prefills for c in plan.copies[seq.request_id]])
+        self._copy([c for seq in plan.decodes for c in plan.copies[seq.request_id]])
         sampled = []
         for seq in plan.prefills:  # in admission order: later ones may read earlier ones' blocks
+            self._copy(plan.copies[seq.request_id])
             sampled.append((seq, *self._prefill(seq)))
         if plan.decodes:
             sampled += self._decode(plan.decodes)

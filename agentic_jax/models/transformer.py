@@ -19,12 +19,7 @@ from agentic_jax.models.attention import attention
 from agentic_jax.models.config import TransformerConfig
 from agentic_jax.models.rope import apply_rope, rope_tables
 from sharding import with_logical_constraint
-
-BTD = ("activation_batch", "activation_length", "activation_embed")
-BTNH = ("activation_batch", "activation_length", "activation_heads", "head_dim")
-BTKH = ("activation_batch", "activation_length", "activation_kv_heads", "head_dim")
-BTF = ("activation_batch", "activation_length", "activation_mlp")
-BTV = ("activation_batch", "activation_length", "activation_vocab")
+from sharding.names import BTD, BTF, BTKH, BTNH, BTV
 
 
 class ParamSpec(NamedTuple):

@@ -83,7 +83,7 @@ def group_advantages(rewards, *, estimator="grpo", scale="group", eps=1e-6, std_
         baseline = check.shape("baseline", check.floating("baseline", baseline), rewards.shape[:1])
         return rewards - baseline[:, None]
     lengths = check.required("lengths", lengths, "for estimator='opo' (response lengths)")
-    lengths = check.shape("lengths", check.mask("lengths", lengths), rewards.shape)
+    lengths = check.shape("lengths", check.numeric("lengths", lengths), rewards.shape)
     weighted = safe_div(jnp.sum(lengths * rewards, axis=1, keepdims=True), jnp.sum(lengths, axis=1, keepdims=True))
     return rewards - weighted
 

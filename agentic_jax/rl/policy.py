@@ -262,6 +262,9 @@ def policy_loss(
     check.static_range("epsilon_high", epsilon_high, 0.0, float("inf"))
     if dual_clip is not None:
         check.static_range("dual_clip", dual_clip, 1.0, float("inf"), low_open=True)
+    check.static_range("sapo_tau_pos", sapo_tau_pos, 0.0, float("inf"), low_open=True)
+    check.static_range("sapo_tau_neg", sapo_tau_neg, 0.0, float("inf"), low_open=True)
+    check.static_range("cov_fraction", cov_fraction, 0.0, 1.0, low_open=True)
     if isinstance(kl_coef, (int, float)) and kl_coef != 0.0:
         check.required("ref_logp", ref_logp, f"when kl_coef is non-zero (got kl_coef={kl_coef})")
 

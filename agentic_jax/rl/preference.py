@@ -305,7 +305,7 @@ def _sequence_values(name, x, batch):
 def _lengths(name, x, batch):
     if x is None:
         return None
-    return jnp.maximum(check.shape(name, check.mask(name, x), batch), 1.0)
+    return jnp.maximum(check.shape(name, check.numeric(name, x), batch), 1.0)
 
 
 def _pairs(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, chosen_lengths, rejected_lengths):

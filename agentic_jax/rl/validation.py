@@ -27,6 +27,14 @@ def mask(name: str, x) -> jax.Array:
     return x.astype(jnp.float32)
 
 
+def numeric(name: str, x) -> jax.Array:
+    """Returns an integer or floating array (counts, lengths) as float32."""
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.number):
+        raise ValueError(f"{name} must be an integer or floating-point array, got dtype {x.dtype}")
+    return x.astype(jnp.float32)
+
+
 def integer(name: str, x) -> jax.Array:
     """Returns `x` as int32 (indices, segment ids, actions)."""
     x = jnp.asarray(x)

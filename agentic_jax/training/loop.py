@@ -96,14 +96,16 @@ def evaluate(eval_step, params, batches, batch_sharding, max_batches: int = 0) -
 def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
           tokenizer_path: str | None = None, steps: int = 1000, batch_size: int = 16,
           seq_len: int = 256, accum_steps: int = 1, seed: int = 0, z_loss: float = 0.0,
-          eval_every: int = 100, eval_batches: int = 0, checkpoint_every: int = 100,
-          keep_checkpoints: int = 3, log_every: int = 10, progress: bool = True) -> dict:
+          fused_cross_entropy: bool = False, eval_every: int = 100, eval_batches: int = 0,
+          checkpoint_every: int = 100, keep_checkpoints: int = 3, log_every: int = 10,
+          progress: bool = True) -> dict:
     """Trains ``model`` on the shipped corpus (or ``train_data.files``) for ``steps`` updates.
 
     ``batch_size`` rows of ``seq_len`` tokens per update, split into ``accum_steps`` micro-batches;
     held-out loss every ``eval_every`` steps over ``eval_batches`` batches (0 = all of them);
-    a checkpoint every ``checkpoint_every`` steps.  Resumes from the latest checkpoint in
-    ``workdir``.  Returns the final train and held-out metrics.
+    a checkpoint every ``checkpoint_every`` steps.  ``z_loss`` adds the PaLM z-loss;
+    ``fused_cross_entropy`` never materialises the logits (large vocabularies).  Resumes from
+    the latest checkpoint in ``workdir``.  Returns the final train and held-out metrics.
     """
     os.makedirs(workdir, exist_ok=True)
     primary = jax.process_index() == 0  # the one process that writes logs, configs and plots
@@ -131,9 +133,11 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
         shardings = distributed.state_shardings(abstract, model, optimizer, mesh, rules)
         batch_sharding = distributed.batch_sharding(mesh, rules)
         train_step = distributed.jit_train_step(
-            make_train_step(model, optimizer, schedule, z_loss=z_loss, accum_steps=accum_steps),
+            make_train_step(model, optimizer, schedule, z_loss=z_loss, accum_steps=accum_steps,
+                            fused_cross_entropy=fused_cross_entropy),
             shardings, batch_sharding)
-        eval_step = jax.jit(make_eval_step(model), in_shardings=(shardings.params, batch_sharding))
+        eval_step = jax.jit(make_eval_step(model, fused_cross_entropy=fused_cross_entropy),
+                            in_shardings=(shardings.params, batch_sharding))
 
         ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=keep_checkpoints)
         start = ckpt.latest_step()

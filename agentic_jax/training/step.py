@@ -5,18 +5,33 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from agentic_jax.models import TransformerConfig, forward
+from agentic_jax.models import TransformerConfig, forward, hidden_states, lm_head_weight
+from pallas_kernels import fused_cross_entropy as fused_cross_entropy_loss
 from agentic_jax.training.loss import cross_entropy
 from agentic_jax.training.state import TrainState
 
 BATCH_KEYS = ("tokens", "targets", "segment_ids", "positions", "loss_mask")
 
 
-def batch_loss(params, config: TransformerConfig, batch, *, z_loss: float = 0.0):
-    """(total, count, metrics) of next-token cross-entropy on one batch of packed rows."""
-    logits = forward(params, config, batch["tokens"], positions=batch["positions"],
-                     segment_ids=batch["segment_ids"])
-    return cross_entropy(logits, batch["targets"], batch["loss_mask"], z_loss=z_loss)
+def batch_loss(params, config: TransformerConfig, batch, *, z_loss: float = 0.0,
+               fused_cross_entropy: bool = False):
+    """(total, count, metrics) of next-token cross-entropy on one batch of packed rows.
+
+    ``fused_cross_entropy`` computes the LM head and the loss in vocabulary chunks
+    (``pallas_kernels.fused_cross_entropy``) so the ``[B, T, V]`` logits never exist.
+    """
+    kwargs = dict(positions=batch["positions"], segment_ids=batch["segment_ids"])
+    if not fused_cross_entropy:
+        logits = forward(params, config, batch["tokens"], **kwargs)
+        return cross_entropy(logits, batch["targets"], batch["loss_mask"], z_loss=z_loss)
+    if z_loss:
+        raise ValueError("z_loss needs the logits' normaliser; it is not available with "
+                         "fused_cross_entropy=True")
+    hidden = hidden_states(params, config, batch["tokens"], **kwargs)
+    mask = batch["loss_mask"] > 0
+    labels = jnp.where(mask, batch["targets"], -100)
+    total = jnp.sum(fused_cross_entropy_loss(hidden, lm_head_weight(params, config), labels))
+    return total, jnp.sum(mask, dtype=jnp.float32), {"nll": total}
 
 
 def _split_micro(batch, accum_steps: int):
@@ -27,7 +42,8 @@ def _split_micro(batch, accum_steps: int):
 
 
 def make_train_step(config: TransformerConfig, optimizer: optax.GradientTransformation,
-                    schedule: optax.Schedule, *, z_loss: float = 0.0, accum_steps: int = 1):
+                    schedule: optax.Schedule, *, z_loss: float = 0.0, accum_steps: int = 1,
+                    fused_cross_entropy: bool = False):
     """Returns ``step(state, batch) -> (state, metrics)``, not yet jitted.
 
     Gradients of the micro-batches are *summed* with their token counts and divided once by the
@@ -36,7 +52,8 @@ def make_train_step(config: TransformerConfig, optimizer: optax.GradientTransfor
 
     def grad_fn(params, micro):
         def loss(p):
-            total, count, m = batch_loss(p, config, micro, z_loss=z_loss)
+            total, count, m = batch_loss(p, config, micro, z_loss=z_loss,
+                                         fused_cross_entropy=fused_cross_entropy)
             return total, (count, m["nll"])
         return jax.value_and_grad(loss, has_aux=True)(params)
 
@@ -68,11 +85,11 @@ def make_train_step(config: TransformerConfig, optimizer: optax.GradientTransfor
     return step
 
 
-def make_eval_step(config: TransformerConfig):
+def make_eval_step(config: TransformerConfig, *, fused_cross_entropy: bool = False):
     """Returns ``eval_step(params, batch) -> (nll_sum, count)``, not yet jitted."""
 
     def eval_step(params, batch):
-        total, count, _ = batch_loss(params, config, batch)
+        total, count, _ = batch_loss(params, config, batch, fused_cross_entropy=fused_cross_entropy)
         return total, count
 
     return eval_step
