@@ -32,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--gin_param", action="append", default=[],
                        help="a gin binding such as 'train.steps=100'; repeatable, applied last")
         if workdir:
-            p.add_argument("--workdir", default=None, help="output directory (default runs/<config>)")
+            p.add_argument("--workdir", default=None,
+                           help="output directory (default runs/<config>)")
         return p
 
     train = job("train", "train a language model (default: the quickstart config)")
@@ -57,8 +58,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="native: HF directory -> agentic-jax model; hf: the reverse")
     gen = job("generate", "stream a continuation of a prompt from a trained model", workdir=False)
     gen.add_argument("--checkpoint", required=True,
-                     help="a training workdir (model/ and tokenizer.json) or a native model directory "
-                          "with a tokenizer.json")
+                     help="a training workdir (model/ and tokenizer.json) or a native model "
+                          "directory with a tokenizer.json")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                      help="wrap the prompt as a ChatML user turn (default: if the tokenizer has "
@@ -88,14 +89,17 @@ def _generate(args) -> None:
 
     from agentic_jax.data.chat import render_ids
     from agentic_jax.data.tokenizer import IM_END, IM_START
-    from agentic_jax.inference.engine import (Engine, EngineConfig, Request, default_sampling_params,
-                                              load_checkpoint, stream_text)
+    from agentic_jax.inference.engine import (Engine, EngineConfig, Request,
+                                              default_sampling_params, load_checkpoint,
+                                              stream_text)
 
     config, params, tokenizer = load_checkpoint(args.checkpoint)
-    chat = args.chat if args.chat is not None else {IM_START, IM_END} <= tokenizer.special_ids.keys()
+    chat = args.chat
+    if chat is None:
+        chat = {IM_START, IM_END} <= tokenizer.special_ids.keys()
     add_bos = tokenizer.bos_id is not None
-    overrides = {k: getattr(args, k) for k in ("temperature", "top_p", "top_k", "max_tokens", "seed")
-                 if getattr(args, k) is not None}
+    flags = ("temperature", "top_p", "top_k", "max_tokens", "seed")
+    overrides = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
     sampling = default_sampling_params(**overrides)
     if chat:  # the assistant turn ends at <|im_end|>; EOS still ends it too
         prompt = render_ids([{"role": "user", "content": args.prompt}], tokenizer,

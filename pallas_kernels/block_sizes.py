@@ -25,8 +25,8 @@ class BlockSizes:
     """Query/key tile sizes for the forward kernel and for both backward kernels.
 
     ``block_q_bwd``/``block_kv_bwd`` serve the dQ and the dK/dV kernels; the backward
-    keeps two [block_q, block_kv] f32 intermediates (P and dP) live, so its tiles are
-    smaller than the forward's.
+    keeps more [block_q, block_kv] f32 intermediates live (P, dP, dS), so its TPU default
+    tiles are smaller than the forward's.  All must be positive multiples of 8.
     """
     block_q: int = 128
     block_kv: int = 128

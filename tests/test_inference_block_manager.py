@@ -4,7 +4,7 @@ import collections
 import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import (Bundle, RuleBasedStateMachine, consumes, initialize, invariant,
-                                 precondition, rule)
+                                 rule)
 
 from agentic_jax.inference.block_manager import BlockManager
 

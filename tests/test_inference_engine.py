@@ -49,7 +49,7 @@ def _assert_same(got, want):
 
 def test_continuous_batching_equals_each_request_alone_and_the_recompute_decoder(params):
     # Skewed output lengths, more requests than slots, and a pool that holds them all.
-    lengths = [(3, 12), (9, 2), (5, 9), (7, 1), (2, 11), (6, 4)]
+    lengths = [(5, 12), (5, 2), (9, 9), (7, 1), (2, 11), (6, 4)]
     requests = [Request(_prompt(i, p), SamplingParams(temperature=0.0, max_tokens=m))
                 for i, (p, m) in enumerate(lengths)]
     engine = Engine(params, CFG, ENGINE)
@@ -59,14 +59,15 @@ def test_continuous_batching_equals_each_request_alone_and_the_recompute_decoder
     assert all(d.finish_reason == "length" for d in done)
     for request, d in zip(requests, done):
         _assert_same(d, _alone(params, request))
-    for request, d in list(zip(requests, done))[:2]:
-        want = generate_recompute(params, CFG, jnp.asarray([request.prompt]), jax.random.key(0),
-                                  max_new_tokens=request.params.max_tokens, temperature=0.0)
-        assert d.tokens == tuple(int(t) for t in want[0, len(request.prompt):])
+    # The first two prompts have one length: one batched call of the reference decoder.
+    want = generate_recompute(params, CFG, jnp.asarray([r.prompt for r in requests[:2]]),
+                              jax.random.key(0), max_new_tokens=12, temperature=0.0)
+    for row, d in enumerate(done[:2]):
+        assert d.tokens == tuple(int(t) for t in want[row, 5:5 + len(d.tokens)])
     # Slots freed by short requests were refilled at once: later requests waited, and the whole
     # batch took fewer steps than static batching, which only refills an empty batch.
     assert max(d.wait_steps for d in done) > 0
-    static = Engine(params, CFG, EngineConfig(**{**ENGINE.__dict__, "batching": "static"}))
+    static = Engine(params, CFG, dataclasses.replace(ENGINE, batching="static"))
     assert [d.tokens for d in static.generate(requests)] == [d.tokens for d in done]
     assert engine.step_count < static.step_count
     assert engine.blocks.num_free_blocks == ENGINE.num_blocks
@@ -84,6 +85,7 @@ def test_preemption_by_recompute_gives_the_same_tokens(params):
     engine = Engine(params, CFG, ENGINE)
     done = engine.generate(requests)
     assert engine.stats["preemptions"] > 0 and any(d.preemptions for d in done)
+    assert not engine.has_unfinished()
     for request, d in zip(requests, done):
         _assert_same(d, _alone(params, request))
     assert engine.blocks.num_free_blocks == ENGINE.num_blocks
@@ -92,8 +94,8 @@ def test_preemption_by_recompute_gives_the_same_tokens(params):
 def test_prefix_cache_reuses_a_shared_system_prompt_and_copies_on_write(params):
     system = _prompt(20, 8)  # two full blocks
     first = Request(system + _prompt(21, 3), SamplingParams(temperature=0.0, max_tokens=3))
-    followers = [Request(system + _prompt(22 + i, 2 + i), SamplingParams(temperature=0.0, max_tokens=4))
-                 for i in range(3)]
+    followers = [Request(system + _prompt(22 + i, 2 + i),
+                         SamplingParams(temperature=0.0, max_tokens=4)) for i in range(3)]
     engine = Engine(params, CFG, ENGINE)
     copies = []
     real_copy = engine._copy
@@ -102,7 +104,7 @@ def test_prefix_cache_reuses_a_shared_system_prompt_and_copies_on_write(params):
     done = engine.generate(followers)
     assert [d.cached_tokens for d in done] == [8, 8, 8]
     assert engine.stats["prefix_hit_rate"] == pytest.approx(24 / (11 + 10 + 11 + 12))
-    uncached = Engine(params, CFG, EngineConfig(**{**ENGINE.__dict__, "enable_prefix_caching": False}))
+    uncached = Engine(params, CFG, dataclasses.replace(ENGINE, enable_prefix_caching=False))
     assert [d.tokens for d in uncached.generate(followers)] == [d.tokens for d in done]
     assert copies == []
 
@@ -145,14 +147,15 @@ def test_stream_stops_and_validation(params):
     assert tuple(tokens) == events[-1].completion.tokens
     _assert_same(events[-1].completion, _alone(params, request))
 
-    cut = dict(temperature=0.0, max_tokens=8)
-    [by_id, by_text] = engine.generate([
-        Request(request.prompt, SamplingParams(**cut, stop_token_ids=(tokens[2],))),
-        Request(request.prompt, SamplingParams(**cut, stop_strings=(Letters().decode(tokens[3:5]),)))])
-    assert by_id.tokens == tuple(tokens[:tokens.index(tokens[2]) + 1]) and by_id.finish_reason == "stop"
     stop = Letters().decode(tokens[3:5])
-    assert by_text.tokens == tuple(tokens[:next(k for k in range(9) if stop in Letters().decode(tokens[:k]))])
-    assert by_text.finish_reason == "stop"
+    [by_id, by_text] = engine.generate([
+        Request(request.prompt, dataclasses.replace(request.params, stop_token_ids=(tokens[2],))),
+        Request(request.prompt, dataclasses.replace(request.params, stop_strings=(stop,)))])
+    assert by_id.tokens == tuple(tokens[:tokens.index(tokens[2]) + 1])
+    # Cut at the first token whose text completes the stop string.
+    cut = next(k for k in range(9) if stop in Letters().decode(tokens[:k]))
+    assert by_text.tokens == tuple(tokens[:cut])
+    assert by_id.finish_reason == by_text.finish_reason == "stop"
     eos = Engine(params, CFG, ENGINE, eos_id=tokens[1])
     assert eos.generate([request])[0].tokens == tuple(tokens[:tokens.index(tokens[1]) + 1])
 

@@ -71,15 +71,16 @@ def test_prefill_chunks_then_decode_equal_the_forward_pass(decode):
         ends = [p + 1 if a else 0 for a in live]
         starts = [p if a else 0 for a in live]
         batch = _batch(tables, starts, ends, 1)
-        logits, cache = step(params, cache=cache, tokens=_tokens(seqs, starts, ends, 1), batch=batch)
+        tokens = _tokens(seqs, starts, ends, 1)
+        logits, cache = step(params, cache=cache, tokens=tokens, batch=batch)
         for i in range(2):
             if live[i]:
                 np.testing.assert_allclose(logits[i], want[i][p], atol=2e-5)
 
 
 def test_copy_blocks_copies_every_layer_and_skips_out_of_range_pairs():
-    cache = PagedKVCache(*(jnp.arange(2 * 5 * 2 * 1 * 2, dtype=jnp.float32).reshape(2, 5, 2, 1, 2) + o
-                           for o in (0, 1000)))
+    pages = jnp.arange(2 * 5 * 2 * 1 * 2, dtype=jnp.float32).reshape(2, 5, 2, 1, 2)
+    cache = PagedKVCache(pages, pages + 1000)
     got = copy_blocks(cache, jnp.array([1, 2]), jnp.array([3, 5]))
     for before, after in zip(cache, got):
         np.testing.assert_array_equal(after[:, 3], before[:, 1])

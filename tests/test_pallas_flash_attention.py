@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pallas_kernels import BlockSizes, flash_attention, reference_attention
+from pallas_kernels.backend import INTERPRET_COMPILER_OPTIONS
 from pallas_kernels.block_sizes import plan_tiling
 
 # Worst-case |error| relative to max(1, max |reference|), per dtype of q, k, v.  bf16
@@ -67,7 +68,8 @@ def output_and_grads(fn, q, k, v, **kwargs):
         return (out, *vjp(cotangent))
     arrays = {name: x for name, x in kwargs.items() if isinstance(x, (tuple, jax.Array))}
     static = {name: x for name, x in kwargs.items() if name not in arrays}
-    return jax.jit(lambda q, k, v, arrays: run(q, k, v, {**arrays, **static}))(q, k, v, arrays)
+    return jax.jit(lambda q, k, v, arrays: run(q, k, v, {**arrays, **static}),
+                   compiler_options=INTERPRET_COMPILER_OPTIONS)(q, k, v, arrays)
 
 
 def assert_close(got, want, dtype, what):

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pallas_kernels import paged_attention, paged_attention_reference, reference_attention
+from pallas_kernels.backend import INTERPRET_COMPILER_OPTIONS
 
 
 @st.composite
@@ -40,8 +41,8 @@ def paged_caches(draw):
 @given(paged_caches())
 def test_paged_attention_equals_contiguous_attention(cache):
     q, k, v, k_pages, v_pages, table, lengths, options = cache
-    got = jax.jit(functools.partial(paged_attention, interpret=True, **options))(
-        q, k_pages, v_pages, table, lengths)
+    got = jax.jit(functools.partial(paged_attention, interpret=True, **options),
+                  compiler_options=INTERPRET_COMPILER_OPTIONS)(q, k_pages, v_pages, table, lengths)
     gathered = jax.jit(functools.partial(paged_attention_reference, **options))(
         q, k_pages, v_pages, table, lengths)
     contiguous = jax.jit(functools.partial(reference_attention, causal=True, **options))

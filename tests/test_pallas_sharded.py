@@ -6,6 +6,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from pallas_kernels import BlockSizes, reference_attention, sharded_flash_attention
+from pallas_kernels.backend import INTERPRET_COMPILER_OPTIONS
 
 BLOCKS = BlockSizes(8, 8, 8, 8)
 
@@ -25,7 +26,8 @@ def _grads(fn, q, k, v):
     def loss(q, k, v):
         return jnp.sum(jnp.sin(fn(q, k, v)))
 
-    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)),
+                   compiler_options=INTERPRET_COMPILER_OPTIONS)(q, k, v)
 
 
 def test_sharded_forward_and_gradients_equal_reference():
@@ -43,7 +45,7 @@ def test_sharded_forward_and_gradients_equal_reference():
     def ref(q, k, v):
         return reference_attention(q, k, v, segment_ids=segs, sliding_window=5)
 
-    out = jax.jit(flash)(q, k, v)
+    out = jax.jit(flash, compiler_options=INTERPRET_COMPILER_OPTIONS)(q, k, v)
     assert out.sharding.is_equivalent_to(heads, 4)
     np.testing.assert_allclose(out, ref(q, k, v), atol=2e-5)
     for got, want in zip(_grads(flash, q, k, v), _grads(ref, q, k, v)):
@@ -54,7 +56,8 @@ def test_mqa_kv_heads_are_repeated_to_the_tensor_axis_under_set_mesh():
     q, k, v = _qkv(kv_heads=1, seed=1)
     with jax.set_mesh(_mesh(jax.sharding.AxisType.Explicit)):
         out = jax.jit(lambda q, k, v: sharded_flash_attention(q, k, v, block_sizes=BLOCKS,
-                                                              interpret=True))(q, k, v)
+                                                              interpret=True),
+                      compiler_options=INTERPRET_COMPILER_OPTIONS)(q, k, v)
         assert out.sharding.spec == P(("data", "fsdp"), None, "tensor", None)
     np.testing.assert_allclose(out, reference_attention(q, k, v), atol=2e-5)
 

@@ -22,18 +22,9 @@ from agentic_jax.rl import (
 )
 
 B = 4
-STATIC = (
-    "loss_type",
-    "beta",
-    "label_smoothing",
-    "f_divergence",
-    "f_alpha",
-    "simpo_gamma",
-    "nll_coef",
-    "discopop_tau",
-    "bco_delta",
-    "alphapo_alpha",
-)
+# Numeric hyperparameters such as beta stay traced under jit (so they may follow a schedule);
+# label smoothing is static because its range checks only run on Python numbers.
+STATIC = ("loss_type", "f_divergence", "label_smoothing")
 VARIANTS = {"eager": preference_loss, "jit": jax.jit(preference_loss, static_argnames=STATIC)}
 logps = hnp.arrays(np.float32, B, elements=st.floats(-200.0, -0.5, width=32))
 
@@ -186,7 +177,7 @@ def test_f_divergences_are_distinct_and_alpha_one_is_forward_kl(loss_fn):
         loss_fn(*arrays, loss_type="ipo", f_divergence="js", chosen_lengths=jnp.ones(B), rejected_lengths=jnp.ones(B))
 
 
-@pytest.mark.parametrize("jit, dtype", [(False, jnp.float32), (True, jnp.float32), (False, jnp.bfloat16)])
+@pytest.mark.parametrize("jit, dtype", [(True, jnp.float32), (False, jnp.bfloat16)])
 def test_every_loss_is_finite_for_extreme_log_probs(jit, dtype):
     chosen = jnp.array([-1e4, 0.0, -1e-6, -5e3], dtype)
     rejected = jnp.array([0.0, -1e4, -1e-6, -1.0], dtype)

@@ -38,7 +38,9 @@ class Discrete(Space):
 
     def contains(self, x):
         x = jnp.asarray(x)
-        return (x.shape == ()) & jnp.all((x >= 0) & (x < self.n))
+        if x.shape != ():
+            return jnp.bool_(False)
+        return (x >= 0) & (x < self.n)
 
     def __repr__(self):
         return f"Discrete({self.n})"
@@ -58,7 +60,9 @@ class MultiDiscrete(Space):
 
     def contains(self, x):
         x = jnp.asarray(x)
-        return (x.shape == self.shape) & jnp.all((x >= 0) & (x < jnp.asarray(self.nvec)))
+        if x.shape != self.shape:
+            return jnp.bool_(False)
+        return jnp.all((x >= 0) & (x < jnp.asarray(self.nvec)))
 
     def __repr__(self):
         return f"MultiDiscrete({self.nvec.tolist()})"
@@ -103,7 +107,9 @@ class Box(Space):
 
     def contains(self, x):
         x = jnp.asarray(x)
-        return (x.shape == self.shape) & jnp.all((x >= self.low) & (x <= self.high))
+        if x.shape != self.shape:
+            return jnp.bool_(False)
+        return jnp.all((x >= self.low) & (x <= self.high))
 
     def __repr__(self):
         return f"Box(shape={self.shape}, dtype={self.dtype.name})"

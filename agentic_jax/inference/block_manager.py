@@ -83,7 +83,7 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     def _match(self, tokens: Sequence[int]) -> tuple[list[bytes], list[int]]:
-        """Hashes and blocks of the longest cached chain of full blocks that ``tokens`` starts with."""
+        """Hashes and blocks of the longest chain of cached full blocks starting ``tokens``."""
         hashes, blocks, parent = [], [], ROOT_HASH
         if not self.enable_prefix_caching:
             return hashes, blocks
@@ -101,7 +101,7 @@ class BlockManager:
         return min(len(hits) * self.block_size, len(tokens) - 1)
 
     def admission_cost(self, tokens: Sequence[int]) -> int:
-        """Free blocks that ``allocate(tokens)`` then ``prepare_write`` of the rest would consume."""
+        """Free blocks that ``allocate(tokens)``, then ``prepare_write`` of the rest, consume."""
         if not tokens:
             raise ValueError("a sequence needs at least one token")
         _, hits = self._match(tokens)
@@ -170,7 +170,8 @@ class BlockManager:
             block = blocks.table[j]
             # A hash already cached elsewhere (two equal prompts computed side by side) keeps the
             # first block; this one stays private and returns to the free list when freed.
-            if self.enable_prefix_caching and parent not in self._cached and block not in self._hash_of:
+            fresh = parent not in self._cached and block not in self._hash_of
+            if self.enable_prefix_caching and fresh:
                 self._cached[parent] = block
                 self._hash_of[block] = parent
 

@@ -87,21 +87,23 @@ def _vocabulary(tokens: Sequence[bytes | None], eos_id: int) -> outlines_core.Vo
     return outlines_core.Vocabulary(eos_id, by_bytes)
 
 
-def _bucket(n: int) -> int:
+def _bucket(n: int, at_least: int) -> int:
     """States are padded to a power of two so that similar grammars share one compilation."""
-    return 1 << max(0, (n - 1).bit_length())
+    return max(at_least, 1 << max(0, (n - 1).bit_length()))
 
 
-def regex_constraint(regex: str, tokens: Sequence[bytes | None], eos_id: int) -> TokenConstraint:
+def regex_constraint(regex: str, tokens: Sequence[bytes | None], eos_id: int, *,
+                     num_states: int = 1) -> TokenConstraint:
     """Dense tables of the token automaton of ``regex`` over ``tokens`` (id -> bytes).
 
-    Padding states (never reached) allow only EOS, so every row of ``allowed`` has a token.
+    The state count is padded to a power of two and to at least ``num_states`` (equal shapes share
+    a compiled decoder); padding states are never reached and allow only EOS.
     """
     index = outlines_core.Index(regex, _vocabulary(tokens, eos_id))
     transitions = index.get_transitions()
     states = sorted(set(transitions) | {s for row in transitions.values() for s in row.values()})
     number = {s: i for i, s in enumerate(states)}
-    size, v = _bucket(len(states)), len(tokens)
+    size, v = _bucket(len(states), num_states), len(tokens)
     allowed = np.zeros((size, v), bool)
     allowed[len(states):, eos_id] = True
     next_state = np.tile(np.arange(size, dtype=np.int32)[:, None], (1, v))
@@ -122,6 +124,8 @@ def schema_regex(schema: Mapping[str, Any] | str, whitespace_pattern: str | None
 
 
 def json_schema_constraint(schema: Mapping[str, Any] | str, tokens: Sequence[bytes | None],
-                           eos_id: int, whitespace_pattern: str | None = None) -> TokenConstraint:
+                           eos_id: int, *, whitespace_pattern: str | None = None,
+                           num_states: int = 1) -> TokenConstraint:
     """Tables for JSON documents valid under ``schema`` (whitespace per ``whitespace_pattern``)."""
-    return regex_constraint(schema_regex(schema, whitespace_pattern), tokens, eos_id)
+    return regex_constraint(schema_regex(schema, whitespace_pattern), tokens, eos_id,
+                            num_states=num_states)

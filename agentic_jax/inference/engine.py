@@ -5,12 +5,13 @@
     for piece in stream_text(engine, Request(prompt_ids), tok):  # engine.stream: token events
         print(piece, end="", flush=True)
 
-Each :meth:`Engine.step` is one scheduler iteration (``scheduler.py``): newly admitted sequences
-are prefilled (their uncached tokens in one pass, which also samples their first token) and every
-other running sequence decodes one token, all of them in one batched call over ``num_slots`` rows.
-The device functions have fixed shapes (slots, page pool, block tables; prefill lengths rounded up
-to powers of two), so they compile a handful of times; the host does the bookkeeping between
-steps, as vLLM does.
+Each :meth:`Engine.step` is one scheduler iteration (``scheduler.py``): each newly admitted
+sequence is prefilled (its uncached tokens in one pass, which also samples its first token), then
+every other running sequence decodes one token in one batched call over ``num_slots`` rows.  The
+device functions have fixed shapes (slots, page pool, block tables; prefill lengths rounded up to
+powers of two), so they compile a handful of times; the host does the bookkeeping between steps,
+as vLLM does.  Serve many callers by driving :meth:`Engine.step` and routing its events;
+:meth:`Engine.generate` and :meth:`Engine.stream` drive it for one caller.
 
 Sampling is per sequence and independent of batching: row keys are the request's own (its seed,
 or the engine seed folded with the request's arrival number) with the count of generated tokens
@@ -23,8 +24,8 @@ import dataclasses
 import functools
 import itertools
 import time
-from pathlib import Path
 from collections.abc import Iterable, Iterator, Sequence as SequenceT
+from pathlib import Path
 from typing import NamedTuple
 
 import gin
@@ -67,9 +68,10 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self):
-        for name in ("num_slots", "block_size", "min_prefill_len"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"EngineConfig.{name} must be positive, got {getattr(self, name)}")
+        for name in ("num_slots", "block_size", "num_blocks", "max_model_len", "min_prefill_len"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"EngineConfig.{name} must be positive, got {value}")
         if self.batching not in BATCHING:
             raise ValueError(f"EngineConfig.batching={self.batching!r}; expected one of {BATCHING}")
         if not 0 <= self.watermark < 1:
@@ -181,11 +183,12 @@ class Engine:
                                    watermark_blocks=int(ec.watermark * num_blocks),
                                    static=ec.batching == "static")
         self.cache = PagedKVCache.create(config, num_blocks, ec.block_size)
+        self._padding_slot = num_blocks * ec.block_size  # out of range: the write is dropped
         counts = (ec.num_slots, config.vocab_size)
         self._gen_counts = jnp.zeros(counts, jnp.int32)  # generated tokens, per slot
         self._prompt_counts = jnp.zeros(counts, jnp.int32)
-        self._static = dict(config=config, decode_attention=decode_attention_fn(ec.decode_attention),
-                            eos_id=self.eos_id)
+        self._static = {"config": config, "eos_id": self.eos_id,
+                        "decode_attention": decode_attention_fn(ec.decode_attention)}
         self._base_key = jax.random.key(ec.seed)
         self._arrivals = itertools.count()
         self._sequences: dict[str, Sequence] = {}
@@ -237,7 +240,8 @@ class Engine:
         return [self._append(seq, token, logprob) for seq, token, logprob in sampled]
 
     def generate(self, requests: Iterable[Request]) -> list[Completion]:
-        """Runs ``requests`` to completion (with whatever else is queued); results in order."""
+        """Runs ``requests`` to completion; results in order.  Requests queued by others advance
+        too, but their events are not kept."""
         ids = [self.add_request(r) for r in requests]
         pending, done = set(ids), {}
         while pending:
@@ -248,7 +252,8 @@ class Engine:
         return [done[i] for i in ids]
 
     def stream(self, request: Request) -> Iterator[StepOutput]:
-        """Yields ``request``'s tokens as they are sampled (driving the engine meanwhile)."""
+        """Yields ``request``'s token events as they are sampled, driving the engine meanwhile
+        (as :meth:`generate`, other requests advance but their events are dropped)."""
         request_id = self.add_request(request)
         while True:
             for event in self.step():
@@ -289,11 +294,12 @@ class Engine:
         t = self._prefill_len(n)
         table = self._table(seq)
         positions = np.arange(start, end, dtype=np.int32)
-        row = lambda fill, values: np.concatenate([np.full(t - n, fill, np.int32), values])[None]
-        batch = PagedBatch(row(0, positions),
-                           row(self.blocks.num_blocks * self.engine_config.block_size,
-                               self._slots(table, positions)),
-                           table[None], np.asarray([end], np.int32))
+
+        def row(fill, values):  # left-padded to t
+            return np.concatenate([np.full(t - n, fill, np.int32), values])[None]
+
+        slots = row(self._padding_slot, self._slots(table, positions))
+        batch = PagedBatch(row(0, positions), slots, table[None], np.asarray([end], np.int32))
         v = self.config.vocab_size
         s, self.cache, self._gen_counts, self._prompt_counts = _prefill_step(
             self.params, self.cache, self._gen_counts, self._prompt_counts, row(0, tokens[start:]),
@@ -317,14 +323,14 @@ class Engine:
         s_count = self.engine_config.num_slots
         by_slot: list[Sequence | None] = [None] * s_count
         tokens, positions, lengths, steps = (np.zeros(s_count, np.int32) for _ in range(4))
-        slots = np.full(s_count, self.blocks.num_blocks * self.engine_config.block_size, np.int32)
+        slots = np.full(s_count, self._padding_slot, np.int32)
         tables = np.zeros((s_count, self.max_blocks), np.int32)
         keys = np.zeros((s_count, *seqs[0].key.shape), seqs[0].key.dtype)
         for seq in seqs:
             i, pos = seq.slot, seq.num_computed
             by_slot[i] = seq
             tables[i] = self._table(seq)
-            tokens[i], positions[i], lengths[i] = seq.tokens[-1], pos, pos + 1
+            tokens[i], positions[i], lengths[i] = seq.output[-1], pos, pos + 1
             slots[i] = self._slots(tables[i], np.asarray(pos))
             steps[i], keys[i] = len(seq.output), seq.key
         s, self.cache, self._gen_counts = _decode_step(
@@ -340,7 +346,7 @@ class Engine:
             return "stop"
         if p.stop_strings and _hit_stop_string(self.tokenizer, seq.output, p.stop_strings):
             return "stop"
-        if len(seq.output) >= p.max_tokens or len(seq.prompt) + len(seq.output) >= self.max_model_len:
+        if len(seq.output) >= p.max_tokens or len(seq.tokens) >= self.max_model_len:
             return "length"
         return None
 

@@ -18,7 +18,8 @@ Padding tokens get an out-of-range slot and their writes are dropped.
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +38,8 @@ def decode_attention_fn(name: str = "auto") -> Callable:
     if name == "auto":
         name = "pallas" if jax.default_backend() == "tpu" else "reference"
     if name not in DECODE_ATTENTION:
-        raise ValueError(f"decode attention {name!r}; expected auto or one of {sorted(DECODE_ATTENTION)}")
+        raise ValueError(f"decode attention {name!r}; expected auto or one of "
+                         f"{sorted(DECODE_ATTENTION)}")
     return DECODE_ATTENTION[name]
 
 
@@ -46,7 +48,7 @@ class PagedKVCache(NamedTuple):
     v: jax.Array
 
     @classmethod
-    def create(cls, config: TransformerConfig, num_blocks: int, block_size: int) -> "PagedKVCache":
+    def create(cls, config: TransformerConfig, num_blocks: int, block_size: int) -> PagedKVCache:
         shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
         return cls(jnp.zeros(shape, config.compute_dtype), jnp.zeros(shape, config.compute_dtype))
 
@@ -74,10 +76,10 @@ def copy_blocks(cache: PagedKVCache, src, dst) -> PagedKVCache:
 
 
 def _write(pages, new, slot_mapping):
-    """Scatters ``new[B, T, K, H]`` into ``pages[P, page, K, H]`` at flat slots, dropping padding."""
+    """Scatters ``new[B, T, K, H]`` into ``pages[P, page, K, H]`` at flat slots, except padding."""
     flat = pages.reshape(-1, *pages.shape[2:])
-    flat = flat.at[slot_mapping.reshape(-1)].set(new.reshape(-1, *new.shape[2:]).astype(pages.dtype),
-                                                 mode="drop")
+    new = new.reshape(-1, *new.shape[2:]).astype(pages.dtype)
+    flat = flat.at[slot_mapping.reshape(-1)].set(new, mode="drop")
     return flat.reshape(pages.shape)
 
 

@@ -111,7 +111,8 @@ class Scheduler:
             if seq.slot is None:  # preempted for an earlier sequence of this loop
                 continue
             pos = seq.num_computed
-            while self.blocks.blocks_to_write(seq.request_id, pos, pos + 1) > self.blocks.num_free_blocks:
+            while (self.blocks.blocks_to_write(seq.request_id, pos, pos + 1)
+                   > self.blocks.num_free_blocks):
                 victim = self.running[-1]
                 self._preempt(victim)
                 preempted.append(victim)

@@ -1,0 +1,114 @@
+"""Adapters: gymnax and pgx environments behind the `Env` API.
+
+Both libraries are optional and imported only when an adapter is built
+(`pip install gymnax pgx`; tested with gymnax 1.0.1, which also needs `six`,
+and pgx 2.6.0). Our own `Env.step` does the auto-reset, so the adapters call
+the libraries' non-resetting transitions.
+"""
+
+import importlib
+
+import jax
+import jax.numpy as jnp
+
+from agentic_jax.envs import spaces
+from agentic_jax.envs.core import Env
+
+
+def _require(module: str):
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"this adapter needs `{module}`: pip install {module.split('.')[0]}") from e
+
+
+def _convert_space(space) -> spaces.Space:
+    """A gymnax Discrete / Box space as ours (others are not supported)."""
+    kind = type(space).__name__
+    if kind == "Discrete":
+        return spaces.Discrete(space.n)
+    if kind == "Box":
+        return spaces.Box(space.low, space.high, space.shape, space.dtype)
+    raise NotImplementedError(f"gymnax space {kind} has no counterpart here")
+
+
+class GymnaxEnv(Env):
+    """A gymnax environment (`GymnaxEnv("CartPole-v1")`, or an instance and its params).
+
+    gymnax reports one `done`; it is split with the episode clock: a `done`
+    at `state.time >= params.max_steps_in_episode` is `truncated`, any other
+    is `terminated` (an episode ending by both at the same step reads as
+    truncated). Environments without a clock only terminate.
+    """
+
+    def __init__(self, env_or_id, params=None, **make_kwargs):
+        if isinstance(env_or_id, str):
+            env_or_id, made_params = _require("gymnax").make(env_or_id, **make_kwargs)
+            params = made_params if params is None else params
+        self.env = env_or_id
+        self._params = self.env.default_params if params is None else params
+
+    @property
+    def default_params(self):
+        return self._params
+
+    @property
+    def name(self) -> str:
+        return f"Gymnax[{self.env.name}]"
+
+    def reset_env(self, key, params):
+        return self.env.reset_env(key, params)
+
+    def step_env(self, key, state, action, params):
+        obs, state, reward, done, info = self.env.step_env(key, state, action, params)
+        done = jnp.asarray(done, bool)
+        limit = getattr(params, "max_steps_in_episode", None)
+        clock = getattr(state, "time", None)
+        timed_out = done & (clock >= limit) if limit is not None and clock is not None else jnp.bool_(False)
+        return obs, state, reward, done & ~timed_out, timed_out, dict(info)
+
+    def observation_space(self, params=None):
+        return _convert_space(self.env.observation_space(self.default_params if params is None else params))
+
+    def action_space(self, params=None):
+        return _convert_space(self.env.action_space(self.default_params if params is None else params))
+
+
+class PgxEnv(Env):
+    """A pgx game (`PgxEnv("tic_tac_toe")`) seen by the player to move (self-play).
+
+    The observation is `state.observation` (from the mover's perspective),
+    the reward is the *acting* player's, and `info` carries the
+    "legal_action_mask" for the next move, the "current_player" and all
+    players' "rewards" (in a two-player game the loser's −1 arrives on the
+    winner's move, so credit it from there). pgx has no params: `params`
+    is ignored.
+    """
+
+    def __init__(self, env_or_id, **make_kwargs):
+        self.env = _require("pgx").make(env_or_id, **make_kwargs) if isinstance(env_or_id, str) else env_or_id
+
+    @property
+    def name(self) -> str:
+        return f"Pgx[{self.env.id}]"
+
+    def reset_env(self, key, params):
+        state = self.env.init(key)
+        return state.observation, state
+
+    def step_env(self, key, state, action, params):
+        player = state.current_player
+        state = self.env.step(state, action, key)
+        info = {
+            "legal_action_mask": state.legal_action_mask,
+            "current_player": state.current_player,
+            "rewards": state.rewards,
+        }
+        return state.observation, state, state.rewards[player], state.terminated, state.truncated, info
+
+    def observation_space(self, params=None):
+        obs = jax.eval_shape(self.env.init, jax.random.key(0)).observation
+        return spaces.Box(-jnp.inf, jnp.inf, obs.shape, obs.dtype)
+
+    def action_space(self, params=None):
+        return spaces.Discrete(self.env.num_actions)

@@ -1,0 +1,206 @@
+"""`TextEnv`: a jitted multi-turn chat environment for LLM policies (token ids in, token ids out).
+
+Action granularity: one *assistant turn* per step, ``int32 [action_length]``
+padded with PAD -- what a sampler produces when it generates one reply and
+stops at ``<|im_end|>``.  The turn ends at its first ``<|im_end|>``/EOS
+(inclusive) or first PAD; later tokens are ignored.  Then:
+
+* a turn holding a complete ``<tool_call>...</tool_call>`` block (and the
+  env has tools) is a tool turn: the first call is parsed and executed in
+  jnp, and the tool message plus the next generation prompt are appended::
+
+      \\n<|im_start|>tool\\n<tool_result>\\n{content}\\n</tool_result><|im_end|>\\n<|im_start|>assistant\\n
+
+  (with a leading ``<|im_end|>`` if the policy did not close its turn);
+* any other turn is the final answer: the episode terminates with the
+  verifier's reward.  Without tools every turn is an answer, i.e. a
+  single-turn verifiable task (prompt -> completion -> reward).
+
+The episode is truncated (reward 0) when ``params.max_turns`` tool turns
+are used up or when the token budget ``max_length`` cannot hold the next
+turn (the tool message and another full action).
+
+Observation = the transcript so far, ``{"tokens": int32 [max_length],
+"loss_mask": int32 [max_length], "length": int32}``.  The policy
+generates from ``tokens[:length]``; ``loss_mask`` is 1 exactly on the
+policy's own tokens (0 on prompt, tool messages and padding), so after an
+episode ``info["final_observation"]`` is a ready-made training row for
+``rl.policy_loss`` / ``rl.aggregate`` with the episode reward.  Replaying
+a `Task`'s demonstration reproduces ``chat.render_ids`` of it token for
+token, with ``loss_mask`` equal to its assistant mask.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from agentic_jax.data.tokenizer import IM_END, IM_START, TOOL_RESULT, TOOL_RESULT_END, Tokenizer
+from agentic_jax.envs import spaces
+from agentic_jax.envs.core import Env, EnvState
+from agentic_jax.envs.text.rewards import Reward
+from agentic_jax.envs.text.strings import Text, substring
+from agentic_jax.envs.text.tasks import Task, TaskBank, build_bank
+from agentic_jax.envs.text.tools import MALFORMED, Search, Tool, parse_call, token_table
+from agentic_jax.envs.text.vocab import Vocab, detokenize, pack
+
+
+@struct.dataclass
+class TextEnvParams:
+    tasks: TaskBank
+    vocab: Vocab
+    task_weights: jax.Array  # float32 [N]: unnormalised sampling weights of the tasks (curricula set them)
+    max_turns: jax.Array  # int32 []: tool turns allowed before truncation
+
+
+@struct.dataclass
+class TextEnvState(EnvState):
+    task: jax.Array  # int32 []: row of the task bank
+    tokens: jax.Array  # int32 [max_length]
+    loss_mask: jax.Array  # int32 [max_length]
+    length: jax.Array  # int32 []
+    turn: jax.Array  # int32 []: assistant turns taken
+
+
+def tool_message_template(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
+    """Token ids around a tool message's content, as ``chat.render_ids`` spells them, and the reply prompt."""
+    def special(token):
+        return [tokenizer.token_id(token)]
+
+    head = tokenizer.encode("\n") + special(IM_START) + tokenizer.encode("tool\n") + special(TOOL_RESULT) + \
+        tokenizer.encode("\n")
+    tail = tokenizer.encode("\n") + special(TOOL_RESULT_END) + special(IM_END) + tokenizer.encode("\n") + \
+        special(IM_START) + tokenizer.encode("assistant\n")
+    return head, tail
+
+
+def turn_extent(action, stop_ids: Sequence[int], pad_id: int):
+    """Length of the turn in ``action`` (up to the first stop token inclusive, or the first PAD).
+
+    Works on numpy (the host env) and jnp arrays alike.
+    """
+    xp = np if isinstance(action, np.ndarray) else jnp
+    stop = xp.isin(action, xp.asarray(stop_ids))
+    size = action.shape[-1]
+    first_stop = xp.where(xp.any(stop), xp.argmax(stop) + 1, size)
+    first_pad = xp.where(xp.any(action == pad_id), xp.argmax(action == pad_id), size)
+    return xp.minimum(first_stop, first_pad)
+
+
+def _write(buffer, start, values, count):
+    """``buffer[start:start + count] = values[:count]`` with static shapes."""
+    index = jnp.arange(values.shape[0])
+    return buffer.at[jnp.where(index < count, start + index, buffer.shape[0])].set(values, mode="drop")
+
+
+class TextEnv(Env):
+    """Multi-turn tool use (or single-turn answers) over a bank of `Task`s; see the module docstring."""
+
+    def __init__(self, tokenizer: Tokenizer, tasks: Sequence[Task] | TaskBank, reward: Reward, *,
+                 tools: Sequence[Tool] = (), max_length: int = 512, action_length: int = 96, max_turns: int = 4,
+                 payload_bytes: int = 192, answer_bytes: int = 256, bank_sizes: dict | None = None):
+        if len({t.name for t in tools}) != len(tools):
+            raise ValueError("tool names must be unique")
+        self.tokenizer, self.reward, self.tools = tokenizer, reward, tuple(tools)
+        self.max_length, self.action_length = max_length, action_length
+        self.payload_bytes, self.answer_bytes = payload_bytes, answer_bytes
+        self.bank_sizes = dict(bank_sizes or {})
+        search = [t for t in self.tools if isinstance(t, Search)]
+        if search:
+            self.bank_sizes.setdefault("embedding_dim", search[0].embedding_dim)
+        self.vocab = Vocab.build(tokenizer)
+        self.im_end_id = tokenizer.token_id(IM_END)
+        self.head, self.tail = tool_message_template(tokenizer)
+        self.malformed = tokenizer.encode(MALFORMED)
+        self.tool_messages = [token_table(tokenizer, tool.messages) for tool in self.tools]
+        bank = tasks if isinstance(tasks, TaskBank) else self.build_bank(tasks)
+        self._params = self.make_params(bank, max_turns=max_turns)
+
+    def build_bank(self, tasks: Sequence[Task]) -> TaskBank:
+        """A bank with this env's sizes (fix them in ``bank_sizes`` to swap banks without recompiling)."""
+        bank = build_bank(tasks, self.tokenizer, **self.bank_sizes)
+        if bank.prompt.shape[1] + self.action_length > self.max_length:
+            raise ValueError(f"prompts of {bank.prompt.shape[1]} tokens leave no room for a "
+                             f"{self.action_length}-token turn in max_length={self.max_length}")
+        return bank
+
+    def make_params(self, bank: TaskBank, task_weights=None, max_turns: int = 4) -> TextEnvParams:
+        weights = np.ones(bank.size, np.float32) if task_weights is None else task_weights
+        return TextEnvParams(bank, self.vocab, jnp.asarray(weights, jnp.float32), jnp.int32(max_turns))
+
+    @property
+    def default_params(self) -> TextEnvParams:
+        return self._params
+
+    def observation_space(self, params=None):
+        return spaces.Dict({
+            "tokens": spaces.Tokens(self.tokenizer.vocab_size, self.max_length, self.vocab.pad_id),
+            "loss_mask": spaces.Box(0, 1, (self.max_length,), jnp.int32),
+            "length": spaces.Discrete(self.max_length + 1),
+        })
+
+    def action_space(self, params=None):
+        return spaces.Tokens(self.tokenizer.vocab_size, self.action_length, self.vocab.pad_id)
+
+    @staticmethod
+    def observation(state: TextEnvState) -> dict:
+        return {"tokens": state.tokens, "loss_mask": state.loss_mask, "length": state.length}
+
+    def reset_env(self, key, params):
+        task = jax.random.categorical(key, jnp.log(params.task_weights))
+        prompt, prompt_length = params.tasks.prompt[task], params.tasks.prompt_length[task]
+        tokens = _write(jnp.full((self.max_length,), self.vocab.pad_id, jnp.int32), 0, prompt, prompt_length)
+        zero = jnp.int32(0)
+        state = TextEnvState(zero, task.astype(jnp.int32), tokens, jnp.zeros_like(tokens), prompt_length, zero)
+        return self.observation(state), state
+
+    def _tool_result(self, payload: Text, task: TaskBank, vocab: Vocab):
+        """Content ids of the tool message for a call payload (an error message if malformed)."""
+        index, value = parse_call(payload, self.tools)
+        results = [tool.run(substring(value, 0, value.length, tool.argument_bytes), task, vocab,
+                            jax.tree.map(jnp.asarray, messages))
+                   for tool, messages in zip(self.tools, self.tool_messages)]
+        results.append((jnp.asarray(self.malformed), len(self.malformed)))
+        width = max(ids.shape[0] for ids, _ in results)
+        padded = [pack([r], width, vocab.pad_id) for r in results]
+        choice = jnp.where(index < 0, len(self.tools), index)
+        return jnp.stack([ids for ids, _ in padded])[choice], jnp.stack([n for _, n in padded])[choice], index < 0
+
+    def step_env(self, key, state, action, params):
+        vocab, task = params.vocab, params.tasks.row(state.task)
+        action = jnp.asarray(action, jnp.int32)
+        position = jnp.arange(self.action_length)
+        turn_length = turn_extent(action, vocab.stop_ids, vocab.pad_id)
+        in_turn = position < turn_length
+        content = Text(*detokenize(vocab, action, in_turn & ~jnp.isin(action, jnp.asarray(vocab.stop_ids)),
+                                   self.answer_bytes))
+
+        opens = in_turn & (action == vocab.tool_call_id)
+        call_start = jnp.where(jnp.any(opens), jnp.argmax(opens), self.action_length)
+        closes = in_turn & (action == vocab.tool_call_end_id) & (position > call_start)
+        call_end = jnp.where(jnp.any(closes), jnp.argmax(closes), -1)
+        tool_turn = bool(self.tools) & (call_end > call_start)
+        payload = Text(*detokenize(vocab, action, (position > call_start) & (position < call_end), self.payload_bytes))
+        result, result_length, malformed = self._tool_result(payload, task, vocab)
+
+        closed = action[jnp.maximum(turn_length - 1, 0)] == self.im_end_id
+        message, message_length = pack(
+            [(jnp.asarray([self.im_end_id]), jnp.where(closed, 0, 1)), (jnp.asarray(self.head), len(self.head)),
+             (result, result_length), (jnp.asarray(self.tail), len(self.tail))],
+            1 + len(self.head) + result.shape[0] + len(self.tail), vocab.pad_id)
+
+        length = state.length + turn_length
+        fits = length + message_length + self.action_length <= self.max_length
+        shown = jnp.where(tool_turn & fits, message_length, 0)
+        tokens = _write(_write(state.tokens, state.length, action, turn_length), length, message, shown)
+        loss_mask = _write(state.loss_mask, state.length, jnp.ones_like(action), turn_length)
+        turn = state.turn + 1
+        next_state = state.replace(time=state.time + 1, tokens=tokens, loss_mask=loss_mask, length=length + shown,
+                                   turn=turn)
+        reward = jnp.where(tool_turn, 0.0, self.reward(content, task))
+        truncated = tool_turn & (~fits | (turn >= params.max_turns))
+        info = {"task": state.task, "tool_call": tool_turn, "malformed_call": tool_turn & malformed}
+        return self.observation(next_state), next_state, reward, ~tool_turn, truncated, info

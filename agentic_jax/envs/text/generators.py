@@ -1,0 +1,234 @@
+"""Seeded task generators with a difficulty knob, and their demonstrations.
+
+Each generator maps an integer seed to a `Task` deterministically (numpy's
+``default_rng(seed)``), so a seed *is* a level for Prioritized Level Replay
+and a bank of tasks is reproducible from its seeds.  Every task carries
+
+* ``demonstration``: a correct continuation in chat messages -- tool calls
+  with the tool messages the tools really return (computed by the tools'
+  host implementations, which equal the jitted ones), then a
+  ``<think>...</think><answer>...</answer>`` turn.  Rendered with
+  ``chat.render_ids`` (``Task.render``) it is a supervised warm-start
+  example; it earns the generator's full reward;
+* ``corrupted``: the same shape with a wrong final answer (a preference
+  pair's rejected side), which does not.
+
+Families: `Arithmetic` (multi-step integer arithmetic; difficulty = number
+of operators), `Countdown` (reach a target from given numbers; difficulty =
+how many numbers), `MultiHop` (chained fact lookups; difficulty = hops).
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from agentic_jax.data.chat import Message, ToolCall
+from agentic_jax.data.tokenizer import Tokenizer
+from agentic_jax.envs.text import calculator
+from agentic_jax.envs.text.env import TextEnv
+from agentic_jax.envs.text.rewards import (CountdownAnswer, ExactAnswer, NumericCloseness, Reward, ThinkAnswerFormat,
+                                           Weighted)
+from agentic_jax.envs.text.tasks import Task
+from agentic_jax.envs.text.tools import Calculator, Lookup, Search, Tool
+
+FORMAT = "Think inside <think></think>, then give only the final answer inside <answer></answer>."
+_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+
+
+def final_turn(thought: str, answer: str) -> Message:
+    return Message("assistant", f"<think>{thought}</think><answer>{answer}</answer>")
+
+
+def tool_turns(tool: Tool, arguments: Iterable[str], task: Task) -> tuple[Message, ...]:
+    """One call per argument, each followed by the tool message the tool returns for ``task``."""
+    turns = []
+    for argument in arguments:
+        turns += [Message("assistant", "", (ToolCall(tool.name, {tool.argument: argument}),)),
+                  Message("tool", tool.run_host(argument, task))]
+    return tuple(turns)
+
+
+def _combine(left: tuple[str, int], op: str, right: tuple[str, int]) -> str:
+    """Infix text of ``left op right`` with the parentheses Python's precedence needs (operands: (text, prec))."""
+    left_text = f"({left[0]})" if left[1] < _PRECEDENCE[op] else left[0]
+    right_text = f"({right[0]})" if right[1] <= _PRECEDENCE[op] else right[0]
+    return f"{left_text} {op} {right_text}"
+
+
+class Generator:
+    """A family of tasks; ``sample(seed)`` is deterministic, ``difficulty`` scales the reasoning needed."""
+
+    tools: tuple[Tool, ...] = ()
+    reward: Reward
+
+    def __init__(self, difficulty: int):
+        if difficulty < 1:
+            raise ValueError(f"difficulty must be >= 1, got {difficulty}")
+        self.difficulty = difficulty
+
+    @property
+    def max_turns(self) -> int:
+        """Assistant turns the demonstrations take (the least turn limit that lets them finish)."""
+        return 1
+
+    def sample(self, seed: int) -> Task:
+        raise NotImplementedError
+
+    def tasks(self, seeds: Iterable[int]) -> list[Task]:
+        return [self.sample(int(s)) for s in seeds]
+
+    def env(self, tokenizer: Tokenizer, seeds: Iterable[int], **kwargs) -> TextEnv:
+        """A `TextEnv` over the tasks of ``seeds`` with this family's tools, reward and turn limit."""
+        kwargs.setdefault("max_turns", self.max_turns)
+        return TextEnv(tokenizer, self.tasks(seeds), self.reward, tools=self.tools, **kwargs)
+
+
+class Arithmetic(Generator):
+    """Evaluate an expression of ``difficulty`` operators (``+ - *`` on small integers).
+
+    With tools, the demonstration computes one operation per calculator call
+    (so it takes ``difficulty + 1`` turns); without, it answers at once.
+    Reward: exact answer (0.8) + numeric closeness as partial credit (0.1) + format (0.1).
+    """
+
+    def __init__(self, difficulty: int, use_tools: bool = True):
+        super().__init__(difficulty)
+        self.tools = (Calculator(),) if use_tools else ()
+        self.reward = Weighted((0.8, ExactAnswer()), (0.1, NumericCloseness()), (0.1, ThinkAnswerFormat()))
+
+    @property
+    def max_turns(self):
+        return self.difficulty + 1 if self.tools else 1
+
+    def sample(self, seed):
+        rng = np.random.default_rng(seed)
+        high = 10 + 5 * self.difficulty
+        value = int(rng.integers(1, high))
+        text, precedence, steps = str(value), 3, []
+        for _ in range(self.difficulty):
+            op, operand = str(rng.choice(["+", "-", "*"])), int(rng.integers(1, high))
+            pair = [(text, precedence, value), (str(operand), 3, operand)]
+            if rng.random() < 0.5:
+                pair.reverse()
+            (a_text, a_prec, a), (b_text, b_prec, b) = pair
+            result = {"+": a + b, "-": a - b, "*": a * b}[op]
+            steps.append((f"{a} {op} {b}", result))
+            text, precedence, value = _combine((a_text, a_prec), op, (b_text, b_prec)), _PRECEDENCE[op], result
+        prompt = (Message("system", FORMAT), Message("user", f"What is {text}?"))
+        task = Task(prompt, str(value), value=value, seed=seed, difficulty=self.difficulty)
+        thought = "; ".join(f"{step} = {result}" for step, result in steps)
+        calls = tool_turns(self.tools[0], [step for step, _ in steps], task) if self.tools else ()
+        wrong = value + int(rng.choice([-10, -1, 1, 10]))
+        return dataclasses.replace(task, demonstration=calls + (final_turn(thought, str(value)),),
+                                   corrupted=calls + (final_turn(thought, str(wrong)),))
+
+
+class Countdown(Generator):
+    """Make a target from ``difficulty + 1`` numbers with ``+ - * /`` (each number at most once, exact division).
+
+    The target comes from a random solution that uses every number with
+    positive intermediate results.  With tools, the demonstration checks its
+    expression with the calculator before answering.  Reward: a legal
+    expression equal to the target (0.9) + format (0.1).  Goal-conditioned:
+    `relabel` turns any legal answer into a task it solves (hindsight).
+    """
+
+    def __init__(self, difficulty: int, use_tools: bool = True, max_number: int = 25):
+        super().__init__(difficulty)
+        self.max_number = max_number
+        self.tools = (Calculator(),) if use_tools else ()
+        self.reward = Weighted((0.9, CountdownAnswer()), (0.1, ThinkAnswerFormat()))
+
+    @property
+    def max_turns(self):
+        return 2 if self.tools else 1
+
+    def _solution(self, rng: np.random.Generator, numbers: Sequence[int]) -> tuple[str, int]:
+        text, precedence, value = str(numbers[0]), 3, numbers[0]
+        for n in numbers[1:]:
+            legal = ["+", "*"] + ["-"] * (value > n) + ["/"] * (n > 1 and value % n == 0)
+            op = str(rng.choice(legal))
+            value = {"+": value + n, "-": value - n, "*": value * n, "/": value // max(n, 1)}[op]
+            text, precedence = _combine((text, precedence), op, (str(n), 3)), _PRECEDENCE[op]
+        return text, value
+
+    def _task(self, numbers: tuple[int, ...], target: int, solution: str, seed: int) -> Task:
+        question = (f"Using the numbers {list(numbers)}, each at most once, and + - * / (exact division only) "
+                    f"with parentheses, write an expression equal to {target}.")
+        task = Task((Message("system", FORMAT), Message("user", question)), solution, value=target,
+                    numbers=numbers, seed=seed, difficulty=self.difficulty)
+        calls = tool_turns(self.tools[0], [solution], task) if self.tools else ()
+        return dataclasses.replace(task, demonstration=calls + (final_turn(f"{solution} = {target}", solution),),
+                                   corrupted=calls + (final_turn(f"{solution} = {target}", f"{solution} + 1"),))
+
+    def sample(self, seed):
+        rng = np.random.default_rng(seed)
+        numbers = tuple(int(n) for n in rng.integers(1, self.max_number + 1, size=self.difficulty + 1))
+        solution, target = self._solution(rng, [numbers[i] for i in rng.permutation(len(numbers))])
+        return self._task(numbers, target, solution, seed)
+
+    def relabel(self, task: Task, answer: str) -> Task | None:
+        """Hindsight relabelling: the task whose target is what ``answer`` achieved, if it is legal."""
+        result = calculator.evaluate_text(answer, CountdownAnswer().max_bytes)
+        if result.error != calculator.OK or result.inexact or result.value < 1:
+            return None
+        relabelled = self._task(task.numbers, result.value, answer, task.seed)
+        return relabelled if self.reward.host(relabelled.demonstration[-1].content, relabelled) else None
+
+
+_SYLLABLES = ("ka", "ri", "mo", "ne", "lu", "ta", "vi", "so", "pe", "da", "zu", "ho", "mi", "ga", "be", "fo")
+
+
+class MultiHop(Generator):
+    """Follow a chain of "reports to" facts: "Who is the boss of the boss of X?"; ``difficulty`` hops.
+
+    The facts live only in the tool's data: a key -> value table for
+    ``tool="lookup"`` (key: a name, value: their boss), or one sentence per
+    fact for ``tool="search"`` (top-k retrieval).  ``distractors`` extra
+    people with bosses of their own make the table larger than the chain.
+    Reward: exact answer (0.9) + format (0.1).
+    """
+
+    def __init__(self, difficulty: int, tool: str = "lookup", distractors: int = 3, top_k: int = 2):
+        super().__init__(difficulty)
+        if tool not in ("lookup", "search"):
+            raise ValueError(f"tool must be 'lookup' or 'search', got {tool!r}")
+        self.distractors = distractors
+        self.tools = (Lookup(),) if tool == "lookup" else (Search(top_k=top_k),)
+        self.reward = Weighted((0.9, ExactAnswer()), (0.1, ThinkAnswerFormat()))
+
+    @property
+    def max_turns(self):
+        return self.difficulty + 1
+
+    def _attempt(self, rng: np.random.Generator, seed: int) -> Task | None:
+        names: list[str] = []
+        while len(names) < self.difficulty + 1 + self.distractors:
+            name = "".join(rng.choice(_SYLLABLES, size=int(rng.integers(2, 4)))).capitalize()
+            if name not in names:
+                names.append(name)
+        chain, others = names[:self.difficulty + 1], names[self.difficulty + 1:]
+        facts = list(zip(chain[:-1], chain[1:])) + [(o, str(rng.choice(names))) for o in others]
+        facts = [facts[i] for i in rng.permutation(len(facts))]
+        question = f"Who is {'the boss of ' * self.difficulty}{chain[0]}?"
+        tool = self.tools[0]
+        hint = ("The lookup tool takes a person's name as key and returns their boss." if isinstance(tool, Lookup)
+                else "The search tool finds sentences about who reports to whom.")
+        task = Task((Message("system", f"{hint} {FORMAT}"), Message("user", question)), chain[-1],
+                    facts=tuple(facts), documents=tuple(f"{a} reports to {b}." for a, b in facts), seed=seed,
+                    difficulty=self.difficulty)
+        calls = tool_turns(tool, chain[:-1], task)
+        if any(f"{a} reports to {b}." not in m.content and m.content != b
+               for a, b, m in zip(chain[:-1], chain[1:], calls[1::2])):
+            return None  # retrieval missed a needed fact: draw another table
+        thought = " -> ".join(chain)
+        return dataclasses.replace(task, demonstration=calls + (final_turn(thought, chain[-1]),),
+                                   corrupted=calls + (final_turn(thought, chain[-2]),))
+
+    def sample(self, seed):
+        rng = np.random.default_rng(seed)
+        while (task := self._attempt(rng, seed)) is None:
+            pass
+        return task

@@ -1,0 +1,175 @@
+"""Tools a text environment executes: inside jit (`run`) and on the host (`run_host`), with equal output.
+
+A call arrives in the chat format of ``data/chat.py``::
+
+    <tool_call>
+    {"name": "calculator", "arguments": {"expression": "12 * (3 + 4)"}}
+    </tool_call>
+
+Every tool here takes one string argument.  Inside jit the payload is
+matched against the exact ``json.dumps`` layout that ``chat.render``
+emits (what supervised warm-start teaches), with the argument a JSON string
+without escapes (no ``"`` or ``\\``); anything else is a malformed call.
+The host side applies the same rule with ``str`` methods, so a call means
+the same thing in both.
+
+A tool returns the *content* of the tool message: text on the host, its
+canonical token ids inside jit (computed integers via `vocab.encode_int`,
+stored strings pre-tokenized by the task bank), so the environment's tool
+turns tokenize exactly as ``chat.render_ids`` renders the same conversation.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_jax.data.tokenizer import Tokenizer
+from agentic_jax.envs.text import calculator
+from agentic_jax.envs.text.strings import WHITESPACE, Text, embed, equals, find, strip, substring
+from agentic_jax.envs.text.tasks import Task, TaskBank
+from agentic_jax.envs.text.vocab import Vocab, encode_int, pack
+
+MALFORMED = "error: unknown tool or malformed call"
+NOT_FOUND = "error: key not found"
+
+
+def token_table(tokenizer: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Pre-tokenized constant strings: ids ``[len(texts), width]`` and lengths."""
+    encoded = [tokenizer.encode(t) for t in texts]
+    ids = np.zeros((len(texts), max(map(len, encoded))), np.int32)
+    for row, e in zip(ids, encoded):
+        row[:len(e)] = e
+    return ids, np.asarray(list(map(len, encoded)), np.int32)
+
+
+class Tool:
+    """One string-argument tool.  Subclasses set ``name``/``argument``/``messages`` and implement both runs.
+
+    Tools hold no tokenizer: the environment tokenizes ``messages`` (the
+    fixed strings a result may contain) and passes them to ``run``.
+    """
+
+    name: str
+    argument: str
+    messages: tuple[str, ...]
+
+    def __init__(self, argument_bytes: int = 48):
+        self.argument_bytes = argument_bytes  # longer arguments do not fit the jitted parser's buffer
+
+    @property
+    def call_prefix(self) -> bytes:
+        """``json.dumps`` of a call up to the opening quote of the argument value."""
+        return json.dumps({"name": self.name, "arguments": {self.argument: ""}})[:-3].encode()
+
+    def run(self, argument: Text, task: TaskBank, vocab: Vocab, messages) -> tuple[jax.Array, jax.Array]:
+        """Content ids ``[width]`` and length for one task row; ``argument`` is ``[argument_bytes]``,
+        ``messages`` is `token_table` of ``self.messages``."""
+        raise NotImplementedError
+
+    def run_host(self, argument: str, task: Task) -> str:
+        raise NotImplementedError
+
+
+class Calculator(Tool):
+    """Integer arithmetic (``calculator.py``): the value, or an error message."""
+
+    name, argument = "calculator", "expression"
+    messages = calculator.ERROR_MESSAGES[1:]
+
+    def run(self, argument, task, vocab, messages):
+        result = calculator.evaluate(argument.data, argument.length)
+        value_ids, value_length = encode_int(vocab, result.value)
+        error_ids, error_length = messages[0][result.error - 1], messages[1][result.error - 1]
+        ok = result.error == calculator.OK
+        return pack([(value_ids, jnp.where(ok, value_length, 0)), (error_ids, jnp.where(ok, 0, error_length))],
+                     max(value_ids.shape[0], error_ids.shape[0]), vocab.pad_id)
+
+    def run_host(self, argument, task):
+        result = calculator.evaluate_text(argument, self.argument_bytes)
+        return str(result.value) if result.error == calculator.OK else calculator.ERROR_MESSAGES[result.error]
+
+
+class Lookup(Tool):
+    """Exact-key lookup in the task's fact table (multi-hop questions chain several)."""
+
+    name, argument = "lookup", "key"
+    messages = (NOT_FOUND,)
+
+    def run(self, argument, task, vocab, messages):
+        table = task.table
+        hits = jax.vmap(lambda key, length: equals(Text(key, length), argument))(table.keys, table.key_length)
+        index = jnp.argmax(hits)
+        missing_ids, missing_length = messages[0][0], messages[1][0]
+        found = jnp.any(hits)
+        return pack([(table.values[index], jnp.where(found, table.value_length[index], 0)),
+                     (missing_ids, jnp.where(found, 0, missing_length))],
+                    max(table.values.shape[-1], missing_ids.shape[0]), vocab.pad_id)
+
+    def run_host(self, argument, task):
+        return dict(task.facts).get(argument, NOT_FOUND)
+
+
+def top_documents(query: Text, embedding: jax.Array, length: jax.Array, k: int) -> jax.Array:
+    """Indices of the ``k`` best documents by dot product with the query's `strings.embed`."""
+    scores = jnp.where(length >= 0, embedding @ embed(query, embedding.shape[-1]), -jnp.inf)
+    return jax.lax.top_k(scores, k)[1]
+
+
+class Search(Tool):
+    """Top-k retrieval over the task's documents by hashed-trigram dot product; joined by newlines."""
+
+    name, argument = "search", "query"
+    messages = ("\n",)
+
+    def __init__(self, top_k: int = 2, embedding_dim: int = 64, argument_bytes: int = 48):
+        super().__init__(argument_bytes)
+        self.top_k, self.embedding_dim = top_k, embedding_dim
+
+    def run(self, argument, task, vocab, messages):
+        corpus = task.corpus
+        separator = (messages[0][0], messages[1][0])
+        segments = []
+        for rank, index in enumerate(top_documents(argument, corpus.embedding, corpus.length, self.top_k)):
+            segments += [separator] * (rank > 0) + [(corpus.tokens[index], corpus.length[index])]
+        width = self.top_k * (corpus.tokens.shape[-1] + separator[0].shape[0])
+        return pack(segments, width, vocab.pad_id)
+
+    def run_host(self, argument, task):
+        query = Text.from_bytes(argument.encode()[:self.argument_bytes], self.argument_bytes)
+        embedding = np.stack([np.asarray(embed(Text.from_bytes(d.encode(), len(d.encode())), self.embedding_dim))
+                              for d in task.documents])
+        best = top_documents(query, embedding, np.zeros(len(task.documents), np.int32), self.top_k)
+        return self.messages[0].join(task.documents[int(i)] for i in best)
+
+
+def parse_call(payload: Text, tools: Sequence[Tool]) -> tuple[jax.Array, Text]:
+    """Which tool a call payload names (-1: malformed) and the raw argument value (a view of ``payload``)."""
+    start, end = strip(payload, 0, jnp.minimum(payload.length, payload.data.shape[0]))
+    value_end = end - 3  # before '"}}'
+    index, value_start = jnp.int32(-1), end
+    for i, tool in enumerate(tools):  # the prefixes differ, so at most one matches
+        named = (find(payload, tool.call_prefix, start) == start) & (start + len(tool.call_prefix) <= value_end)
+        index, value_start = jnp.where(named, i, index), jnp.where(named, start + len(tool.call_prefix), value_start)
+    position = jnp.arange(payload.data.shape[0])
+    escaped = jnp.any((position >= value_start) & (position < value_end) & jnp.isin(payload.data, jnp.asarray(
+        [ord('"'), ord("\\")], jnp.uint8)))
+    well_formed = payload.fits & (find(payload, b'"}}', value_end) == value_end) & ~escaped
+    return jnp.where(well_formed, index, -1), substring(payload, value_start, value_end, payload.data.shape[0])
+
+
+def parse_call_host(payload: str, tools: Sequence[Tool], max_bytes: int) -> tuple[Tool | None, str]:
+    """`parse_call` on the host (``max_bytes``: the jitted payload buffer): the tool (None: malformed), argument."""
+    if len(payload.encode()) > max_bytes:
+        return None, ""
+    payload = payload.strip(WHITESPACE.decode())
+    for tool in tools:
+        prefix = tool.call_prefix.decode()
+        value = payload[len(prefix):-3]
+        if (payload.startswith(prefix) and payload.endswith('"}}') and len(payload) >= len(prefix) + 3
+                and '"' not in value and "\\" not in value):
+            return tool, value
+    return None, ""
