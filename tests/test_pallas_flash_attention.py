@@ -126,9 +126,9 @@ def test_lengths_are_padded_to_whole_tiles():
     tiles = (tiling.block_q, tiling.block_kv, tiling.block_q_bwd, tiling.block_kv_bwd)
     assert tiles == (16, 32, 8, 64)
     assert (tiling.q_padded, tiling.kv_padded) == (32, 64)
-    shrunk = plan_tiling(BlockSizes(512, 512, 256, 256), 300, 1000, check_tpu_layout=True)
-    assert (shrunk.block_q, shrunk.block_q_bwd, shrunk.q_padded) == (512, 256, 512)
-    assert (shrunk.block_kv, shrunk.kv_padded) == (512, 1024)
+    tpu = plan_tiling(BlockSizes(512, 512, 256, 256), 300, 1000, check_tpu_layout=True)
+    assert (tpu.block_q, tpu.block_q_bwd, tpu.q_padded) == (512, 256, 512)
+    assert (tpu.block_kv, tpu.kv_padded) == (512, 1024)
     small = plan_tiling(BlockSizes(), 3, 5, check_tpu_layout=True)
     assert (small.block_q, small.block_kv, small.q_padded, small.kv_padded) == (8, 8, 8, 8)
 
