@@ -7,6 +7,11 @@
     agentic-jax convert SRC DST --to native|hf
     agentic-jax generate --checkpoint DIR --prompt TEXT [--chat | --no-chat] [--temperature T]
                          [--top_p P] [--top_k K] [--max_tokens N] [--seed S] [--gin_param P]...
+    agentic-jax serve --checkpoint DIR [--host H] [--port P] [--model_name NAME] [--gin_param P]...
+    agentic-jax agent --gin_file F [--checkpoint DIR] [--task TEXT | --task_file FILE]
+                      [--trace FILE] [--yes] [--gin_param P]...
+    agentic-jax trace show FILE
+    agentic-jax trace compare GOLDEN NEW [--min_similarity S] [--max_token_overhead O]
 
 A misspelt configurable or parameter fails while parsing, before any work starts, with gin's
 message naming the binding.
@@ -68,6 +73,33 @@ def _parser() -> argparse.ArgumentParser:
                        ("max_tokens", int), ("seed", int)):
         gen.add_argument(f"--{flag}", type=kind, default=None,
                          help=f"default: default_sampling_params.{flag} (gin)")
+    serve = job("serve", "serve a model over an OpenAI-compatible HTTP API", workdir=False)
+    serve.add_argument("--checkpoint", required=True,
+                       help="a training workdir or a native model directory with a tokenizer")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--model_name", default=None,
+                       help="the model id clients send (default: the checkpoint's directory name)")
+    agent = job("agent", "run a tool-using agent on tasks, streaming its steps", workdir=False)
+    agent.add_argument("--checkpoint", default=None,
+                       help="serve this checkpoint in-process as the policy (overrides the config)")
+    tasks = agent.add_mutually_exclusive_group()
+    tasks.add_argument("--task", default=None, help="one task (default: the config's, else "
+                                                    "read tasks interactively)")
+    tasks.add_argument("--task_file", default=None,
+                       help="one task per line, or JSONL with a 'task' field")
+    agent.add_argument("--trace", default=None, help="append the run's events to this JSONL file")
+    agent.add_argument("--yes", action="store_true",
+                       help="approve dangerous tools without asking")
+    trace = verbs.add_parser("trace", help="show agent traces or compare one with a golden trace")
+    trace_verbs = trace.add_subparsers(dest="trace_verb", required=True)
+    show = trace_verbs.add_parser("show", help="render a JSONL trace as a transcript")
+    show.add_argument("file")
+    compare = trace_verbs.add_parser("compare", help="golden-trajectory regression check")
+    compare.add_argument("golden")
+    compare.add_argument("new")
+    compare.add_argument("--min_similarity", type=float, default=0.9)
+    compare.add_argument("--max_token_overhead", type=float, default=0.25)
     return parser
 
 
@@ -115,6 +147,58 @@ def _generate(args) -> None:
     print()
 
 
+def _serve(args) -> None:
+    """Serves until interrupted; the engine's EngineConfig comes from gin."""
+    import logging
+
+    from agentic_jax.agents.chat_model import ChatModel
+    from agentic_jax.agents.server import OpenAIServer
+
+    name = args.model_name or os.path.basename(os.path.abspath(args.checkpoint))
+    model = ChatModel.from_checkpoint(args.checkpoint)
+    server = OpenAIServer(model, host=args.host, port=args.port, model_name=name)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    print(f"serving {name!r} at {server.url} (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.close()
+        model.close()
+
+
+def _agent(args) -> int:
+    """Runs the configured agent on the tasks; 0 if every task was answered."""
+    from agentic_jax.agents.session import (AgentConfig, interactive_tasks, read_tasks,
+                                            run_session, terminal_approver)
+
+    config = AgentConfig()
+    if args.task is not None:
+        tasks = [args.task]
+    elif args.task_file is not None:
+        tasks = read_tasks(args.task_file)
+    elif config.task is not None:
+        tasks = [config.task]
+    else:
+        tasks = interactive_tasks()
+    approver = (lambda tool, call: True) if args.yes else terminal_approver
+    results = run_session(config, tasks, checkpoint=args.checkpoint, trace_path=args.trace,
+                          approver=approver, write=lambda line: print(line, flush=True))
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _trace(args) -> int:
+    from agentic_jax.agents import golden, tracing
+
+    if args.trace_verb == "show":
+        print(tracing.render(tracing.load(args.file)))
+        return 0
+    result = golden.compare_events(tracing.load(args.golden), tracing.load(args.new),
+                                   min_similarity=args.min_similarity,
+                                   max_token_overhead=args.max_token_overhead)
+    print(result.report())
+    return 0 if result.passed else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.verb == "convert":
@@ -122,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         (hf_to_native if args.to == "native" else native_to_hf)(args.src, args.dst)
         print(f"wrote {args.dst}")
         return 0
+    if args.verb == "trace":
+        return _trace(args)
     if args.verb == "generate":
         import agentic_jax.inference.engine  # noqa: F401  (its configurables, before gin parses)
     workdir = _setup(args)
@@ -141,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {os.path.join(workdir, 'tokenizer.json')} ({tok.vocab_size} tokens)")
         elif args.verb == "generate":
             _generate(args)
+        elif args.verb == "serve":
+            _serve(args)
+        elif args.verb == "agent":
+            return _agent(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -1,4 +1,5 @@
 """Imports every module that defines gin configurables, so any config can bind any of them."""
+import agentic_jax.agents.session  # noqa: F401  (and through it every agents.* configurable)
 import agentic_jax.data.pipeline  # noqa: F401
 import agentic_jax.data.tokenizer  # noqa: F401
 import agentic_jax.inference.engine  # noqa: F401

@@ -4,10 +4,11 @@
     python -m bench.attention --quick    # tiny sizes, a smoke test
 
 Memory (any backend) is XLA's compiled memory analysis -- compile only, nothing runs -- of
-``reference_attention`` (materialises [B, N, T, S] logits) and of ``flash_attention``.  On
+``reference_attention`` (materialises [B, N, T, S] logits), of the model's ``xla_chunked``
+attention (online softmax over key/value chunks in plain jnp) and of ``flash_attention``.  On
 CPU the flash figure is the Pallas kernel itself in interpret mode (the same kernel source,
 lowered to XLA loops); its memory is what the algorithm needs, its speed means nothing.
-Going from T to 4T the reference grows ~16x (quadratic), flash ~4x (linear).
+Going from T to 4T the reference grows ~16x (quadratic), xla_chunked and flash ~4x (linear).
 
 Speed (GPU only): causal bf16 attention, forward and forward+backward, for XLA (the
 reference), cuDNN (``jax.nn.dot_product_attention``), tokamax when installed, and the
@@ -24,6 +25,7 @@ import importlib.util
 import jax
 import jax.numpy as jnp
 
+from agentic_jax.models import chunked_attention
 from pallas_kernels import BlockSizes, flash_attention, reference_attention
 from pallas_kernels.benchmarking import compiled_memory, describe_device, median_seconds
 
@@ -39,23 +41,32 @@ def _with_grad(fn):
 
 
 def memory_table(seq_lens, b, n, k, h, dtype, blocks):
+    """Peak memory of the dense reference, the jnp online-softmax scan (``xla_chunked``, the
+    model's memory-linear XLA path) and the Pallas kernel, with ratios to the reference."""
     interpret = jax.default_backend() != "tpu"
-    flash = functools.partial(flash_attention, block_sizes=blocks, interpret=interpret)
+    impls = {
+        "reference": reference_attention,
+        "xla_chunked": functools.partial(chunked_attention, chunk_size=blocks.block_kv),
+        "flash": functools.partial(flash_attention, block_sizes=blocks, interpret=interpret),
+    }
     print(f"\nPeak compiled memory (MiB), causal {jnp.dtype(dtype).name}, B={b} N={n} K={k} H={h}; "
           f"flash = Pallas kernel{' (interpret mode)' if interpret else ''}")
-    print(f"{'T':>7} {'pass':>8} {'reference':>11} {'flash':>9} {'ratio':>7}")
+    print(f"{'T':>7} {'pass':>8} {'reference':>11} {'xla_chunked':>12} {'flash':>9} "
+          f"{'ref/chunked':>12} {'ref/flash':>10}")
     previous = {}
     for t in seq_lens:
         args = _shapes(b, t, n, k, h, dtype)
         for name, wrap in (("fwd", lambda f: f), ("fwd+bwd", _with_grad)):
-            ref = compiled_memory(wrap(reference_attention), *args).peak / 2**20
-            fl = compiled_memory(wrap(flash), *args).peak / 2**20
+            mib = {key: compiled_memory(wrap(fn), *args).peak / 2**20 for key, fn in impls.items()}
             growth = ""
             if name in previous:
-                (t0, r0, f0) = previous[name]
-                growth = f"   T x{t / t0:g}: reference x{ref / r0:.1f}, flash x{fl / f0:.1f}"
-            previous[name] = (t, ref, fl)
-            print(f"{t:>7} {name:>8} {ref:>11.1f} {fl:>9.1f} {ref / fl:>6.1f}x{growth}")
+                t0, m0 = previous[name]
+                growth = "   T x{:g}: ".format(t / t0) + ", ".join(
+                    f"{key} x{mib[key] / m0[key]:.1f}" for key in impls)
+            previous[name] = (t, mib)
+            ref = mib["reference"]
+            print(f"{t:>7} {name:>8} {ref:>11.1f} {mib['xla_chunked']:>12.1f} {mib['flash']:>9.1f} "
+                  f"{ref / mib['xla_chunked']:>11.1f}x {ref / mib['flash']:>9.1f}x{growth}")
 
 
 def _implementations():

@@ -151,8 +151,8 @@ def test_rollout_shapes_and_continuity():
     )
     assert tr.obs.shape == (70, 5, 4) and tr.action.shape == (70, 5) and tr.reward.shape == (70, 5)
     np.testing.assert_array_equal(tr.obs[1:], tr.next_obs[:-1])
-    same = ~tr.done
-    np.testing.assert_array_equal(jnp.where(same[..., None], tr.final_obs, 0), jnp.where(same[..., None], tr.next_obs, 0))
+    same = ~tr.done[..., None]
+    np.testing.assert_array_equal(jnp.where(same, tr.final_obs, 0), jnp.where(same, tr.next_obs, 0))
     # Episode statistics: every finished episode paid 1 per step.
     done = tr.info["episode_done"]
     assert int(done.sum()) >= 5
@@ -171,9 +171,8 @@ def test_policy_params_and_extras():
 
 
 def test_transform_wrappers():
-    env = envs.TransformReward(
-        envs.TransformObservation(Counter(goal=2), lambda o: jax.nn.one_hot(o, 3), envs.Box(0, 1, (3,))), lambda r: 2 * r
-    )
+    one_hot = envs.TransformObservation(Counter(goal=2), lambda o: jax.nn.one_hot(o, 3), envs.Box(0, 1, (3,)))
+    env = envs.TransformReward(one_hot, lambda r: 2 * r)
     tr = envs.rollout(env, lambda key, obs: jnp.int32(1), jax.random.key(0), None, 1, 3)
     np.testing.assert_array_equal(tr.obs[:, 0], jnp.eye(3)[jnp.array([0, 1, 0])])
     np.testing.assert_array_equal(tr.final_obs[1, 0], [0.0, 0.0, 1.0])

@@ -17,8 +17,9 @@ from agentic_jax.models import TransformerConfig, param_shapes
 
 TEXT = ("Ünïcödé and plain words: the quick brown fox jumps over the lazy dog. "
         '{"name": "fox", "ok": true, "n": [1, 2, 3]} héllo wörld 日本語 ') * 20
-PROMPTS = ["a JSON value:", "another one", "x", "{"]
-STATES = 256  # every constraint is padded to this many states: one compiled decoder
+CHATS = [[{"role": "user", "content": c}] for c in ("a JSON value:", "another one", "x", "{")]
+# Every generation below completes CHATS with a constraint of STATES states: one compilation.
+STATES = 256
 MAX_TOKENS = 48
 
 
@@ -41,11 +42,19 @@ def model(tokenizer):
     return params, config
 
 
-def _complete(model, tokenizer, constraint, sampling=None, prompts=PROMPTS):
+def _constraint(tokenizer, vocab_size, *, regex=None, schema=None):
+    """Chat turns end with <|im_end|>, so that is the constraint's EOS."""
+    tokens, end = token_bytes(tokenizer, vocab_size), tokenizer.token_id(IM_END)
+    if regex is not None:
+        return regex_constraint(regex, tokens, end, num_states=STATES)
+    return json_schema_constraint(schema, tokens, end, num_states=STATES)
+
+
+def _complete(model, tokenizer, sampling=None, **pattern):
     params, config = model
     sampling = sampling or SamplingParams(max_tokens=MAX_TOKENS)
-    return generate_text(params, config, tokenizer, prompts, sampling=sampling,
-                         key=jax.random.key(0), constraint=constraint)
+    return generate_text(params, config, tokenizer, CHATS, sampling=sampling, key=jax.random.key(0),
+                         constraint=_constraint(tokenizer, config.vocab_size, **pattern))
 
 
 def test_token_bytes_undo_the_byte_level_alias(tokenizer):
@@ -69,12 +78,10 @@ def _is_utf8(data: bytes) -> bool:
 
 def test_regex_constrained_text_matches(model, tokenizer):
     regex = r"[a-c]{2,4}-(é|[0-9]){1,3}"
-    constraint = regex_constraint(regex, token_bytes(tokenizer, model[1].vocab_size),
-                                  tokenizer.eos_id, num_states=STATES)
-    out = _complete(model, tokenizer, constraint)
-    eos = tokenizer.eos_id
+    out = _complete(model, tokenizer, regex=regex)
+    end = tokenizer.token_id(IM_END)
     for text, tokens, n in zip(out.texts, np.asarray(out.result.tokens), np.asarray(out.result.lengths)):
-        assert tokens[n - 1] == eos  # finished well within the budget
+        assert tokens[n - 1] == end  # finished well within the budget
         assert re.fullmatch(regex, text), text
 
 
@@ -98,28 +105,18 @@ def schemas(draw):
 @settings(max_examples=5)
 @given(schema=schemas())
 def test_json_schema_constrained_text_validates(model, tokenizer, schema):
-    constraint = json_schema_constraint(schema, token_bytes(tokenizer, model[1].vocab_size),
-                                        tokenizer.eos_id, num_states=STATES)
-    assert constraint.num_states == STATES
-    out = _complete(model, tokenizer, constraint)
+    out = _complete(model, tokenizer, schema=schema)
     for text, n in zip(out.texts, np.asarray(out.result.lengths)):
-        assert n < MAX_TOKENS, text  # ended with EOS
+        assert n < MAX_TOKENS, text  # ended with <|im_end|>
         jsonschema.validate(json.loads(text), schema)
 
 
 def test_chat_completions_stop_at_im_end_and_at_stop_strings(model, tokenizer):
-    im_end = tokenizer.token_id(IM_END)
-    constraint = regex_constraint("hello( world)?", token_bytes(tokenizer, model[1].vocab_size),
-                                  im_end, num_states=STATES)
-    chats = [[{"role": "user", "content": p}] for p in PROMPTS]
-    sampling = [SamplingParams(max_tokens=MAX_TOKENS), SamplingParams(max_tokens=MAX_TOKENS),
-                SamplingParams(max_tokens=MAX_TOKENS, stop_strings=(" wor",)),
-                SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)]
-    out = _complete(model, tokenizer, constraint, sampling, chats)
-    lengths = np.asarray(out.result.lengths)
-    tokens = np.asarray(out.result.tokens)
-    for b, text in enumerate(out.texts):
-        assert text in ("hello", "hello world")
-        if b != 2:
-            assert tokens[b, lengths[b] - 1] == im_end
-    assert out.texts[2] == "hello"
+    sampling = [SamplingParams(max_tokens=MAX_TOKENS, stop_strings=(" wor",))] * 3 + [
+        SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)]
+    out = _complete(model, tokenizer, sampling, regex="hello world( again)?")
+    lengths, tokens = np.asarray(out.result.lengths), np.asarray(out.result.tokens)
+    assert out.texts[:3] == ["hello"] * 3  # cut before the stop string, after its last token
+    assert all(" wor" in tokenizer.decode(tokens[b, :lengths[b]]) for b in range(3))
+    assert out.texts[3] in ("hello world", "hello world again")
+    assert tokens[3, lengths[3] - 1] == tokenizer.token_id(IM_END)

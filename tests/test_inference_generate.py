@@ -3,9 +3,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec
 
+import sharding
 from agentic_jax.inference import (GenerationResult, PromptBatch, SamplingParams, generate,
-                                   generate_recompute, truncate_at_stop_strings)
+                                   generate_recompute, init_cache, truncate_at_stop_strings)
 from agentic_jax.models import TransformerConfig, forward, param_shapes
 
 CFG = TransformerConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8,
@@ -32,15 +34,14 @@ def _full_forward_logits(params, config, result: GenerationResult):
     """Logits of a plain forward pass over each row's prompt + generated tokens, right-padded."""
     seqs = [p + np.asarray(result.tokens[b, :result.lengths[b]]).tolist() for b, p in enumerate(PROMPTS)]
     width = max(map(len, seqs))
-    batch = jnp.array([s + [0] * (width - len(s)) for s in seqs])
-    return forward(params, config, batch), seqs
+    return forward(params, config, jnp.array([s + [0] * (width - len(s)) for s in seqs]))
 
 
 @pytest.mark.parametrize("padding,window", [("left", None), ("right", None), ("left", 3)])
 def test_cached_logits_equal_a_full_forward_over_the_growing_prefix(params, padding, window):
     config = CFG.replace(sliding_window=window)
     result = _generate(params, config, SamplingParams(max_tokens=NEW), padding=padding)
-    full, seqs = _full_forward_logits(params, config, result)
+    full = _full_forward_logits(params, config, result)
     for b, prompt in enumerate(PROMPTS):
         n = int(result.lengths[b])
         assert n >= 1
@@ -106,3 +107,13 @@ def test_stop_strings_cut_after_the_completing_token():
     np.testing.assert_array_equal(cut.lengths, [4, 4])
     np.testing.assert_array_equal(cut.tokens[0], [0, 1, 2, 3, 0])
     np.testing.assert_array_equal(cut.sample_logprobs[0], [1, 1, 1, 1, 0])
+
+
+def test_cache_is_laid_out_by_its_logical_axes():
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 2}, devices=jax.devices()[:4])
+    with sharding.activate(mesh):
+        cache = jax.jit(lambda: init_cache(CFG, 4, 8))()
+    assert cache.k.shape == (CFG.n_layers, 4, 8, CFG.n_kv_heads, CFG.head_dim)
+    # cache_batch over (data, fsdp); cache_length whole; one kv head cannot split over tensor.
+    want = NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp"), None, None, None))
+    assert cache.k.sharding.is_equivalent_to(want, 5) and cache.v.sharding.is_equivalent_to(want, 5)

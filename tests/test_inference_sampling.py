@@ -65,6 +65,20 @@ def test_top_k_keeps_exactly_k_highest():
         assert kept[row, order[:k or V]].all()
 
 
+def test_ties_are_broken_by_token_id():
+    logits = jnp.zeros((B, V)).at[:, EOS].set(1.0)  # EOS, then fifteen tied tokens
+    params = [SamplingParams(top_k=3), SamplingParams(top_k=1), SamplingParams(top_p=0.5),
+              SamplingParams(top_p=0.5, temperature=0.1)]
+    kept = _kept(filtered(logits, _arrays(*params)))
+    assert sorted(np.flatnonzero(kept[0])) == [0, 1, EOS]
+    assert sorted(np.flatnonzero(kept[1])) == [EOS]
+    # p(EOS) = e / (e + 15) < 0.5: the tied tokens join in id order until the mass reaches 0.5.
+    p_eos, p_tie = np.e / (np.e + 15), 1 / (np.e + 15)
+    need = int(np.ceil((0.5 - p_eos) / p_tie))
+    assert sorted(np.flatnonzero(kept[2])) == sorted([EOS] + [i for i in range(V) if i != EOS][:need])
+    assert sorted(np.flatnonzero(kept[3])) == [EOS]  # at T=0.1 EOS alone holds the mass
+
+
 def test_top_p_keeps_the_smallest_prefix_reaching_p():
     ps = [0.3, 0.5, 0.9, 0.99]
     logits = _logits(1)

@@ -1,6 +1,4 @@
 """Beam search and contrastive search against brute force on a tiny model."""
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from agentic_jax.inference import (SamplingArrays, SamplingParams, advise_speculation,
-                                   count_tokens, filtered_logits, generate, init_cache,
-                                   speculative_generate)
+from agentic_jax.inference import (PromptBatch, SamplingArrays, SamplingParams,
+                                   advise_speculation, count_tokens, filtered_logits, generate,
+                                   init_cache, speculative_generate)
 from agentic_jax.inference.kv_cache import extend_logits, prefill
 from agentic_jax.inference.prompt_lookup import ngram_drafts
 from agentic_jax.inference.speculation_policy import expected_tokens_per_step
@@ -20,7 +20,7 @@ GAMMA, NEW, ROWS, PROMPT_LEN = 2, 6, 4096, 8
 # (branches, draft model?): a tree of sampled draft-model chains and a single prompt-lookup chain.
 # Every call below has the same shapes and static arguments: one compilation per mode.
 MODES = {"draft-tree": (2, True), "ngram-chain": (1, False)}
-PENALTIES = dict(repetition_penalty=1.2, presence_penalty=0.3)
+PENALTIES = {"repetition_penalty": 1.2, "presence_penalty": 0.3}
 
 
 def _random_params(seed, scale):
@@ -42,14 +42,21 @@ def draft_params(params):
 
 def _speculate(params, draft, mode, prompts, sampling, key=0):
     branches, use_draft = MODES[mode]
-    extra = dict(draft_params=draft, draft_config=CFG) if use_draft else {}
+    extra = {"draft_params": draft, "draft_config": CFG} if use_draft else {}
     return speculative_generate(params, CFG, prompts, sampling=sampling, key=jax.random.key(key),
                                 gamma=GAMMA, branches=branches, **extra)
 
 
 @pytest.fixture(scope="module")
 def random_prompts():
-    return jax.random.randint(jax.random.key(5), (ROWS, PROMPT_LEN), 3, CFG.vocab_size)
+    """Prompts of 2..8 tokens, even rows left-padded and odd rows right-padded, in one batch."""
+    rng = np.random.default_rng(5)
+    tokens = rng.integers(3, CFG.vocab_size, (ROWS, PROMPT_LEN), dtype=np.int32)
+    lengths = rng.integers(2, PROMPT_LEN + 1, ROWS, dtype=np.int32)
+    left = np.arange(ROWS) % 2 == 0
+    start = np.where(left, PROMPT_LEN - lengths, 0).astype(np.int32)
+    end = np.where(left, PROMPT_LEN, lengths).astype(np.int32)
+    return PromptBatch(jnp.asarray(tokens), jnp.asarray(start), jnp.asarray(end))
 
 
 @pytest.fixture(scope="module")

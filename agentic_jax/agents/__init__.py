@@ -1,0 +1,42 @@
+"""The agent harness: policies, tools, agent loops, context management, workflows, tracing and an
+OpenAI-compatible server.  See ``docs/agents.md``.
+
+Modules: ``policy`` (the protocol, :class:`ScriptedPolicy`), ``jax_policy``, ``http_policy``,
+``chat_model`` (engine-backed chat with constrained tool calls), ``server``; ``tools``,
+``executor``, ``sandbox``, ``builtin_tools``; ``react``, ``plan_execute``, ``reflexion``,
+``verify``, with ``agent``, ``budget`` and ``loop_detection``; ``context``, ``tokens``; ``graph``,
+``workflows``; ``tracing``, ``golden``; ``session`` (what ``agentic-jax agent`` runs).
+Heavy backends (``jax_policy``, ``chat_model``, ``server``) are imported from their modules.
+"""
+from agentic_jax.agents.agent import Agent, AgentResult, Evaluation, Run
+from agentic_jax.agents.budget import Budget, BudgetTracker, Pricing, StopReason
+from agentic_jax.agents.context import (ContextBudget, ContextManager, ContextOverflow,
+                                        compaction_tool, extractive_summary, policy_summarizer,
+                                        truncate)
+from agentic_jax.agents.executor import RetryPolicy, ToolExecutor, ToolResult
+from agentic_jax.agents.golden import Comparison, Trajectory, compare, compare_events
+from agentic_jax.agents.graph import (END, CompiledGraph, FileCheckpointer, GraphError,
+                                      MemoryCheckpointer, StateGraph, parallel)
+from agentic_jax.agents.http_policy import HTTPPolicy
+from agentic_jax.agents.loop_detection import LoopDetector
+from agentic_jax.agents.plan_execute import PlanAndExecute
+from agentic_jax.agents.policy import (AssistantMessage, Policy, PolicyError, ScriptedPolicy,
+                                       Usage)
+from agentic_jax.agents.react import ReActAgent
+from agentic_jax.agents.reflexion import ReflectionMemory, Reflexion
+from agentic_jax.agents.sandbox import SandboxResult, python_tool, run_python
+from agentic_jax.agents.tools import (Tool, ToolArgumentError, ToolError, ToolSpec,
+                                      TransientToolError, tool)
+from agentic_jax.agents.tracing import Tracer, console_sink, load, render
+from agentic_jax.agents.verify import GenerateVerifyRetry
+
+__all__ = ["Agent", "AgentResult", "AssistantMessage", "Budget", "BudgetTracker", "Comparison",
+           "CompiledGraph", "ContextBudget", "ContextManager", "ContextOverflow", "END",
+           "Evaluation", "FileCheckpointer", "GenerateVerifyRetry", "GraphError", "HTTPPolicy",
+           "LoopDetector", "MemoryCheckpointer", "PlanAndExecute", "Policy", "PolicyError",
+           "Pricing", "ReActAgent", "ReflectionMemory", "Reflexion", "RetryPolicy", "Run",
+           "SandboxResult", "ScriptedPolicy", "StateGraph", "StopReason", "Tool",
+           "ToolArgumentError", "ToolError", "ToolExecutor", "ToolResult", "ToolSpec", "Tracer",
+           "TransientToolError", "Trajectory", "Usage", "compaction_tool", "compare",
+           "compare_events", "console_sink", "extractive_summary", "load", "parallel",
+           "policy_summarizer", "python_tool", "render", "run_python", "tool", "truncate"]

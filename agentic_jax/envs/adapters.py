@@ -1,9 +1,9 @@
 """Adapters: gymnax and pgx environments behind the `Env` API.
 
-Both libraries are optional and imported only when an adapter is built
-(`pip install gymnax pgx`; tested with gymnax 1.0.1, which also needs `six`,
-and pgx 2.6.0). Our own `Env.step` does the auto-reset, so the adapters call
-the libraries' non-resetting transitions.
+Both libraries are optional and imported only when an adapter is built:
+`pip install "gymnax>=1.0" "pgx>=2.0"` (tested with gymnax 1.0.1, whose
+import also needs `six`, and pgx 2.6.0). Our own `Env.step` does the
+auto-reset, so the adapters call the libraries' non-resetting transitions.
 """
 
 import importlib
@@ -33,12 +33,11 @@ def _convert_space(space) -> spaces.Space:
 
 
 class GymnaxEnv(Env):
-    """A gymnax environment (`GymnaxEnv("CartPole-v1")`, or an instance and its params).
+    """A gymnax (>= 1.0) environment: `GymnaxEnv("CartPole-v1")`, or an instance and its params.
 
-    gymnax reports one `done`; it is split with the episode clock: a `done`
-    at `state.time >= params.max_steps_in_episode` is `truncated`, any other
-    is `terminated` (an episode ending by both at the same step reads as
-    truncated). Environments without a clock only terminate.
+    gymnax 1.0 `step_env` reports termination and `is_truncated(state, params)`
+    the time limit (`params.max_steps_in_episode`); a step that does both
+    reads as terminated only, as with `TimeLimit`.
     """
 
     def __init__(self, env_or_id, params=None, **make_kwargs):
@@ -60,12 +59,10 @@ class GymnaxEnv(Env):
         return self.env.reset_env(key, params)
 
     def step_env(self, key, state, action, params):
-        obs, state, reward, done, info = self.env.step_env(key, state, action, params)
-        done = jnp.asarray(done, bool)
-        limit = getattr(params, "max_steps_in_episode", None)
-        clock = getattr(state, "time", None)
-        timed_out = done & (clock >= limit) if limit is not None and clock is not None else jnp.bool_(False)
-        return obs, state, reward, done & ~timed_out, timed_out, dict(info)
+        obs, state, reward, terminated, info = self.env.step_env(key, state, action, params)
+        terminated = jnp.asarray(terminated, bool)
+        truncated = jnp.asarray(self.env.is_truncated(state, params), bool) & ~terminated
+        return obs, state, reward, terminated, truncated, dict(info)
 
     def observation_space(self, params=None):
         return _convert_space(self.env.observation_space(self.default_params if params is None else params))

@@ -96,13 +96,14 @@ class Box(Space):
             raise ValueError("Box needs low <= high")
 
     def sample(self, key):
-        """Uniform where bounded; standard normal on unbounded coordinates."""
+        """Uniform where both bounds are finite; a standard normal clipped to the bounds elsewhere."""
         low, high = jnp.asarray(self.low, jnp.float32), jnp.asarray(self.high, jnp.float32)
+        bounded = jnp.isfinite(low) & jnp.isfinite(high)
         key_uniform, key_normal = jax.random.split(key)
-        uniform = jax.random.uniform(key_uniform, self.shape, jnp.float32, jnp.where(jnp.isfinite(low), low, 0.0),
-                                     jnp.where(jnp.isfinite(high), high, 1.0))
+        uniform = jax.random.uniform(key_uniform, self.shape, jnp.float32, jnp.where(bounded, low, 0.0),
+                                     jnp.where(bounded, high, 1.0))
         normal = jax.random.normal(key_normal, self.shape, jnp.float32)
-        x = jnp.where(jnp.isfinite(low) & jnp.isfinite(high), uniform, jnp.clip(normal, low, high))
+        x = jnp.where(bounded, uniform, jnp.clip(normal, low, high))
         return (jnp.round(x) if jnp.issubdtype(self.dtype, jnp.integer) else x).astype(self.dtype)
 
     def contains(self, x):

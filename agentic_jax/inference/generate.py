@@ -25,7 +25,7 @@ import numpy as np
 from agentic_jax.data.chat import MessageLike, render_ids
 from agentic_jax.data.tokenizer import IM_END, Tokenizer
 from agentic_jax.inference.constrained import TokenConstraint
-from agentic_jax.inference.kv_cache import extend_logits, init_cache, prefill
+from agentic_jax.inference.kv_cache import KVCache, extend_logits, init_cache, prefill
 from agentic_jax.inference.prompts import PromptBatch, as_prompt_batch, is_stop
 from agentic_jax.inference.sampling import (SamplingArrays, SamplingParams, add_tokens,
                                             count_tokens, sample)
@@ -64,7 +64,7 @@ def max_tokens(sampling: SamplingParams | Sequence[SamplingParams]) -> int:
 
 
 class PrefillState(NamedTuple):
-    cache: object
+    cache: KVCache
     write: jax.Array  # [B] next free slot
     logits: jax.Array  # [B, V] next-token logits
     hidden: jax.Array  # [B, P, D] final hidden states of the prompt
@@ -144,6 +144,9 @@ def generate(params, config: TransformerConfig, prompts, *,
     """
     prompts = as_prompt_batch(prompts, padding=padding, pad_id=pad_id)
     arrays = sampling_arrays(sampling, prompts.tokens.shape[0])
+    if constraint is not None and constraint.allowed.shape[1] != config.vocab_size:
+        raise ValueError(f"constraint tables cover {constraint.allowed.shape[1]} tokens; the model "
+                         f"has {config.vocab_size} (pass vocab_size to token_bytes)")
     return _generate(params, config, prompts, arrays, key, constraint, max_new=max_tokens(sampling),
                      eos_id=eos_id, pad_id=pad_id, track_counts=uses_counts(sampling),
                      return_logits=return_logits)

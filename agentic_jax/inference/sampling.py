@@ -21,9 +21,12 @@ per-request (host) description and :meth:`SamplingArrays.from_params` stacks a l
    strictly before it is below ``p``; the most likely token is always kept).
 6. **Min-p** (Nguyen et al. 2024): keep tokens whose probability is at least ``min_p`` times the
    most likely token's.  That ratio is unchanged by renormalisation, so min-p commutes with 4-5.
-7. **Protected ids** (EOS by default): a protected token the constraint allows is never removed by
-   4-6, so a sequence can always end.  They do count towards nothing: top-k keeps ``k`` *other*
-   tokens too.
+7. **Protected ids** (``eos_id`` and ``protected_ids``): a protected token the constraint allows
+   is never removed by 4-6, so a sequence can always end; one outside the top ``k`` is kept in
+   addition to them.
+
+Steps 4-5 rank tokens without sorting (a bisection over the float bits, :func:`_keep_prefix`):
+sorting the vocabulary every step is the slowest part of sampling on CPUs.
 
 The result is a distribution with ``-inf`` on removed tokens; :func:`sample` draws from it with one
 key per row and returns the token, its log-probability under that distribution (what importance
@@ -171,22 +174,51 @@ def _protected_mask(vocab_size: int, eos_id, protected_ids):
     return jnp.asarray(mask)
 
 
+def _order_keys(x):
+    """``uint32`` keys ordered like the float32 values ``x`` (-0 sorts just below +0)."""
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
+    bits = jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
+    return jax.lax.bitcast_convert_type(bits, jnp.uint32) ^ jnp.uint32(0x80000000)
+
+
+def _keep_prefix(keys, weights, budget):
+    """Keeps token t when the weight of the tokens ranked before it is below ``budget[B, 1]``.
+
+    Ranking is by descending key, ties by ascending id.  No sort: a 32-step bisection over the
+    key space finds the smallest key ``tau`` with ``weight(keys > tau) < budget``; every token
+    above the lowest key at or over ``tau`` is kept, and ties at that key are kept in id order
+    while their running weight stays under budget.  Exact, and O(32 V) per row.
+    """
+    def weight_above(tau):
+        return jnp.sum(jnp.where(keys > tau, weights, 0), axis=-1, keepdims=True)
+
+    def halve(_, bounds):
+        lo, hi = bounds
+        mid = lo + (hi - lo) // 2
+        ok = weight_above(mid) < budget
+        return jnp.where(ok, lo, mid + 1), jnp.where(ok, mid, hi)
+
+    b = keys.shape[0]
+    bounds = (jnp.zeros((b, 1), jnp.uint32), jnp.full((b, 1), 0xFFFFFFFF, jnp.uint32))
+    tau = jax.lax.fori_loop(0, 32, halve, bounds)[1]
+    boundary = jnp.min(jnp.where(keys >= tau, keys, jnp.uint32(0xFFFFFFFF)), axis=-1, keepdims=True)
+    tied = keys == boundary
+    tied_weight = jnp.where(tied, weights, 0)
+    tied_before = jnp.cumsum(tied_weight, axis=-1) - tied_weight
+    return (keys > boundary) | (tied & (weight_above(boundary) + tied_before < budget))
+
+
 def _truncation_mask(scaled, arrays: SamplingArrays):
-    """Steps 4-6: which tokens top-k, top-p and min-p keep, from one descending sort per row."""
-    b, v = scaled.shape
-    order = jnp.argsort(-scaled, axis=-1, stable=True)
-    ranked = jnp.take_along_axis(scaled, order, axis=-1)
-    position = jnp.arange(v)[None, :]
-    k = jnp.where(arrays.top_k > 0, arrays.top_k, v)[:, None]
-    in_top_k = position < k
-    probs = jax.nn.softmax(jnp.where(in_top_k, ranked, NEG_INF), axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    """Steps 4-6: which tokens top-k, top-p and min-p keep (sort-free, see :func:`_keep_prefix`)."""
+    v = scaled.shape[-1]
+    keys = _order_keys(scaled)
+    k = jnp.where(arrays.top_k > 0, arrays.top_k, v).astype(jnp.float32)[:, None]
+    in_top_k = _keep_prefix(keys, jnp.ones_like(scaled), k)
+    probs = jax.nn.softmax(jnp.where(in_top_k, scaled, NEG_INF), axis=-1)
     top_p = arrays.top_p[:, None]
-    in_top_p = (mass_before < top_p) | (top_p >= 1.0)
-    above_min_p = probs >= arrays.min_p[:, None] * probs[:, :1]
-    keep_ranked = in_top_k & in_top_p & above_min_p
-    rows = jnp.arange(b)[:, None]
-    return jnp.zeros((b, v), bool).at[rows, order].set(keep_ranked)
+    in_top_p = _keep_prefix(keys, probs, top_p) | (top_p >= 1.0)
+    above_min_p = probs >= arrays.min_p[:, None] * probs.max(axis=-1, keepdims=True)
+    return in_top_k & in_top_p & above_min_p
 
 
 def filtered_logits(logits, arrays: SamplingArrays, token_counts=None, *, prompt_counts=None,

@@ -59,8 +59,9 @@ def advise_speculation(*, acceptance_rate: float, draft_cost: float, batch: int 
         return SpeculationAdvice(False, 0, 1.0, f"outputs of {output_tokens} tokens are too short "
                                  f"to amortise drafting (< {min_output_tokens})")
     if speedup < min_speedup:
-        why = ("the batch makes verification compute-bound" if batch * 2 > ridge_batch else
-               "acceptance is too low for the draft's cost")
+        why = (f"a batch of {batch} makes verification compute-bound" if batch * 2 > ridge_batch
+               else f"acceptance {acceptance_rate:.2f} does not pay for drafts costing "
+                    f"{draft_cost:.2f} target steps each")
         return SpeculationAdvice(False, 0, 1.0, f"best predicted speedup {speedup:.2f}x at "
                                  f"gamma={gamma}: {why}")
     return SpeculationAdvice(True, gamma, speedup, f"predicted {speedup:.2f}x at gamma={gamma}")

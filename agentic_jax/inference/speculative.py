@@ -44,7 +44,7 @@ import numpy as np
 
 from agentic_jax.inference.generate import (GenerationResult, max_tokens, run_prefill,
                                             sampling_arrays, uses_counts)
-from agentic_jax.inference.kv_cache import (Tree, extend_logits, move_slots, reorder_rows)
+from agentic_jax.inference.kv_cache import Tree, extend_logits, move_slots, reorder_rows
 from agentic_jax.inference.prompt_lookup import ngram_drafts
 from agentic_jax.inference.prompts import PromptBatch, as_prompt_batch, is_stop
 from agentic_jax.inference.sampling import (SamplingArrays, SamplingParams, apply_penalties,
@@ -80,10 +80,6 @@ def draft_tree(branches: int, gamma: int) -> Tree:
             ancestors[node, 1 + c * gamma:node + 1] = True
             depth[node] = i + 1
     return Tree(jnp.asarray(ancestors), jnp.asarray(depth))
-
-
-def _probs(logits):
-    return jax.nn.softmax(logits, axis=-1)
 
 
 def _pick(x, idx):
@@ -166,10 +162,10 @@ def _model_drafts(draft_params, draft_config, cache, root, start, write, arrays,
         f = filtered_logits(logits[:, 0], arrays_k, counts, prompt_counts=prompt_k, eos_id=eos_id)
         step_keys = jax.vmap(jax.random.fold_in)(keys_k, jnp.full_like(rank, i))
         sampled = jax.vmap(jax.random.categorical)(step_keys, f).astype(jnp.int32)
-        ranked = jnp.argsort(-apply_penalties(logits[:, 0], arrays_k, counts, prompt_k), axis=-1)
+        ranked = jax.lax.top_k(apply_penalties(logits[:, 0], arrays_k, counts, prompt_k), branches)[1]
         first = jnp.take_along_axis(ranked, rank[:, None], axis=1)[:, 0].astype(jnp.int32)
         new = jnp.where(greedy & (i == 0), first, sampled)
-        q = jnp.where(greedy[:, None], jax.nn.one_hot(new, f.shape[-1]), _probs(f))
+        q = jnp.where(greedy[:, None], jax.nn.one_hot(new, f.shape[-1]), jax.nn.softmax(f, axis=-1))
         counts = None if counts is None else counts.at[jnp.arange(new.shape[0]), new].add(1)
         return (cache, new, counts), (new, q)
 
@@ -241,7 +237,7 @@ def _speculative(params, config: TransformerConfig, draft_params, draft_config, 
                                prompt_counts=None if prompt_counts is None else _repeat(prompt_counts, nodes),
                                eos_id=eos_id)
         filtered = flat.reshape(b, nodes, v)
-        verdict = verify(_probs(filtered), drafts, q,
+        verdict = verify(jax.nn.softmax(filtered, axis=-1), drafts, q,
                          jax.vmap(jax.random.fold_in)(keys, jnp.full_like(zeros, 2)))
         n = verdict.accepted
         # Emitted: n drafts along the chosen chain, then the correction/bonus token.

@@ -54,7 +54,7 @@ class Evaluation(NamedTuple):
     value: jax.Array | int  # 0 unless error == OK
     error: jax.Array | int  # OK, SYNTAX, DIV_ZERO, OVERFLOW or TOO_LONG
     inexact: jax.Array | bool  # some division had a remainder
-    literals: jax.Array | tuple[int, ...]  # the literals in order ([max_bytes] padded with -1 in jnp)
+    literals: jax.Array | tuple[int, ...]  # the literals in order, none on error ([max_bytes], -1 padded in jnp)
 
 
 class _State(NamedTuple):
@@ -75,20 +75,11 @@ class _State(NamedTuple):
     num_literals: jax.Array
 
 
-def _fail(state: _State, code) -> _State:
-    return state._replace(error=jnp.where(state.error == OK, code, state.error))
-
-
-def _malformed(state: _State, flag=True) -> _State:
-    return state._replace(syntax=state.syntax | flag)
-
-
 def _arith(op, a, b):
     """``a op b`` in wrapping int32 with (result, error, inexact); exact overflow tests per operator."""
     int_min = jnp.int32(-INT_MAX - 1)
     total, difference, product = a + b, a - b, a * b
-    safe_b = jnp.where(b == 0, 1, b)
-    quotient = a // safe_b
+    quotient = a // jnp.where(b == 0, 1, b)
     results = jnp.stack([jnp.int32(0), total, difference, product, quotient, a, -a])
     overflow = jnp.stack([
         False,
@@ -102,86 +93,74 @@ def _arith(op, a, b):
     return result, error, (op == _DIV) & (b != 0) & (quotient * b != a)
 
 
-def _apply_top(state: _State) -> _State:
-    op = state.ops[state.num_ops - 1]
-    unary = op >= _POS
-    b = state.values[state.num_values - 1]
-    a = jnp.where(unary, b, state.values[state.num_values - 2])
-    result, error, inexact = _arith(op, a, b)
-    num_values = state.num_values - jnp.where(unary, 0, 1)
-    state = state._replace(values=state.values.at[num_values - 1].set(result), num_values=num_values,
-                           num_ops=state.num_ops - 1, inexact=state.inexact | inexact)
-    return _fail(state, error)
+def _step(expression, length, s: _State, _) -> tuple[_State, None]:
+    """One transition: finish a literal, apply the top operator, or consume one byte.
 
-
-def _push_number(state: _State) -> _State:
-    return state._replace(values=state.values.at[state.num_values].set(state.number),
-                          num_values=state.num_values + 1,
-                          literals=state.literals.at[state.num_literals].set(state.number),
-                          num_literals=state.num_literals + 1, in_number=False, expect_operand=False)
-
-
-def _read_digit(state: _State, digit) -> _State:
-    misplaced = ~state.expect_operand & ~state.in_number  # "1 2" or ")2"
-    bad_zero = state.in_number & state.leading_zero & (digit != 0)
-    number = jnp.where(state.in_number, state.number, 0)
-    overflow = number > (INT_MAX - digit) // 10
-    started = state._replace(number=number * 10 + digit, in_number=True, pos=state.pos + 1,
-                             leading_zero=jnp.where(state.in_number, state.leading_zero, digit == 0))
-    return _fail(_malformed(started, misplaced | bad_zero), jnp.where(overflow, OVERFLOW, OK))
-
-
-def _push_op(state: _State, op, expect_operand) -> _State:
-    return state._replace(ops=state.ops.at[state.num_ops].set(op), num_ops=state.num_ops + 1,
-                          expect_operand=expect_operand, pos=state.pos + 1)
-
-
-def _close(state: _State, char) -> _State:
-    """Consumes ``)`` or the end once no operator above the matching ``(`` is left to apply."""
-    top = state.ops[jnp.maximum(state.num_ops - 1, 0)]
-    has_open = (state.num_ops > 0) & (top == _OPEN)
-    at_end = char == _END
-    state = state._replace(num_ops=state.num_ops - jnp.where(at_end, 0, has_open), pos=state.pos + 1,
-                           done=at_end)
-    return _malformed(state, has_open == at_end)  # ")" needs "(", the end needs none
-
-
-def _step(expression, length, state: _State, _) -> tuple[_State, None]:
-    byte = expression[jnp.minimum(state.pos, expression.shape[0] - 1)].astype(jnp.int32)
-    char = jnp.where(state.pos < length, byte, _END)
+    The cases are exclusive and tried in this order: idle (finished or
+    malformed), finish a literal, a digit, a space, "(", a unary sign, a
+    missing operand, apply the top operator (before a binary operator of no
+    higher precedence, ")" or the end), push a binary operator, ")" or the
+    end, a stray byte.  Every field is then updated once with ``where``.
+    """
+    byte = expression[jnp.minimum(s.pos, expression.shape[0] - 1)].astype(jnp.int32)
+    char = jnp.where(s.pos < length, byte, _END)
     is_digit = (char >= ord("0")) & (char <= ord("9"))
     binary = jnp.select([char == ord("+"), char == ord("-"), char == ord("*"), char == ord("/")],
                         [_ADD, _SUB, _MUL, _DIV], _NONE)
-    top = state.ops[jnp.maximum(state.num_ops - 1, 0)]
-    closing = (char == ord(")")) | (char == _END)
-    reduce = (state.num_ops > 0) & (top != _OPEN) & (
-        closing | ((binary != _NONE) & (jnp.asarray(_PRECEDENCE)[top] >= jnp.asarray(_PRECEDENCE)[binary])))
-    unary = state.expect_operand & ((binary == _ADD) | (binary == _SUB))
-    branches = [
-        lambda s: s,  # finished or malformed: idle
-        _push_number,
-        lambda s: _read_digit(s, char - ord("0")),
-        lambda s: s._replace(pos=s.pos + 1),  # space
-        lambda s: _malformed(_push_op(s, _OPEN, True), ~s.expect_operand),
-        lambda s: _push_op(s, jnp.where(binary == _ADD, _POS, _NEG), True),
-        _malformed,  # an operator or ")" where an operand must come, or a stray byte
-        _apply_top,
-        lambda s: _push_op(s, binary, True),
-        lambda s: _close(s, char),
-    ]
-    branch = jnp.select([
-        state.done | state.syntax,
-        state.in_number & ~is_digit,
-        is_digit,
-        char == ord(" "),
-        char == ord("("),
-        unary,
-        state.expect_operand & (closing | (binary != _NONE)),
-        reduce,
-        binary != _NONE,
-        closing,
-    ], list(range(len(branches))), 6)
-    return jax.lax.switch(branch, branches, state), None
+    top = s.ops[jnp.maximum(s.num_ops - 1, 0)]
+    closing, at_end = (char == ord(")")) | (char == _END), char == _END
+    precedence = jnp.asarray(_PRECEDENCE)
+    outranks = (s.num_ops > 0) & (top != _OPEN) & (closing | ((binary != _NONE) & (precedence[top] >= precedence[binary])))
+
+    live = ~(s.done | s.syntax)
+    finish = live & s.in_number & ~is_digit
+    live = live & ~finish
+    digit = live & is_digit
+    space = live & (char == ord(" "))
+    opening = live & (char == ord("("))
+    sign = live & s.expect_operand & ((binary == _ADD) | (binary == _SUB))
+    missing = live & s.expect_operand & ~sign & (closing | (binary != _NONE))
+    apply = live & ~s.expect_operand & outranks
+    push_binary = live & ~s.expect_operand & (binary != _NONE) & ~outranks
+    close = live & ~s.expect_operand & closing & ~outranks
+    stray = live & ~(is_digit | space | opening | closing | (binary != _NONE))
+
+    # A digit extends (or starts) the literal.
+    value = char - ord("0")
+    number = jnp.where(s.in_number, s.number, 0)
+    digit_syntax = (~s.expect_operand & ~s.in_number) | (s.in_number & s.leading_zero & (value != 0))  # "1 2", "07"
+    digit_overflow = number > (INT_MAX - value) // 10
+    # Applying the top operator pops its operands and pushes the result.
+    unary_op = top >= _POS
+    b = s.values[jnp.maximum(s.num_values - 1, 0)]
+    a = jnp.where(unary_op, b, s.values[jnp.maximum(s.num_values - 2, 0)])
+    result, arith_error, inexact = _arith(top, a, b)
+    # ")" needs a "(" on top; the end needs none.
+    has_open = (s.num_ops > 0) & (top == _OPEN)
+
+    slot = jnp.where(finish, s.num_values, s.num_values - 1 - ~unary_op)
+    pushed = jnp.where(opening, _OPEN, jnp.where(sign, jnp.where(binary == _ADD, _POS, _NEG), binary))
+    push = opening | sign | push_binary
+    error = jnp.where(digit & digit_overflow, OVERFLOW, jnp.where(apply, arith_error, OK))
+    new = _State(
+        pos=s.pos + (digit | space | opening | sign | push_binary | close),
+        values=s.values.at[slot].set(jnp.where(finish, s.number, jnp.where(apply, result, s.values[slot]))),
+        num_values=s.num_values + finish - (apply & ~unary_op),
+        ops=s.ops.at[s.num_ops].set(jnp.where(push, pushed, s.ops[s.num_ops])),
+        num_ops=s.num_ops + push - apply - (close & has_open & ~at_end),
+        number=jnp.where(digit, number * 10 + value, s.number),
+        in_number=(s.in_number | digit) & ~finish,
+        leading_zero=jnp.where(digit & ~s.in_number, value == 0, s.leading_zero),
+        expect_operand=(s.expect_operand | push) & ~finish,
+        syntax=s.syntax | (digit & digit_syntax) | (opening & ~s.expect_operand) | missing | stray
+        | (close & (has_open == at_end)),
+        error=jnp.where(s.error == OK, error, s.error),
+        done=s.done | (close & at_end),
+        inexact=s.inexact | (apply & inexact),
+        literals=s.literals.at[s.num_literals].set(jnp.where(finish, s.number, s.literals[s.num_literals])),
+        num_literals=s.num_literals + finish,
+    )
+    return new, None
 
 
 def evaluate(expression: jax.Array, length: jax.Array) -> Evaluation:
@@ -190,15 +169,16 @@ def evaluate(expression: jax.Array, length: jax.Array) -> Evaluation:
     ``length > max_bytes`` (the text did not fit) gives TOO_LONG.
     """
     size = expression.shape[0]
-    zeros = jnp.zeros((size + 1,), jnp.int32)
-    state = _State(jnp.int32(0), zeros, jnp.int32(0), zeros, jnp.int32(0), jnp.int32(0), jnp.bool_(False),
-                   jnp.bool_(False), jnp.bool_(True), jnp.bool_(False), jnp.int32(OK), jnp.bool_(False), jnp.bool_(False),
-                   jnp.full((size + 1,), -1, jnp.int32), jnp.int32(0))
+    zero, no, stack = jnp.int32(0), jnp.bool_(False), jnp.zeros((size + 1,), jnp.int32)
+    state = _State(pos=zero, values=stack, num_values=zero, ops=stack, num_ops=zero, number=zero, in_number=no,
+                   leading_zero=no, expect_operand=jnp.bool_(True), syntax=no, error=jnp.int32(OK), done=no,
+                   inexact=no, literals=stack - 1, num_literals=zero)
     state, _ = jax.lax.scan(functools.partial(_step, expression, jnp.minimum(length, size)), state, None,
                             length=3 * size + 2)
     error = jnp.where(length > size, TOO_LONG, jnp.where(state.syntax, SYNTAX, state.error))
-    return Evaluation(jnp.where(error == OK, state.values[0], 0), error, state.inexact & (error == OK),
-                      state.literals[:size])
+    ok = error == OK
+    return Evaluation(jnp.where(ok, state.values[0], 0), error, state.inexact & ok,
+                      jnp.where(ok, state.literals[:size], -1))
 
 
 class _HostError(Exception):

@@ -16,9 +16,12 @@ stops at ``<|im_end|>``.  The turn ends at its first ``<|im_end|>``/EOS
   verifier's reward.  Without tools every turn is an answer, i.e. a
   single-turn verifiable task (prompt -> completion -> reward).
 
-The episode is truncated (reward 0) when ``params.max_turns`` tool turns
-are used up or when the token budget ``max_length`` cannot hold the next
-turn (the tool message and another full action).
+The episode is truncated (reward 0) when the last of ``params.max_turns``
+assistant turns calls a tool instead of answering, or when the token budget
+``max_length`` cannot hold the tool message plus another full action (the
+message is then not appended).  Without tools every turn is an answer, so
+the turn limit never binds.  ``info`` has ``task`` (the bank row, for
+curricula), ``tool_call`` and ``malformed_call``.
 
 Observation = the transcript so far, ``{"tokens": int32 [max_length],
 "loss_mask": int32 [max_length], "length": int32}``.  The policy
@@ -41,7 +44,7 @@ from flax import struct
 from agentic_jax.data.tokenizer import IM_END, IM_START, TOOL_RESULT, TOOL_RESULT_END, Tokenizer
 from agentic_jax.envs import spaces
 from agentic_jax.envs.core import Env, EnvState
-from agentic_jax.envs.text.rewards import Reward
+from agentic_jax.envs.text.rewards import ByFamily, Reward
 from agentic_jax.envs.text.strings import Text, substring
 from agentic_jax.envs.text.tasks import Task, TaskBank, build_bank
 from agentic_jax.envs.text.tools import MALFORMED, Search, Tool, parse_call, token_table
@@ -50,14 +53,18 @@ from agentic_jax.envs.text.vocab import Vocab, detokenize, pack
 
 @struct.dataclass
 class TextEnvParams:
+    """Everything an episode reads besides the action; swap banks or weights without recompiling."""
+
     tasks: TaskBank
     vocab: Vocab
     task_weights: jax.Array  # float32 [N]: unnormalised sampling weights of the tasks (curricula set them)
-    max_turns: jax.Array  # int32 []: tool turns allowed before truncation
+    max_turns: jax.Array  # int32 []: assistant turns per episode; a tool call in the last one truncates
 
 
 @struct.dataclass
 class TextEnvState(EnvState):
+    """The transcript so far (what the observation shows) and the episode's task and turn count."""
+
     task: jax.Array  # int32 []: row of the task bank
     tokens: jax.Array  # int32 [max_length]
     loss_mask: jax.Array  # int32 [max_length]
@@ -105,31 +112,34 @@ class TextEnv(Env):
         if len({t.name for t in tools}) != len(tools):
             raise ValueError("tool names must be unique")
         self.tokenizer, self.reward, self.tools = tokenizer, reward, tuple(tools)
-        self.max_length, self.action_length = max_length, action_length
+        self.max_length, self.action_length, self.max_turns = max_length, action_length, max_turns
         self.payload_bytes, self.answer_bytes = payload_bytes, answer_bytes
         self.bank_sizes = dict(bank_sizes or {})
         search = [t for t in self.tools if isinstance(t, Search)]
         if search:
             self.bank_sizes.setdefault("embedding_dim", search[0].embedding_dim)
+        if isinstance(reward, ByFamily):
+            self.bank_sizes["families"] = reward.families
         self.vocab = Vocab.build(tokenizer)
         self.im_end_id = tokenizer.token_id(IM_END)
         self.head, self.tail = tool_message_template(tokenizer)
         self.malformed = tokenizer.encode(MALFORMED)
         self.tool_messages = [token_table(tokenizer, tool.messages) for tool in self.tools]
         bank = tasks if isinstance(tasks, TaskBank) else self.build_bank(tasks)
-        self._params = self.make_params(bank, max_turns=max_turns)
+        self._params = self.make_params(bank)
 
     def build_bank(self, tasks: Sequence[Task]) -> TaskBank:
         """A bank with this env's sizes (fix them in ``bank_sizes`` to swap banks without recompiling)."""
-        bank = build_bank(tasks, self.tokenizer, **self.bank_sizes)
+        return build_bank(tasks, self.tokenizer, **self.bank_sizes)
+
+    def make_params(self, bank: TaskBank, task_weights=None, max_turns: int | None = None) -> TextEnvParams:
+        """Params over ``bank`` (uniform task weights and this env's turn limit unless given)."""
         if bank.prompt.shape[1] + self.action_length > self.max_length:
             raise ValueError(f"prompts of {bank.prompt.shape[1]} tokens leave no room for a "
                              f"{self.action_length}-token turn in max_length={self.max_length}")
-        return bank
-
-    def make_params(self, bank: TaskBank, task_weights=None, max_turns: int = 4) -> TextEnvParams:
         weights = np.ones(bank.size, np.float32) if task_weights is None else task_weights
-        return TextEnvParams(bank, self.vocab, jnp.asarray(weights, jnp.float32), jnp.int32(max_turns))
+        return TextEnvParams(jax.tree.map(jnp.asarray, bank), self.vocab, jnp.asarray(weights, jnp.float32),
+                             jnp.int32(self.max_turns if max_turns is None else max_turns))
 
     @property
     def default_params(self) -> TextEnvParams:
@@ -169,28 +179,33 @@ class TextEnv(Env):
         choice = jnp.where(index < 0, len(self.tools), index)
         return jnp.stack([ids for ids, _ in padded])[choice], jnp.stack([n for _, n in padded])[choice], index < 0
 
-    def step_env(self, key, state, action, params):
-        vocab, task = params.vocab, params.tasks.row(state.task)
-        action = jnp.asarray(action, jnp.int32)
+    def _tool_message(self, action, turn_length, task: TaskBank, vocab: Vocab):
+        """Whether the turn calls a tool, whether the call is malformed, and the tool message to append."""
         position = jnp.arange(self.action_length)
-        turn_length = turn_extent(action, vocab.stop_ids, vocab.pad_id)
         in_turn = position < turn_length
-        content = Text(*detokenize(vocab, action, in_turn & ~jnp.isin(action, jnp.asarray(vocab.stop_ids)),
-                                   self.answer_bytes))
-
         opens = in_turn & (action == vocab.tool_call_id)
         call_start = jnp.where(jnp.any(opens), jnp.argmax(opens), self.action_length)
         closes = in_turn & (action == vocab.tool_call_end_id) & (position > call_start)
         call_end = jnp.where(jnp.any(closes), jnp.argmax(closes), -1)
-        tool_turn = bool(self.tools) & (call_end > call_start)
         payload = Text(*detokenize(vocab, action, (position > call_start) & (position < call_end), self.payload_bytes))
         result, result_length, malformed = self._tool_result(payload, task, vocab)
-
         closed = action[jnp.maximum(turn_length - 1, 0)] == self.im_end_id
-        message, message_length = pack(
+        message = pack(
             [(jnp.asarray([self.im_end_id]), jnp.where(closed, 0, 1)), (jnp.asarray(self.head), len(self.head)),
              (result, result_length), (jnp.asarray(self.tail), len(self.tail))],
             1 + len(self.head) + result.shape[0] + len(self.tail), vocab.pad_id)
+        return call_end > call_start, malformed, message
+
+    def step_env(self, key, state, action, params):
+        vocab, task = params.vocab, params.tasks.row(state.task)
+        action = jnp.asarray(action, jnp.int32)
+        turn_length = turn_extent(action, vocab.stop_ids, vocab.pad_id)
+        content = Text(*detokenize(vocab, action, (jnp.arange(self.action_length) < turn_length) & ~jnp.isin(
+            action, jnp.asarray(vocab.stop_ids)), self.answer_bytes))
+        if self.tools:
+            tool_turn, malformed, (message, message_length) = self._tool_message(action, turn_length, task, vocab)
+        else:  # single-turn: every turn answers
+            tool_turn, malformed, (message, message_length) = jnp.bool_(False), jnp.bool_(False), (action, 0)
 
         length = state.length + turn_length
         fits = length + message_length + self.action_length <= self.max_length

@@ -20,6 +20,7 @@ how many numbers), `MultiHop` (chained fact lookups; difficulty = hops).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -28,8 +29,15 @@ from agentic_jax.data.chat import Message, ToolCall
 from agentic_jax.data.tokenizer import Tokenizer
 from agentic_jax.envs.text import calculator
 from agentic_jax.envs.text.env import TextEnv
-from agentic_jax.envs.text.rewards import (CountdownAnswer, ExactAnswer, NumericCloseness, Reward, ThinkAnswerFormat,
-                                           Weighted)
+from agentic_jax.envs.text.rewards import (
+    ByFamily,
+    CountdownAnswer,
+    ExactAnswer,
+    NumericCloseness,
+    Reward,
+    ThinkAnswerFormat,
+    Weighted,
+)
 from agentic_jax.envs.text.tasks import Task
 from agentic_jax.envs.text.tools import Calculator, Lookup, Search, Tool
 
@@ -76,13 +84,33 @@ class Generator:
     def sample(self, seed: int) -> Task:
         raise NotImplementedError
 
+    @property
+    def family(self) -> str:
+        return type(self).__name__
+
     def tasks(self, seeds: Iterable[int]) -> list[Task]:
         return [self.sample(int(s)) for s in seeds]
 
-    def env(self, tokenizer: Tokenizer, seeds: Iterable[int], **kwargs) -> TextEnv:
-        """A `TextEnv` over the tasks of ``seeds`` with this family's tools, reward and turn limit."""
-        kwargs.setdefault("max_turns", self.max_turns)
-        return TextEnv(tokenizer, self.tasks(seeds), self.reward, tools=self.tools, **kwargs)
+
+def task_env(tokenizer: Tokenizer, generators: Generator | Sequence[Generator], seeds: Iterable[int],
+             **kwargs) -> TextEnv:
+    """A `TextEnv` over the tasks of ``seeds`` from each generator, with their tools, verifiers and turn limit.
+
+    Several generators make one multi-task env: the union of their tools
+    (by name) and a `ByFamily` reward that scores each task with its own
+    family's verifier.
+    """
+    generators = [generators] if isinstance(generators, Generator) else list(generators)
+    seeds = list(seeds)
+    tools = {}
+    for g in generators:
+        for tool in g.tools:
+            tools.setdefault(tool.name, tool)
+    rewards = {g.family: g.reward for g in generators}
+    kwargs.setdefault("max_turns", max(g.max_turns for g in generators))
+    return TextEnv(tokenizer, [t for g in generators for t in g.tasks(seeds)],
+                   rewards[generators[0].family] if len(rewards) == 1 else ByFamily(rewards),
+                   tools=tuple(tools.values()), **kwargs)
 
 
 class Arithmetic(Generator):
@@ -117,7 +145,7 @@ class Arithmetic(Generator):
             steps.append((f"{a} {op} {b}", result))
             text, precedence, value = _combine((a_text, a_prec), op, (b_text, b_prec)), _PRECEDENCE[op], result
         prompt = (Message("system", FORMAT), Message("user", f"What is {text}?"))
-        task = Task(prompt, str(value), value=value, seed=seed, difficulty=self.difficulty)
+        task = Task(prompt, str(value), value=value, seed=seed, difficulty=self.difficulty, family=self.family)
         thought = "; ".join(f"{step} = {result}" for step, result in steps)
         calls = tool_turns(self.tools[0], [step for step, _ in steps], task) if self.tools else ()
         wrong = value + int(rng.choice([-10, -1, 1, 10]))
@@ -158,7 +186,7 @@ class Countdown(Generator):
         question = (f"Using the numbers {list(numbers)}, each at most once, and + - * / (exact division only) "
                     f"with parentheses, write an expression equal to {target}.")
         task = Task((Message("system", FORMAT), Message("user", question)), solution, value=target,
-                    numbers=numbers, seed=seed, difficulty=self.difficulty)
+                    numbers=numbers, seed=seed, difficulty=self.difficulty, family=self.family)
         calls = tool_turns(self.tools[0], [solution], task) if self.tools else ()
         return dataclasses.replace(task, demonstration=calls + (final_turn(f"{solution} = {target}", solution),),
                                    corrupted=calls + (final_turn(f"{solution} = {target}", f"{solution} + 1"),))
@@ -175,7 +203,8 @@ class Countdown(Generator):
         if result.error != calculator.OK or result.inexact or result.value < 1:
             return None
         relabelled = self._task(task.numbers, result.value, answer, task.seed)
-        return relabelled if self.reward.host(relabelled.demonstration[-1].content, relabelled) else None
+        solved = self.reward.host(relabelled.demonstration[-1].content, relabelled) == self.reward.max_value
+        return relabelled if solved else None  # e.g. a literal that is not among the numbers
 
 
 _SYLLABLES = ("ka", "ri", "mo", "ne", "lu", "ta", "vi", "so", "pe", "da", "zu", "ho", "mi", "ga", "be", "fo")
@@ -210,7 +239,7 @@ class MultiHop(Generator):
             if name not in names:
                 names.append(name)
         chain, others = names[:self.difficulty + 1], names[self.difficulty + 1:]
-        facts = list(zip(chain[:-1], chain[1:])) + [(o, str(rng.choice(names))) for o in others]
+        facts = list(itertools.pairwise(chain)) + [(o, str(rng.choice(names))) for o in others]
         facts = [facts[i] for i in rng.permutation(len(facts))]
         question = f"Who is {'the boss of ' * self.difficulty}{chain[0]}?"
         tool = self.tools[0]
@@ -218,10 +247,10 @@ class MultiHop(Generator):
                 else "The search tool finds sentences about who reports to whom.")
         task = Task((Message("system", f"{hint} {FORMAT}"), Message("user", question)), chain[-1],
                     facts=tuple(facts), documents=tuple(f"{a} reports to {b}." for a, b in facts), seed=seed,
-                    difficulty=self.difficulty)
+                    difficulty=self.difficulty, family=self.family)
         calls = tool_turns(tool, chain[:-1], task)
         if any(f"{a} reports to {b}." not in m.content and m.content != b
-               for a, b, m in zip(chain[:-1], chain[1:], calls[1::2])):
+               for (a, b), m in zip(itertools.pairwise(chain), calls[1::2])):
             return None  # retrieval missed a needed fact: draw another table
         thought = " -> ".join(chain)
         return dataclasses.replace(task, demonstration=calls + (final_turn(thought, chain[-1]),),

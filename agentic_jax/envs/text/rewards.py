@@ -13,6 +13,7 @@ A verifier sees the content of the policy's answering turn (its text before
 * `CountdownAnswer`: the answer is an expression over the task's numbers,
   each used at most once, with exact divisions only, equal to the target.
 * `Weighted`: ``sum(weight * component)``; its ``max_value`` is the full reward.
+* `ByFamily`: the verifier of each task's family, for banks that mix families.
 
 The two implementations share the specification, not code (one runs on
 bytes in jnp, one on ``str``); the tests hold them equal.
@@ -156,3 +157,25 @@ class Weighted(Reward):
 
     def host(self, content, task):
         return sum(w * r.host(content, task) for w, r in self.terms)
+
+
+class ByFamily(Reward):
+    """Each task's own family's verifier (``Task.family``), for one env over a mix of task families.
+
+    The bank must be built with ``families=tuple(rewards)`` (`TextEnv` does
+    this); ``max_value`` is the largest of the families' full rewards.
+    """
+
+    def __init__(self, rewards: dict[str, Reward]):
+        if not rewards:
+            raise ValueError("ByFamily needs at least one family")
+        self.rewards = dict(rewards)
+        self.families = tuple(self.rewards)
+        self.max_value = max(r.max_value for r in self.rewards.values())
+
+    def __call__(self, content, task):
+        values = jnp.stack([r(content, task) for r in self.rewards.values()])
+        return values[task.family].astype(jnp.float32)
+
+    def host(self, content, task):
+        return self.rewards[task.family].host(content, task)

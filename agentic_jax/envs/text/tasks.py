@@ -41,6 +41,7 @@ class Task:
     corrupted: tuple[Message, ...] = ()
     seed: int = 0
     difficulty: int = 0
+    family: str = ""  # which verifier applies when a bank mixes task families (`rewards.ByFamily`)
 
     def conversation(self, correct: bool = True) -> tuple[Message, ...]:
         return self.prompt + (self.demonstration if correct else self.corrupted)
@@ -68,6 +69,22 @@ def demonstration_actions(rendered: RenderedIds, action_length: int, pad_id: int
             raise ValueError(f"a demonstration turn has {end - start} tokens > action_length={action_length}")
         row[:end - start] = rendered.ids[start:end]
     return actions
+
+
+def demonstration_batch(tasks: Sequence[Task], tokenizer: Tokenizer, length: int,
+                        correct: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Supervised rows: ``ids`` and assistant ``mask``, int32 ``[len(tasks), length]``, right-padded with 0.
+
+    ``correct=False`` renders the corrupted continuations, so the two calls
+    give a preference batch (chosen, rejected) over the same prompts.
+    """
+    ids, mask = np.zeros((len(tasks), length), np.int32), np.zeros((len(tasks), length), np.int32)
+    for row, task in enumerate(tasks):
+        rendered = task.render(tokenizer, correct)
+        if len(rendered.ids) > length:
+            raise ValueError(f"a demonstration has {len(rendered.ids)} tokens > length={length}")
+        ids[row, :len(rendered.ids)], mask[row, :len(rendered.ids)] = rendered.ids, rendered.assistant_mask
+    return ids, mask
 
 
 @struct.dataclass
@@ -101,6 +118,7 @@ class TaskBank:
     value: jax.Array  # int32 [N]
     numbers: jax.Array  # int32 [N, M]
     num_numbers: jax.Array  # int32 [N]
+    family: jax.Array  # int32 [N]: index of the task's family in ``build_bank(families=...)``
     table: Table
     corpus: Corpus
 
@@ -151,10 +169,17 @@ def _embed_documents(tasks: Sequence[Task], shape: tuple[int, int], dim: int) ->
 def build_bank(tasks: Sequence[Task], tokenizer: Tokenizer, *, prompt_tokens: int | None = None,
                answer_bytes: int | None = None, max_numbers: int | None = None, max_facts: int | None = None,
                key_bytes: int | None = None, value_tokens: int | None = None, max_documents: int | None = None,
-               doc_tokens: int | None = None, embedding_dim: int = 64) -> TaskBank:
-    """Packs ``tasks`` for a jitted env; each size defaults to the largest need (fix them to reuse a jit)."""
+               doc_tokens: int | None = None, embedding_dim: int = 64, families: Sequence[str] = ()) -> TaskBank:
+    """Packs ``tasks`` for a jitted env; each size defaults to the largest need (fix them to reuse a jit).
+
+    ``families`` numbers the task families of a mixed bank (each task's
+    ``family`` must be among them); without it every task is family 0.
+    """
     if not tasks:
         raise ValueError("a task bank needs at least one task")
+    unknown = {t.family for t in tasks} - set(families)
+    if families and unknown:
+        raise ValueError(f"task families {sorted(unknown)} are not among {list(families)}")
     prompts = [t.prompt_ids(tokenizer) for t in tasks]
     answers = [list(t.answer.encode()) for t in tasks]
     keys, key_length = _pad_groups([[list(k.encode()) for k, _ in t.facts] for t in tasks], max_facts, key_bytes,
@@ -171,6 +196,7 @@ def build_bank(tasks: Sequence[Task], tokenizer: Tokenizer, *, prompt_tokens: in
         value=np.asarray([t.value for t in tasks], np.int32),
         numbers=_pad([t.numbers for t in tasks], max_numbers, np.int32, "numbers"),
         num_numbers=np.asarray([len(t.numbers) for t in tasks], np.int32),
+        family=np.asarray([list(families).index(t.family) if families else 0 for t in tasks], np.int32),
         table=Table(keys, key_length, values, value_length),
         corpus=Corpus(docs, doc_length, _embed_documents(tasks, docs.shape[:2], embedding_dim),
                       np.asarray([len(t.documents) for t in tasks], np.int32)),

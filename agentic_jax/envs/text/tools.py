@@ -9,9 +9,9 @@ A call arrives in the chat format of ``data/chat.py``::
 Every tool here takes one string argument.  Inside jit the payload is
 matched against the exact ``json.dumps`` layout that ``chat.render``
 emits (what supervised warm-start teaches), with the argument a JSON string
-without escapes (no ``"`` or ``\\``); anything else is a malformed call.
-The host side applies the same rule with ``str`` methods, so a call means
-the same thing in both.
+without escapes (no ``"`` or ``\\``; ``chat`` also escapes ``<``);
+anything else is a malformed call.  The host parses real JSON, so the two
+agree on every call ``chat.render`` writes for an escape-free argument.
 
 A tool returns the *content* of the tool message: text on the host, its
 canonical token ids inside jit (computed integers via `vocab.encode_int`,
@@ -29,7 +29,7 @@ import numpy as np
 
 from agentic_jax.data.tokenizer import Tokenizer
 from agentic_jax.envs.text import calculator
-from agentic_jax.envs.text.strings import WHITESPACE, Text, embed, equals, find, strip, substring
+from agentic_jax.envs.text.strings import Text, embed, equals, find, strip, substring
 from agentic_jax.envs.text.tasks import Task, TaskBank
 from agentic_jax.envs.text.vocab import Vocab, encode_int, pack
 
@@ -66,11 +66,15 @@ class Tool:
         return json.dumps({"name": self.name, "arguments": {self.argument: ""}})[:-3].encode()
 
     def run(self, argument: Text, task: TaskBank, vocab: Vocab, messages) -> tuple[jax.Array, jax.Array]:
-        """Content ids ``[width]`` and length for one task row; ``argument`` is ``[argument_bytes]``,
-        ``messages`` is `token_table` of ``self.messages``."""
+        """Content ids ``[width]`` and length for one task row (jit).
+
+        ``argument`` is ``[argument_bytes]`` (its length may exceed that: it
+        did not fit); ``messages`` is `token_table` of ``self.messages``.
+        """
         raise NotImplementedError
 
     def run_host(self, argument: str, task: Task) -> str:
+        """The same content as text (host)."""
         raise NotImplementedError
 
 
@@ -113,10 +117,11 @@ class Lookup(Tool):
         return dict(task.facts).get(argument, NOT_FOUND)
 
 
-def top_documents(query: Text, embedding: jax.Array, length: jax.Array, k: int) -> jax.Array:
-    """Indices of the ``k`` best documents by dot product with the query's `strings.embed`."""
+def top_documents(query: Text, embedding: jax.Array, length: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """The ``k`` best documents by dot product with the query's `strings.embed`: (indices, which exist)."""
     scores = jnp.where(length >= 0, embedding @ embed(query, embedding.shape[-1]), -jnp.inf)
-    return jax.lax.top_k(scores, k)[1]
+    best = jax.lax.top_k(scores, min(k, scores.shape[0]))[1]
+    return best, length[best] >= 0
 
 
 class Search(Tool):
@@ -131,18 +136,21 @@ class Search(Tool):
 
     def run(self, argument, task, vocab, messages):
         corpus = task.corpus
-        separator = (messages[0][0], messages[1][0])
+        separator, separator_length = messages[0][0], messages[1][0]
+        best, exists = top_documents(argument, corpus.embedding, corpus.length, self.top_k)
         segments = []
-        for rank, index in enumerate(top_documents(argument, corpus.embedding, corpus.length, self.top_k)):
-            segments += [separator] * (rank > 0) + [(corpus.tokens[index], corpus.length[index])]
-        width = self.top_k * (corpus.tokens.shape[-1] + separator[0].shape[0])
-        return pack(segments, width, vocab.pad_id)
+        for rank, (index, found) in enumerate(zip(best, exists)):
+            segments += [(separator, jnp.where(found & (rank > 0), separator_length, 0)),
+                         (corpus.tokens[index], jnp.where(found, corpus.length[index], 0))]
+        return pack(segments, len(best) * (corpus.tokens.shape[-1] + separator.shape[0]), vocab.pad_id)
 
     def run_host(self, argument, task):
+        if not task.documents:
+            return ""
         query = Text.from_bytes(argument.encode()[:self.argument_bytes], self.argument_bytes)
         embedding = np.stack([np.asarray(embed(Text.from_bytes(d.encode(), len(d.encode())), self.embedding_dim))
                               for d in task.documents])
-        best = top_documents(query, embedding, np.zeros(len(task.documents), np.int32), self.top_k)
+        best, _ = top_documents(query, embedding, np.zeros(len(task.documents), np.int32), self.top_k)
         return self.messages[0].join(task.documents[int(i)] for i in best)
 
 
@@ -161,15 +169,23 @@ def parse_call(payload: Text, tools: Sequence[Tool]) -> tuple[jax.Array, Text]:
     return jnp.where(well_formed, index, -1), substring(payload, value_start, value_end, payload.data.shape[0])
 
 
-def parse_call_host(payload: str, tools: Sequence[Tool], max_bytes: int) -> tuple[Tool | None, str]:
-    """`parse_call` on the host (``max_bytes``: the jitted payload buffer): the tool (None: malformed), argument."""
-    if len(payload.encode()) > max_bytes:
+def parse_call_host(payload: str, tools: Sequence[Tool]) -> tuple[Tool | None, str]:
+    """The host's parse of a call payload: the tool (None: malformed or unknown) and its argument.
+
+    Real ``json``: escapes are decoded and any whitespace is accepted, so
+    host-only tools (code, arbitrary text) can take any string.  On the
+    calls ``chat.render`` produces for escape-free arguments it agrees with
+    `parse_call`.
+    """
+    try:
+        call = json.loads(payload)
+    except ValueError:
         return None, ""
-    payload = payload.strip(WHITESPACE.decode())
-    for tool in tools:
-        prefix = tool.call_prefix.decode()
-        value = payload[len(prefix):-3]
-        if (payload.startswith(prefix) and payload.endswith('"}}') and len(payload) >= len(prefix) + 3
-                and '"' not in value and "\\" not in value):
-            return tool, value
-    return None, ""
+    named = {t.name: t for t in tools}
+    if not isinstance(call, dict) or set(call) != {"name", "arguments"} or call["name"] not in named:
+        return None, ""
+    tool, arguments = named[call["name"]], call["arguments"]
+    if not isinstance(arguments, dict) or set(arguments) != {tool.argument} or not isinstance(
+            arguments[tool.argument], str):
+        return None, ""
+    return tool, arguments[tool.argument]

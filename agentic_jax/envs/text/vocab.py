@@ -99,6 +99,7 @@ class Vocab:
 
     @classmethod
     def build(cls, tokenizer: Tokenizer) -> Vocab:
+        """The tables of a byte-level BPE tokenizer with the chat special tokens (ValueError otherwise)."""
         pieces = _token_bytes(tokenizer)
         width = max(1, max(map(len, pieces)))
         token_bytes = np.zeros((len(pieces), width), np.uint8)

@@ -1,12 +1,12 @@
-"""Pieces shared by the actor-critic agents: the sampling policy, GAE over
-auto-reset rollouts, episode metrics and the Adam optimiser."""
+"""Pieces shared by the agents: the training-loop skeleton, policies, GAE over
+auto-reset rollouts, episode metrics and the optimiser."""
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from agentic_jax import rl
-from agentic_jax.envs import PolicyOutput, Transition, Vectorized, bootstrap_inputs
+from agentic_jax.envs import EpisodeStatistics, PolicyOutput, Transition, Vectorized, bootstrap_inputs, rollout
 from agentic_jax.rl.agents.networks import actor_critic_apply, actor_critic_init
 
 
@@ -16,6 +16,17 @@ def categorical_policy(params, key, obs) -> PolicyOutput:
     action = jax.random.categorical(key, logits)
     logp = jax.nn.log_softmax(logits)[action]
     return PolicyOutput(action, {"logp": logp, "value": value})
+
+
+def greedy_policy(params, key, obs) -> jax.Array:
+    """argmax_a π(a|obs): the deterministic policy used for evaluation."""
+    return jnp.argmax(actor_critic_apply(params, obs)[0], axis=-1)
+
+
+def evaluate(env, policy_fn, policy_params, key, num_envs: int, num_steps: int, env_params=None) -> jax.Array:
+    """Mean return of the episodes that end within `num_steps` steps of `num_envs` environments."""
+    traj = rollout(EpisodeStatistics(env), policy_fn, key, env_params, num_envs, num_steps, policy_params=policy_params)
+    return episode_metrics(traj)["episode_return"]
 
 
 def action_log_prob(logits, action) -> jax.Array:
@@ -50,19 +61,59 @@ def adam(learning_rate, max_grad_norm: float) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(learning_rate, eps=1e-5))
 
 
-def actor_critic_train(env, env_params, config, optimizer, update):
-    """`train(key) -> (params, metrics)`: init an actor-critic, reset `config.num_envs`
-    environments, then `lax.scan` `update((params, opt_state, obs, env_state), key)`
-    `config.num_updates` times."""
+def init_actor_critic(env, env_params, hidden: tuple[int, ...], optimizer):
+    """`init(key) -> (params, opt_state)` for an actor-critic on a vector-observation, Discrete-action env."""
     obs_dim = env.observation_space(env_params).shape[0]
     num_actions = env.action_space(env_params).n
 
+    def init(key):
+        params = actor_critic_init(key, obs_dim, num_actions, hidden)
+        return params, optimizer.init(params)
+
+    return init
+
+
+def epsilon_greedy(q_values: jax.Array, key: jax.Array, epsilon) -> jax.Array:
+    """argmax_a q(a), or a uniformly random action with probability ε."""
+    key_explore, key_action = jax.random.split(key)
+    random_action = jax.random.randint(key_action, (), 0, q_values.shape[-1])
+    return jnp.where(jax.random.uniform(key_explore) < epsilon, random_action, jnp.argmax(q_values, axis=-1))
+
+
+def chunked_scan(iteration, carry, key, num_iterations: int, log_every: int):
+    """Scans `iteration(carry, key) -> (carry, metrics)` `num_iterations` times.
+
+    Metrics come back per chunk of `log_every` iterations, shape
+    [num_iterations // log_every]: "episode_return" averaged over the episodes
+    that ended in the chunk (weighted by "episodes", NaN if none), the rest
+    averaged over iterations.
+    """
+
+    def chunk(carry, key):
+        carry, metrics = jax.lax.scan(iteration, carry, jax.random.split(key, log_every))
+        count = jnp.sum(metrics["episodes"])
+        total = jnp.nansum(metrics["episode_return"] * metrics["episodes"])
+        means = {name: jnp.mean(value) for name, value in metrics.items() if name not in ("episodes", "episode_return")}
+        episode_return = jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
+        return carry, {**means, "episode_return": episode_return, "episodes": count}
+
+    return jax.lax.scan(chunk, carry, jax.random.split(key, num_iterations // log_every))
+
+
+def make_train(env, env_params, num_envs: int, init_agent, iteration, num_iterations: int, log_every: int = 1):
+    """The skeleton of every agent: `train(key) -> (agent[0], metrics)`.
+
+    Resets `num_envs` environments, builds the agent tuple with
+    `init_agent(key)`, and runs `iteration((agent, obs, env_state), key) ->
+    ((agent, obs, env_state), metrics)` `num_iterations` times (`chunked_scan`);
+    the first element of the agent (the learned params or table) is returned.
+    """
+
     def train(key):
         key_init, key_reset, key_train = jax.random.split(key, 3)
-        params = actor_critic_init(key_init, obs_dim, num_actions, config.hidden)
-        obs, env_state = Vectorized(env).reset(jax.random.split(key_reset, config.num_envs), env_params)
-        carry = (params, optimizer.init(params), obs, env_state)
-        (params, *_), metrics = jax.lax.scan(update, carry, jax.random.split(key_train, config.num_updates))
-        return params, metrics
+        obs, env_state = Vectorized(env).reset(jax.random.split(key_reset, num_envs), env_params)
+        carry = (init_agent(key_init), obs, env_state)
+        (agent, _, _), metrics = chunked_scan(iteration, carry, key_train, num_iterations, log_every)
+        return agent[0], metrics
 
     return train

@@ -14,7 +14,10 @@ def mlp_init(key: jax.Array, sizes: tuple[int, ...], head_gain: float = 1.0) -> 
     keys = jax.random.split(key, len(sizes) - 1)
     gains = [jnp.sqrt(2.0)] * (len(sizes) - 2) + [head_gain]
     return [
-        {"w": jax.nn.initializers.orthogonal(gain)(k, (n_in, n_out), jnp.float32), "b": jnp.zeros((n_out,), jnp.float32)}
+        {
+            "w": jax.nn.initializers.orthogonal(gain)(k, (n_in, n_out), jnp.float32),
+            "b": jnp.zeros((n_out,), jnp.float32),
+        }
         for k, n_in, n_out, gain in zip(keys, sizes[:-1], sizes[1:], gains, strict=True)
     ]
 

@@ -25,11 +25,12 @@ from agentic_jax import rl
 from agentic_jax.envs import Env, EpisodeStatistics, run_steps
 from agentic_jax.rl.agents.common import (
     action_log_prob,
-    actor_critic_train,
     adam,
     advantages_and_returns,
     categorical_policy,
     episode_metrics,
+    init_actor_critic,
+    make_train,
 )
 from agentic_jax.rl.agents.networks import actor_critic_apply
 
@@ -40,7 +41,7 @@ class PPOConfig:
     num_steps: int = 128
     num_updates: int = 30
     update_epochs: int = 4
-    num_minibatches: int = 4
+    num_minibatches: int = 8
     learning_rate: float = 2.5e-3
     anneal_lr: bool = True
     gamma: float = 0.99
@@ -81,7 +82,9 @@ def make_ppo(env: Env, config: PPOConfig = PPOConfig(), env_params=None):
     def sgd_epoch(carry, key):
         params, opt_state, batch = carry
         perm = jax.random.permutation(key, batch_size)
-        minibatches = jax.tree.map(lambda x: x[perm].reshape(config.num_minibatches, minibatch_size, *x.shape[1:]), batch)
+        minibatches = jax.tree.map(
+            lambda x: x[perm].reshape(config.num_minibatches, minibatch_size, *x.shape[1:]), batch
+        )
 
         def sgd_step(carry, minibatch):
             params, opt_state = carry
@@ -93,7 +96,7 @@ def make_ppo(env: Env, config: PPOConfig = PPOConfig(), env_params=None):
         return (params, opt_state, batch), metrics
 
     def update(carry, key):
-        params, opt_state, obs, env_state = carry
+        (params, opt_state), obs, env_state = carry
         key_run, key_sgd = jax.random.split(key)
         obs, env_state, traj = run_steps(
             env, categorical_policy, key_run, env_params, obs, env_state, config.num_steps, policy_params=params
@@ -105,6 +108,7 @@ def make_ppo(env: Env, config: PPOConfig = PPOConfig(), env_params=None):
             sgd_epoch, (params, opt_state, batch), jax.random.split(key_sgd, config.update_epochs)
         )
         metrics = {**jax.tree.map(jnp.mean, metrics), **episode_metrics(traj)}
-        return (params, opt_state, obs, env_state), metrics
+        return ((params, opt_state), obs, env_state), metrics
 
-    return actor_critic_train(env, env_params, config, optimizer, update)
+    init = init_actor_critic(env, env_params, config.hidden, optimizer)
+    return make_train(env, env_params, config.num_envs, init, update, config.num_updates)

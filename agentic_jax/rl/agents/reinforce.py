@@ -22,11 +22,12 @@ from agentic_jax import rl
 from agentic_jax.envs import Env, EpisodeStatistics, run_steps
 from agentic_jax.rl.agents.common import (
     action_log_prob,
-    actor_critic_train,
     adam,
     advantages_and_returns,
     categorical_policy,
     episode_metrics,
+    init_actor_critic,
+    make_train,
 )
 from agentic_jax.rl.agents.networks import actor_critic_apply
 
@@ -62,14 +63,17 @@ def make_reinforce(env: Env, config: ReinforceConfig = ReinforceConfig(), env_pa
     optimizer = adam(config.learning_rate, config.max_grad_norm)
 
     def update(carry, key):
-        params, opt_state, obs, env_state = carry
+        (params, opt_state), obs, env_state = carry
         obs, env_state, traj = run_steps(
             env, categorical_policy, key, env_params, obs, env_state, config.num_steps, policy_params=params
         )
         _, returns = advantages_and_returns(params, traj, obs, config.gamma, 1.0)
-        batch = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), {"obs": traj.obs, "action": traj.action, "return": returns})
+        batch = {"obs": traj.obs, "action": traj.action, "return": returns}
+        batch = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), batch)
         grads, metrics = jax.grad(reinforce_objective, has_aux=True)(params, batch, config)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state, obs, env_state), {**metrics, **episode_metrics(traj)}
+        params = optax.apply_updates(params, updates)
+        return ((params, opt_state), obs, env_state), {**metrics, **episode_metrics(traj)}
 
-    return actor_critic_train(env, env_params, config, optimizer, update)
+    init = init_actor_critic(env, env_params, config.hidden, optimizer)
+    return make_train(env, env_params, config.num_envs, init, update, config.num_updates)

@@ -1,0 +1,72 @@
+"""Loop detection: an agent calling the same tool with the same arguments, or making no progress.
+
+Small models (and large ones) get stuck re-issuing a call whose answer they already have.  The
+detector first *redirects*: the repeated call is not run, and the model is told why and what to do
+instead (use the earlier result, try another approach, or answer).  Only when it persists does the
+run stop, with :data:`StopReason.REPEATED_CALL` or :data:`StopReason.NO_PROGRESS`.  A step makes
+no progress when every tool result it got was an error or had been seen before.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import NamedTuple
+
+from agentic_jax.agents.budget import StopReason
+from agentic_jax.data.chat import ToolCall
+
+CONTINUE, REDIRECT, STOP = "continue", "redirect", "stop"
+
+
+class Verdict(NamedTuple):
+    action: str  # CONTINUE, REDIRECT or STOP
+    reason: StopReason | None = None
+    message: str = ""
+
+
+def call_key(call: ToolCall) -> str:
+    return json.dumps([call.name, call.arguments], sort_keys=True, default=str)
+
+
+@dataclasses.dataclass
+class LoopDetector:
+    """``max_repeats``: identical calls allowed before a redirect; ``patience``: steps without
+    progress before a redirect; ``redirects``: redirects before stopping."""
+    max_repeats: int = 1
+    patience: int = 3
+    redirects: int = 1
+
+    def __post_init__(self):
+        self._calls: dict[str, int] = {}
+        self._results: set[str] = set()
+        self._stalled = 0
+        self._redirected = 0
+
+    def _escalate(self, reason: StopReason, message: str) -> Verdict:
+        if self._redirected >= self.redirects:
+            return Verdict(STOP, reason, message)
+        self._redirected += 1
+        return Verdict(REDIRECT, reason, message)
+
+    def check_call(self, call: ToolCall) -> Verdict:
+        """Before running ``call``."""
+        key = call_key(call)
+        self._calls[key] = self._calls.get(key, 0) + 1
+        if self._calls[key] <= self.max_repeats:
+            return Verdict(CONTINUE)
+        return self._escalate(StopReason.REPEATED_CALL,
+                              f"repeated call: {call.name} was already called with these "
+                              f"arguments {self._calls[key] - 1} time(s); use the earlier result, "
+                              f"try a different approach, or give the final answer")
+
+    def check_step(self, results: list[tuple[bool, str]]) -> Verdict:
+        """After a step's tool results ``(ok, content)``."""
+        new = [content for ok, content in results if ok and content not in self._results]
+        self._results.update(content for _, content in results)
+        self._stalled = 0 if new else self._stalled + 1
+        if self._stalled < self.patience:
+            return Verdict(CONTINUE)
+        self._stalled = 0
+        return self._escalate(StopReason.NO_PROGRESS,
+                              f"no progress: the last {self.patience} steps brought no new tool "
+                              f"results; change approach or give the final answer")

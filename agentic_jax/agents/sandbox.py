@@ -1,0 +1,142 @@
+"""A Python-execution tool in a subprocess with time, memory and file-size limits and no network.
+
+The child is ``python -I`` (isolated: no user site, no ``PYTHON*`` variables, no current directory
+on ``sys.path``) started in a fresh temporary directory.  Before the model's code runs, the child
+lowers its own resource limits (soft and hard, so the code cannot raise them again):
+
+* ``RLIMIT_CPU``: CPU seconds; ``RLIMIT_AS``: address space; ``RLIMIT_FSIZE``: bytes per file;
+
+and installs an audit hook (PEP 578, ``sys.addaudithook``) that raises ``PermissionError`` for
+opening a file for writing outside the sandbox directory, for every ``socket.*`` event (no network),
+for starting processes, and for path-changing ``os`` calls outside the directory.  The parent also
+kills the whole process group at the wall-clock timeout (``time.sleep`` uses no CPU).
+
+**This is a best-effort guard, not a security boundary.**  Audit hooks see only what the
+interpreter reports; ``ctypes`` is blocked at ``dlopen``, but native extensions already loaded can
+do anything, and the code runs as the calling user.  For untrusted code use a container, a VM or
+gVisor, and keep this for catching accidents of well-meaning models.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from agentic_jax.agents.tools import Tool, tool
+
+_BOOTSTRAP = r'''
+import os, resource, sys
+limits = {limits!r}
+for name, value in limits.items():
+    resource.setrlimit(getattr(resource, name), (value, value))
+ROOT = os.path.realpath(os.getcwd())
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+PATH_EVENTS = {{"os.remove": 0, "os.rename": 0, "os.replace": 0, "os.rmdir": 0, "os.mkdir": 0,
+                "os.chmod": 0, "os.chown": 0, "os.link": 1, "os.symlink": 1, "os.truncate": 0,
+                "os.utime": 0, "shutil.rmtree": 0, "shutil.copyfile": 1, "shutil.move": 1}}
+BLOCKED = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+           "os.forkpty", "ctypes.dlopen", "sys.addaudithook", "os.chdir")
+
+def inside(path):
+    if isinstance(path, int):
+        return True  # an already open descriptor
+    path = os.fsdecode(path)
+    full = os.path.realpath(os.path.join(ROOT, path))
+    return full == ROOT or full.startswith(ROOT + os.sep)
+
+def hook(event, args):
+    if event.startswith("socket."):
+        raise PermissionError(f"sandbox: network access is blocked ({{event}})")
+    if event.startswith(BLOCKED):
+        raise PermissionError(f"sandbox: {{event}} is blocked")
+    if event == "open":
+        path, mode, flags = args
+        writing = (mode is not None and any(c in str(mode) for c in "wax+")) or (
+            isinstance(flags, int) and flags & WRITE_FLAGS)
+        if writing and path is not None and not inside(path):
+            raise PermissionError(f"sandbox: writing outside the sandbox is blocked ({{path}})")
+    elif event in PATH_EVENTS and args and not inside(args[PATH_EVENTS[event]]):
+        raise PermissionError(f"sandbox: {{event}} outside the sandbox is blocked")
+
+source = open("main.py", encoding="utf-8").read()
+sys.addaudithook(hook)
+exec(compile(source, "main.py", "exec"), {{"__name__": "__main__"}})
+'''
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxResult:
+    stdout: str
+    stderr: str
+    returncode: int | None
+    timed_out: bool
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def text(self) -> str:
+        """What the model sees: output, then the error tail and the reason it stopped."""
+        parts = [self.stdout.rstrip()] if self.stdout.strip() else []
+        if self.stderr.strip():
+            parts.append("stderr:\n" + self.stderr.rstrip())
+        if self.timed_out:
+            parts.append("killed: wall-clock time limit reached")
+        elif self.returncode and self.returncode < 0:
+            parts.append(f"killed by signal {signal.Signals(-self.returncode).name}")
+        elif self.returncode:
+            parts.append(f"exit code {self.returncode}")
+        return "\n".join(parts) or "(no output)"
+
+
+def _clip(data: bytes, limit: int) -> str:
+    text = data.decode("utf-8", errors="replace")
+    return text if len(text) <= limit else text[:limit] + f"\n... [{len(text) - limit} chars cut]"
+
+
+def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
+               max_file_mb: int = 16, max_output_chars: int = 8000,
+               workdir: str | os.PathLike | None = None) -> SandboxResult:
+    """Runs ``code`` in the sandbox; ``workdir`` (default: a fresh temporary directory, removed
+    afterwards) is the only place it may write."""
+    with tempfile.TemporaryDirectory(prefix="agent-sandbox-") as scratch:
+        root = Path(workdir or scratch)
+        (root / "main.py").write_text(code, encoding="utf-8")
+        limits = {"RLIMIT_CPU": max(1, int(timeout_s + 0.999)),
+                  "RLIMIT_AS": memory_mb * 2 ** 20, "RLIMIT_FSIZE": max_file_mb * 2 ** 20}
+        env = {"PATH": os.defpath, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+        proc = subprocess.Popen([sys.executable, "-I", "-c", _BOOTSTRAP.format(limits=limits)],
+                                cwd=root, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:  # it ended on its own just now
+                pass
+            out, err = proc.communicate()
+            timed_out = True
+    return SandboxResult(_clip(out, max_output_chars), _clip(err, max_output_chars),
+                         proc.returncode, timed_out)
+
+
+def python_tool(timeout_s: float = 5.0, memory_mb: int = 512) -> Tool:
+    """A ``python`` tool running code in the sandbox (its own kill timer replaces the executor's
+    thread timeout, with a margin)."""
+    def python(code: str) -> str:
+        """Run a Python 3 program and return what it prints (stdout, then stderr). The program runs
+        in an empty scratch directory with no network access and limited time and memory; print
+        results explicitly.
+
+        Args:
+            code: the complete program.
+        """
+        return run_python(code, timeout_s=timeout_s, memory_mb=memory_mb).text()
+    return tool(python, timeout_s=timeout_s + 5.0)

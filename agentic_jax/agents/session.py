@@ -1,0 +1,126 @@
+"""Agent sessions configured from gin: what ``agentic-jax agent`` runs.
+
+A config names a policy (a gin-built one such as ``@agents.ScriptedPolicy()``, or a checkpoint
+served in-process by :class:`JaxPolicy`), built-in tools by name, the loop, its budget and its
+sampling settings; see ``configs/agent_calculator.gin`` and
+``configs/agent_calculator_scripted.gin``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import gin
+
+from agentic_jax.agents.agent import Agent, AgentResult
+from agentic_jax.agents.budget import Budget, Pricing
+from agentic_jax.agents.builtin_tools import builtin_tool
+from agentic_jax.agents.context import ContextBudget, ContextManager
+from agentic_jax.agents.executor import Approver, ToolExecutor
+from agentic_jax.agents.jax_policy import JaxPolicy
+from agentic_jax.agents.plan_execute import PlanAndExecute
+from agentic_jax.agents.policy import Policy
+from agentic_jax.agents.react import SYSTEM_PROMPT, ReActAgent
+from agentic_jax.agents.tokens import approx_tokens, tokenizer_counter
+from agentic_jax.agents.tracing import Tracer, console_sink
+
+LOOPS = ("react", "plan_execute")
+
+
+@gin.configurable(module="agents")
+@dataclasses.dataclass
+class AgentConfig:
+    """``policy`` (gin-built) or ``checkpoint``; ``tools`` are built-in tool names; ``allow``
+    restricts them further; ``context`` enables context management with that budget; ``task``
+    is run when no task is given on the command line."""
+    policy: Any = None
+    checkpoint: str | None = None
+    tools: Sequence[str] = ("calculator",)
+    allow: Sequence[str] | None = None
+    loop: str = "react"
+    system_prompt: str = SYSTEM_PROMPT
+    budget: Budget = Budget()
+    pricing: Pricing = Pricing()
+    sampling: dict = dataclasses.field(default_factory=dict)
+    context: ContextBudget | None = None
+    task: str | None = None
+
+    def __post_init__(self):
+        if self.loop not in LOOPS:
+            raise ValueError(f"AgentConfig.loop={self.loop!r}; expected one of {LOOPS}")
+
+
+def make_policy(config: AgentConfig, checkpoint: str | None = None) -> Policy:
+    """``checkpoint`` (the command line's) wins over the config's checkpoint and policy."""
+    path = checkpoint or (None if config.policy is not None else config.checkpoint)
+    if path is not None:
+        return JaxPolicy(path)
+    if config.policy is None:
+        raise ValueError("no policy: pass --checkpoint, or bind agents.AgentConfig.policy or "
+                         "agents.AgentConfig.checkpoint in the gin config")
+    return config.policy
+
+
+def make_agent(config: AgentConfig, policy: Policy, *, tracer: Tracer | None = None,
+               approver: Approver | None = None) -> Agent:
+    executor = ToolExecutor([builtin_tool(name) for name in config.tools], allow=config.allow,
+                            approver=approver)
+    context = None
+    if config.context is not None:
+        count = (tokenizer_counter(policy.model.tokenizer) if isinstance(policy, JaxPolicy)
+                 else approx_tokens)
+        context = ContextManager(config.context, count)
+    react = ReActAgent(policy, executor, system_prompt=config.system_prompt, budget=config.budget,
+                       pricing=config.pricing, context=context, tracer=tracer,
+                       sampling=config.sampling)
+    if config.loop == "plan_execute":
+        return PlanAndExecute(policy, react, budget=config.budget, pricing=config.pricing,
+                              tracer=tracer)
+    return react
+
+
+def read_tasks(path: str | Path) -> list[str]:
+    """Tasks from a file: JSONL objects with a ``task`` field, or one task per non-empty line."""
+    lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
+    return [json.loads(line)["task"] if line.startswith("{") else line for line in lines if line]
+
+
+def interactive_tasks(prompt: str = "task> ") -> Iterator[str]:
+    """Tasks typed at the terminal until an empty line or end of input."""
+    while True:
+        try:
+            line = input(prompt).strip()
+        except EOFError:
+            return
+        if not line:
+            return
+        yield line
+
+
+def terminal_approver(tool, call) -> bool:
+    """Asks on the terminal before a dangerous tool runs; no terminal means no."""
+    if not sys.stdin.isatty():
+        return False
+    answer = input(f"approve {call.name}({json.dumps(dict(call.arguments))})? [y/N] ")
+    return answer.strip().lower() in ("y", "yes")
+
+
+def run_session(config: AgentConfig, tasks: Sequence[str] | Iterator[str], *,
+                checkpoint: str | None = None, trace_path: str | None = None,
+                approver: Approver | None = terminal_approver,
+                write: Callable[[str], Any] = print) -> list[AgentResult]:
+    """Runs each task with a fresh agent (one trace run each), streaming its steps to ``write``."""
+    policy = make_policy(config, checkpoint)
+    results = []
+    try:
+        for task in tasks:
+            tracer = Tracer(trace_path, sinks=[console_sink(write)], pricing=config.pricing)
+            results.append(make_agent(config, policy, tracer=tracer, approver=approver).run(task))
+    finally:
+        if isinstance(policy, JaxPolicy):
+            policy.close()
+    return results

@@ -1,0 +1,168 @@
+"""Tracing: every model call, tool call and decision of a run as a structured event.
+
+Events are flat JSON objects, one per line in a JSONL file, so a run can be replayed, diffed
+against a golden run (``golden.py``), rendered (:func:`render`, ``agentic-jax trace show``) or
+loaded into any log tool.  Each carries ``run``, ``seq``, ``time`` and ``kind``:
+
+* ``run_start`` (task, agent) and ``run_end`` (answer, stop_reason, detail, totals);
+* ``model_call``: text, tool_calls, prompt/completion tokens, cost, latency, finish_reason;
+* ``tool_call``: name, arguments, status, content (clipped), attempts, latency; ``data: true``
+  records that the content is tool output (data), not instructions;
+* ``decision``: what the loop decided and why (answer, redirect, stop, replan, reflect, ...).
+
+When ``opentelemetry-api`` is installed, each event is also an OpenTelemetry span (child of the
+run's span), so runs show up in Jaeger, Honeycomb or any OTLP backend configured in the process.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentic_jax.agents.budget import Pricing
+from agentic_jax.agents.policy import AssistantMessage
+
+Event = dict[str, Any]
+Sink = Callable[[Event], None]
+CONTENT_LIMIT = 2000
+
+
+def _clip(text: str, limit: int = CONTENT_LIMIT) -> str:
+    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} chars]"
+
+
+def _otel_tracer():
+    try:
+        from opentelemetry import trace
+    except ImportError:
+        return None
+    return trace.get_tracer("agentic_jax.agents")
+
+
+def _attributes(event: Event) -> dict:
+    """OpenTelemetry attributes must be primitives: nested values go as JSON."""
+    return {f"agent.{k}": v if isinstance(v, (str, bool, int, float))
+            else json.dumps(v, default=str) for k, v in event.items() if v is not None}
+
+
+class Tracer:
+    """Collects a run's events in ``events``, appends them to ``path`` (JSONL) and hands them to
+    ``sinks`` (e.g. a console printer) as they happen."""
+
+    def __init__(self, path: str | Path | None = None, *, sinks: Sequence[Sink] = (),
+                 pricing: Pricing = Pricing(), run_id: str | None = None, otel: bool = True):
+        self.path = None if path is None else Path(path)
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.sinks, self.pricing = list(sinks), pricing
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.events: list[Event] = []
+        self._otel = _otel_tracer() if otel else None
+        self._root = None
+
+    def emit(self, kind: str, **fields: Any) -> Event:
+        event = {"run": self.run_id, "seq": len(self.events), "time": time.time(), "kind": kind,
+                 **fields}
+        self.events.append(event)
+        if self.path is not None:
+            with self.path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(event, ensure_ascii=False, default=str) + "\n")
+        for sink in self.sinks:
+            sink(event)
+        self._span(event)
+        return event
+
+    def _span(self, event: Event) -> None:
+        if self._otel is None:
+            return
+        from opentelemetry import trace
+
+        if event["kind"] == "run_start":
+            self._root = self._otel.start_span("agent.run", attributes=_attributes(event))
+            return
+        if event["kind"] == "run_end" and self._root is not None:
+            self._root.set_attributes(_attributes(event))
+            self._root.end()
+            self._root = None
+            return
+        end = time.time_ns()
+        start = end - int(event.get("latency_s", 0.0) * 1e9)
+        context = None if self._root is None else trace.set_span_in_context(self._root)
+        name = event.get("name") or event.get("decision") or ""
+        span = self._otel.start_span(f"agent.{event['kind']}" + (f" {name}" if name else ""),
+                                     context=context, start_time=start,
+                                     attributes=_attributes(event))
+        span.end(end_time=end)
+
+    # ----------------------------------------------------------------------------- event kinds
+    def model_call(self, step: int, response: AssistantMessage, latency_s: float) -> Event:
+        u = response.usage
+        return self.emit("model_call", step=step, text=response.text,
+                         tool_calls=[{"name": c.name, "arguments": dict(c.arguments)}
+                                     for c in response.tool_calls],
+                         prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+                         cost=self.pricing.cost(u), latency_s=latency_s,
+                         finish_reason=response.finish_reason)
+
+    def tool_call(self, step: int, result) -> Event:
+        return self.emit("tool_call", step=step, name=result.call.name,
+                         arguments=dict(result.call.arguments), status=result.status,
+                         content=_clip(result.content), attempts=result.attempts,
+                         latency_s=result.latency_s, data=True)
+
+    def decision(self, step: int, decision: str, detail: str = "", **fields: Any) -> Event:
+        return self.emit("decision", step=step, decision=decision, detail=detail, **fields)
+
+
+# --------------------------------------------------------------------------------- reading
+def load(path: str | Path) -> list[Event]:
+    with Path(path).open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def format_event(event: Event) -> str | None:
+    """One event as a line or two of text (``None`` for events not worth showing)."""
+    kind, step = event["kind"], event.get("step", "")
+    if kind == "run_start":
+        return f"task: {event.get('task', '')}  [{event.get('agent', 'agent')}, run {event['run']}]"
+    if kind == "model_call":
+        lines = [f"[{step}] model  {event['prompt_tokens']}+{event['completion_tokens']} tokens, "
+                 f"{event['latency_s']:.2f}s" + (f": {_short(event['text'])}" if event["text"]
+                                                  else "")]
+        lines += [f"      -> {c['name']}({_short(c['arguments'], 160)})"
+                  for c in event["tool_calls"]]
+        return "\n".join(lines)
+    if kind == "tool_call":
+        return (f"[{step}] tool   {event['name']} {event['status']}, {event['latency_s']:.2f}s"
+                + (f", {event['attempts']} attempts" if event["attempts"] > 1 else "")
+                + f": {_short(event['content'])}")
+    if kind == "decision":
+        return f"[{step}] {event['decision']}" + (f": {event['detail']}" if event["detail"] else "")
+    if kind == "run_end":
+        return (f"answer: {event.get('answer')}\n"
+                f"stop: {event['stop_reason']} ({event['detail']}); {event['steps']} model calls, "
+                f"{event['total_tokens']} tokens, ${event['cost']:.4f}, {event['wall_s']:.2f}s")
+    return None
+
+
+def render(events: Iterable[Event]) -> str:
+    """A readable transcript of one or more runs."""
+    return "\n".join(line for line in map(format_event, events) if line is not None)
+
+
+def console_sink(write: Callable[[str], Any] = print) -> Sink:
+    """Prints each event as it happens (``agentic-jax agent`` streams its steps this way)."""
+    def sink(event: Event) -> None:
+        line = format_event(event)
+        if line is not None:
+            write(line)
+    return sink

@@ -1,0 +1,207 @@
+"""Host-side text environments: Python tools on a thread pool, behind the batched env API.
+
+Some tools cannot run in jnp: arbitrary Python functions, code execution in
+a subprocess, anything doing I/O.  `HostTextEnv` is the non-jitted twin of
+``Vectorized(TextEnv)``: the same ``reset(keys[B], params)`` /
+``step(keys[B], state, actions[B, A], params)`` signatures, the same
+transcript observations, masks, auto-reset and ``info`` keys, over numpy
+arrays -- so one trainer loop drives either.  The episode rules (turn
+extent, tool-message template, turn and token budgets, reward only on the
+answering turn) are the jitted env's, and on calls both can run the two give
+the same rewards and transcripts.
+
+Tool calls of a batch run concurrently on a `ToolPool`
+(``concurrent.futures.ThreadPoolExecutor``) under one deadline, so a slow or
+hung tool costs at most ``timeout_s`` per step: its result becomes
+``"error: timeout"``.  A thread cannot be killed, so a timed-out Python
+function keeps its worker until it returns; code that may hang belongs in a
+subprocess (`PythonSandbox`), which is killed at its own timeout.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_jax.data.tokenizer import IM_END, Tokenizer
+from agentic_jax.envs.text.env import tool_message_template, turn_extent
+from agentic_jax.envs.text.rewards import Reward
+from agentic_jax.envs.text.tasks import Task
+from agentic_jax.envs.text.tools import MALFORMED, Tool, parse_call_host
+from agentic_jax.envs.text.vocab import Vocab
+
+TIMEOUT = "error: timeout"
+
+
+class ToolPool:
+    """Runs batches of calls on threads; each batch must finish within ``timeout_s`` of submission."""
+
+    def __init__(self, max_workers: int = 8, timeout_s: float = 10.0):
+        self.timeout_s = timeout_s
+        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="tool")
+
+    def map(self, calls: Sequence[Callable[[], str]]) -> list[str]:
+        """Results in order; a call still running at the deadline gives `TIMEOUT`, one that raised its error."""
+        futures = [self.executor.submit(call) for call in calls]
+        concurrent.futures.wait(futures, timeout=self.timeout_s)
+        results = []
+        for future in futures:
+            if not future.done():
+                future.cancel()  # only stops calls still queued; running ones finish in the background
+                results.append(TIMEOUT)
+            elif future.exception() is not None:
+                results.append(f"error: {type(future.exception()).__name__}: {future.exception()}")
+            else:
+                results.append(future.result())
+        return results
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class PythonSandbox(Tool):
+    """Executes Python code in a fresh isolated interpreter (``python -I``); returns its stdout.
+
+    Host only.  The subprocess is killed after ``timeout_s``; a non-zero
+    exit returns the last line of stderr (the exception).
+    """
+
+    name, argument = "python", "code"
+    messages = (TIMEOUT,)
+
+    def __init__(self, timeout_s: float = 5.0, argument_bytes: int = 4096):
+        super().__init__(argument_bytes)
+        self.timeout_s = timeout_s
+
+    def run(self, argument, task, vocab, messages):
+        raise NotImplementedError("PythonSandbox runs only in a HostTextEnv")
+
+    def run_host(self, argument, task):
+        try:
+            done = subprocess.run([sys.executable, "-I", "-c", argument], capture_output=True, text=True,
+                                  timeout=self.timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            return TIMEOUT
+        if done.returncode:
+            lines = done.stderr.strip().splitlines()
+            return f"error: {lines[-1] if lines else f'exit status {done.returncode}'}"
+        return done.stdout.strip()
+
+
+@dataclasses.dataclass(frozen=True)
+class HostTextParams:
+    task_weights: np.ndarray  # float [N], as `TextEnvParams.task_weights`
+    max_turns: int
+
+
+@dataclasses.dataclass
+class HostTextState:
+    """Batched numpy state with the fields of `TextEnvState`."""
+
+    time: np.ndarray
+    task: np.ndarray
+    tokens: np.ndarray
+    loss_mask: np.ndarray
+    length: np.ndarray
+    turn: np.ndarray
+
+    def observation(self) -> dict:
+        return {"tokens": self.tokens.copy(), "loss_mask": self.loss_mask.copy(), "length": self.length.copy()}
+
+
+class HostTextEnv:
+    """`TextEnv`'s rules with host tools: batched ``reset``/``step`` over numpy arrays (see the module doc)."""
+
+    def __init__(self, tokenizer: Tokenizer, tasks: Sequence[Task], reward: Reward, *, tools: Sequence[Tool] = (),
+                 max_length: int = 512, action_length: int = 96, max_turns: int = 4, pool: ToolPool | None = None):
+        self.tokenizer, self.tasks, self.reward, self.tools = tokenizer, list(tasks), reward, tuple(tools)
+        self.max_length, self.action_length = max_length, action_length
+        self.pool = pool or ToolPool()
+        vocab = Vocab.build(tokenizer)
+        self.stop_ids, self.pad_id = vocab.stop_ids, vocab.pad_id
+        self.tool_call_id, self.tool_call_end_id = vocab.tool_call_id, vocab.tool_call_end_id
+        self.im_end_id = tokenizer.token_id(IM_END)
+        self.head, self.tail = tool_message_template(tokenizer)
+        self.prompts = [t.prompt_ids(tokenizer) for t in self.tasks]
+        if max(map(len, self.prompts)) + action_length > max_length:
+            raise ValueError(f"a prompt leaves no room for a {action_length}-token turn in max_length={max_length}")
+        self.default_params = HostTextParams(np.ones(len(self.tasks), np.float32), max_turns)
+
+    def _sample_tasks(self, keys, params: HostTextParams) -> np.ndarray:
+        """The tasks `TextEnv.reset_env` would draw with the same keys."""
+        logits = jnp.log(jnp.asarray(params.task_weights, jnp.float32))
+        return np.asarray(jax.vmap(lambda key: jax.random.categorical(key, logits))(keys))
+
+    def _reset_rows(self, state: HostTextState, rows: np.ndarray, tasks: np.ndarray) -> None:
+        for row, task in zip(rows, tasks):
+            prompt = self.prompts[task]
+            state.tokens[row] = self.pad_id
+            state.tokens[row, :len(prompt)] = prompt
+            state.loss_mask[row] = 0
+            state.time[row], state.task[row], state.length[row], state.turn[row] = 0, task, len(prompt), 0
+
+    def reset(self, keys, params: HostTextParams | None = None):
+        params = params or self.default_params
+        size = len(keys)
+        state = HostTextState(np.zeros(size, np.int32), np.zeros(size, np.int32),
+                              np.zeros((size, self.max_length), np.int32), np.zeros((size, self.max_length), np.int32),
+                              np.zeros(size, np.int32), np.zeros(size, np.int32))
+        self._reset_rows(state, np.arange(size), self._sample_tasks(keys, params))
+        return state.observation(), state
+
+    def _parse(self, action: np.ndarray):
+        """Turn length, answer content, and the call (tool, argument) or None for an answering turn."""
+        length = int(turn_extent(action, self.stop_ids, self.pad_id))
+        turn = action[:length]
+        content = self.tokenizer.decode(turn[~np.isin(turn, self.stop_ids)])
+        opens = np.flatnonzero(turn == self.tool_call_id)
+        closes = np.flatnonzero(turn == self.tool_call_end_id)
+        closes = closes[closes > opens[0]] if len(opens) else closes[:0]
+        if not self.tools or not len(closes):
+            return length, content, None
+        return length, content, parse_call_host(self.tokenizer.decode(turn[opens[0] + 1:closes[0]]), self.tools)
+
+    def step(self, keys, state: HostTextState, actions, params: HostTextParams | None = None):
+        params = params or self.default_params
+        actions = np.asarray(actions, np.int32)
+        state = dataclasses.replace(state, **{f.name: getattr(state, f.name).copy()
+                                              for f in dataclasses.fields(state)})
+        parsed = [self._parse(a) for a in actions]
+        calls = [(i, call) for i, (_, _, call) in enumerate(parsed) if call is not None]
+        results = self.pool.map([
+            (lambda tool=tool, arg=arg, task=self.tasks[state.task[i]]: tool.run_host(arg, task))
+            if tool is not None else (lambda: MALFORMED) for i, (tool, arg) in calls])
+        result_of = {i: r for (i, _), r in zip(calls, results)}
+        size = len(actions)
+        reward, terminated, truncated = np.zeros(size, np.float32), np.zeros(size, bool), np.zeros(size, bool)
+        for i, (length, content, call) in enumerate(parsed):
+            start = state.length[i]
+            state.tokens[i, start:start + length] = actions[i, :length]
+            state.loss_mask[i, start:start + length] = 1
+            state.length[i] += length
+            state.turn[i] += 1
+            state.time[i] += 1
+            if call is None:
+                terminated[i] = True
+                reward[i] = self.reward.host(content, self.tasks[state.task[i]])
+                continue
+            closing = [] if actions[i, length - 1] == self.im_end_id else [self.im_end_id]
+            message = closing + self.head + self.tokenizer.encode(result_of[i]) + self.tail
+            fits = state.length[i] + len(message) + self.action_length <= self.max_length
+            if fits:
+                state.tokens[i, state.length[i]:state.length[i] + len(message)] = message
+                state.length[i] += len(message)
+            truncated[i] = not fits or state.turn[i] >= params.max_turns
+        info = {"task": state.task.copy(), "tool_call": np.array([p[2] is not None for p in parsed]),
+                "malformed_call": np.array([p[2] is not None and p[2][0] is None for p in parsed]),
+                "final_observation": state.observation()}
+        done = np.flatnonzero(terminated | truncated)
+        reset_keys = jax.vmap(lambda key: jax.random.split(key)[1])(keys)  # as `Env.step` splits its key
+        self._reset_rows(state, done, self._sample_tasks(reset_keys, params)[done])
+        return state.observation(), state, reward, terminated, truncated, info

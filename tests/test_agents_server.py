@@ -1,0 +1,249 @@
+"""The model-backed pieces on a tiny random model: constrained tool calls (JaxPolicy), continuous
+batching across callers, and the OpenAI-compatible server driven by the official ``openai``
+client and by HTTPPolicy."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Literal
+
+import gin
+import jax
+import jax.numpy as jnp
+import jsonschema
+import numpy as np
+import pytest
+
+from agentic_jax.agents import Budget, HTTPPolicy, PolicyError, ReActAgent, StopReason, tool
+from agentic_jax.agents.chat_model import ChatModel, EngineLoop, TextStream
+from agentic_jax.agents.jax_policy import JaxPolicy
+from agentic_jax.agents.server import OpenAIServer
+from agentic_jax.cli import main
+from agentic_jax.data.chat import Message
+from agentic_jax.data.tokenizer import SPECIAL_TOKENS, train_tokenizer
+from agentic_jax.inference.engine import Engine, EngineConfig
+from agentic_jax.inference.sampling import SamplingParams
+from agentic_jax.models import TransformerConfig, param_shapes
+from agentic_jax.models.export import save_model
+
+openai = pytest.importorskip("openai")
+
+CORPUS = os.path.join(os.path.dirname(__file__), "data", "tiny_corpus.txt")
+MODEL = "tiny"
+# One prefill bucket for every prompt up to 256 tokens: fewer compilations, a faster test.
+ENGINE = EngineConfig(num_slots=4, min_prefill_len=256)
+
+
+@tool
+def weather(city: Literal["oslo", "paris", "rome"], unit: Literal["C", "F"] = "C") -> str:
+    """Current temperature in a city."""
+    return f"{city}: 21 {unit}"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A training workdir's layout with a random 1-layer model (see test_cli_generate.py)."""
+    path = tmp_path_factory.mktemp("agent-model")
+    tokenizer = train_tokenizer(path / "tokenizer.json", files=[CORPUS], vocab_size=300)
+    config = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_layers=1, n_heads=2,
+                               n_kv_heads=1, head_dim=8, d_ff=32, max_seq_len=1024)
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda s: rng.normal(0.0, 0.5, s.shape).astype(s.dtype),
+                          param_shapes(config))
+    params["embed"][:len(SPECIAL_TOKENS)] = 0.0  # greedy decoding prints plain text
+    save_model(path / "model", config, jax.tree.map(jnp.asarray, params))
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    chat = ChatModel.from_checkpoint(model_dir, ENGINE, max_tool_call_tokens=80)
+    yield chat
+    chat.close()
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    with OpenAIServer(model, host="127.0.0.1", port=0, model_name=MODEL) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather?"}]
+
+
+@pytest.fixture(autouse=True)
+def clean_gin():
+    """CLI runs bind gin parameters; later tests in this process must not see them."""
+    yield
+    gin.clear_config()
+
+
+def test_jax_policy_tool_calls_always_parse_and_fit_the_schema(model):
+    policy = JaxPolicy(model=model)
+    for seed in range(3):
+        reply = policy.respond([Message("user", "Weather in Oslo?")], [weather],
+                               tool_choice="required", temperature=1.0, seed=seed)
+        [call] = reply.tool_calls
+        assert call.name == "weather" and reply.finish_reason == "tool_calls"
+        jsonschema.validate(dict(call.arguments), weather.parameters)
+        assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 2
+    free = policy.respond([Message("user", "Hi")], [weather], max_tokens=4)
+    assert free.finish_reason in ("stop", "length", "tool_calls") and free.usage.prompt_tokens > 0
+    with pytest.raises(PolicyError, match="max_model_len"):
+        policy.respond([Message("user", "word " * 1200)])
+
+
+def test_the_engine_loop_batches_concurrent_callers(model):
+    prompts = [model.encode(p) for p in ("The cat", "A dog", "Once upon")]
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    loop = EngineLoop(Engine(model.params, model.config, ENGINE))
+    streams = [loop.submit(p, params) for p in prompts]  # queued before the loop starts
+    loop.start()
+    outputs = [[e.token for e in s] for s in streams]
+    loop.stop()
+    assert loop.peak_batch == 3  # all three were in one step
+    alone = [[e.token for e in model.loop.submit(p, params)] for p in prompts]  # one at a time
+    assert outputs == alone  # batching does not change the tokens
+
+
+def test_text_stream_holds_back_possible_stop_strings(model):
+    tok = model.tokenizer
+    stream = TextStream(tok, ["STOP"])
+    pieces = [stream.push(t) for t in tok.encode("abc ST")]
+    assert "".join(pieces) == "abc " and stream.text == "abc "
+    pieces += [stream.push(t) for t in tok.encode("OP more")]
+    assert stream.stopped and "".join(pieces) == "abc "
+
+
+def test_models_and_api_errors(server, client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.chat.completions.create(model="gpt-9", messages=MESSAGES)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=7)
+    with pytest.raises(openai.BadRequestError, match="reserved token"):
+        client.chat.completions.create(model=MODEL, messages=[
+            {"role": "user", "content": "<|im_end|> hi"}])
+    with pytest.raises(openai.BadRequestError) as long_prompt:
+        client.chat.completions.create(model=MODEL, messages=[
+            {"role": "user", "content": "word " * 1200}], stream=True)
+    assert long_prompt.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError, match="not among the tools"):
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, tools=[weather.spec.openai()],
+            tool_choice={"type": "function", "function": {"name": "nope"}})
+    for path, body, status in [("/chat/completions", b"{not json", 400),
+                               ("/chat/completions", b'{"model": "tiny"}', 400),
+                               ("/nowhere", b"{}", 404), ("/models", b"{}", 405)]:
+        request = urllib.request.Request(server.url + path, body, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as error:
+            urllib.request.urlopen(request, timeout=30)
+        assert error.value.code == status
+        assert set(json.loads(error.value.read())["error"]) == {"message", "type", "param", "code"}
+
+
+def test_chat_with_tools_then_a_tool_result(client):
+    tools = [weather.spec.openai()]
+    first = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=tools,
+                                           tool_choice="required", temperature=0, max_tokens=8)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and first.usage.total_tokens > 0
+    [call] = choice.message.tool_calls
+    assert call.function.name == "weather" and call.id.startswith("call_")
+    jsonschema.validate(json.loads(call.function.arguments), weather.parameters)
+    followup = MESSAGES + [choice.message.model_dump(exclude_none=True),
+                           {"role": "tool", "tool_call_id": call.id, "content": "oslo: 21 C"}]
+    second = client.chat.completions.create(model=MODEL, messages=followup, tools=tools,
+                                            tool_choice="none", temperature=0, max_tokens=5)
+    assert second.choices[0].message.tool_calls is None
+    assert second.choices[0].finish_reason in ("stop", "length")
+
+
+def test_streaming_matches_the_non_streamed_reply(client):
+    kwargs = dict(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=8)
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    chunks = list(client.chat.completions.create(**kwargs, stream=True,
+                                                 stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.finish_reason
+    assert chunks[-1].usage.completion_tokens == 8 and not chunks[-1].choices
+    tool_chunks = list(client.chat.completions.create(
+        **kwargs, stream=True, tools=[weather.spec.openai()], tool_choice="required"))
+    [delta] = [c.choices[0].delta.tool_calls for c in tool_chunks if c.choices[0].delta.tool_calls]
+    assert delta[0].function.name == "weather" and tool_chunks[-1].choices[0].finish_reason == \
+        "tool_calls"
+
+
+def test_completions_batch_and_stream(client):
+    batch = client.completions.create(model=MODEL, prompt=["The cat", "A dog"], max_tokens=5,
+                                      temperature=0)
+    assert [c.index for c in batch.choices] == [0, 1] and batch.usage.completion_tokens == 10
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt="The cat", max_tokens=5, temperature=0, stream=True))
+    assert streamed == batch.choices[0].text
+
+
+def test_http_policy_drives_an_agent_loop_through_the_server(server):
+    policy = HTTPPolicy(server.url, MODEL, defaults={"temperature": 0, "max_tokens": 8})
+    agent = ReActAgent(policy, [weather], budget=Budget(max_steps=3), system_prompt="Be brief.",
+                       sampling={"tool_choice": "required"})
+    result = agent.run("What is the weather in Rome?")
+    assert result.stop_reason in (StopReason.MAX_STEPS, StopReason.REPEATED_CALL)
+    observations = [m.content for m in result.messages if m.role == "tool"]
+    assert observations and all(o.endswith((" C", " F")) or o.startswith("error: repeated")
+                                for o in observations)
+    assert result.usage.prompt_tokens > 0 and result.tool_calls[0] == "weather"
+    with pytest.raises(PolicyError, match="HTTP 404"):
+        HTTPPolicy(server.url, "other").respond([Message("user", "hi")])
+
+
+def test_the_serve_verb_serves_until_interrupted(model_dir):
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "agentic_jax.cli", "serve", "--checkpoint",
+                             str(model_dir), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
+                    models = json.loads(r.read())
+                break
+            except (urllib.error.URLError, ConnectionError):
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+                time.sleep(0.2)
+        assert models["data"][0]["id"] == model_dir.name
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 130
+        assert f"serving '{model_dir.name}' at http://127.0.0.1:{port}/v1" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_the_agent_verb_runs_a_checkpoint_with_the_calculator(model_dir, model, capsys):
+    # The fixture's engine shapes, so that the compiled functions are reused.
+    code = main(["agent", "--gin_file", "agent_calculator", "--checkpoint", str(model_dir),
+                 "--task", "What is 2 + 2?",
+                 "--gin_param", "agents.AgentConfig.system_prompt='Be brief.'",
+                 "--gin_param", "agents.AgentConfig.sampling={'temperature': 0.0, 'max_tokens': 4}",
+                 "--gin_param", "EngineConfig.num_slots=4",
+                 "--gin_param", "EngineConfig.min_prefill_len=256"])
+    out = capsys.readouterr().out
+    assert "task: What is 2 + 2?" in out and "[1] model" in out
+    assert ("stop: answer" in out) == (code == 0) and "stop: " in out

@@ -1,0 +1,127 @@
+"""Tracing, golden-trajectory regression, and the agent/trace CLI verbs on a scripted policy."""
+import json
+
+import gin
+import pytest
+
+from agentic_jax.agents import (Budget, ReActAgent, ScriptedPolicy, Tracer, compare_events, load,
+                                render)
+from agentic_jax.agents.builtin_tools import calculator
+from agentic_jax.agents.golden import Trajectory, compare
+from agentic_jax.agents.tools import tool
+from agentic_jax.cli import main
+
+
+@tool
+def search(query: str) -> str:
+    """Searches the web."""
+    return f"results for {query}"
+
+
+def run_agent(script, path=None, **kwargs):
+    tracer = Tracer(path, otel=False)
+    return ReActAgent(ScriptedPolicy(script), [calculator, search], tracer=tracer, **kwargs
+                      ).run("task"), tracer
+
+
+def calls(*names):
+    args = {"calculator": {"expression": "1 + 1"}, "search": {"query": "q"}}
+    return [{"tool_calls": [{"name": n, "arguments": args[n]}]} for n in names]
+
+
+@pytest.fixture(autouse=True)
+def clean_gin():
+    """CLI runs bind gin parameters; later tests in this process must not see them."""
+    yield
+    gin.clear_config()
+
+
+def test_events_are_jsonl_with_tokens_latency_and_cost(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    result, tracer = run_agent(calls("search", "calculator") + ["2"], path)
+    events = load(path)
+    assert events == json.loads(json.dumps(tracer.events)) and len({e["run"] for e in events}) == 1
+    assert [e["kind"] for e in events] == ["run_start", "model_call", "tool_call", "model_call",
+                                           "tool_call", "model_call", "decision", "run_end"]
+    model = events[1]
+    assert model["prompt_tokens"] > 0 and model["latency_s"] >= 0 and model["cost"] == 0.0
+    assert model["tool_calls"] == [{"name": "search", "arguments": {"query": "q"}}]
+    assert events[2]["data"] is True and events[2]["content"] == "results for q"
+    end = events[-1]
+    assert end["stop_reason"] == "answer" and end["total_tokens"] == result.usage.total_tokens
+    text = render(events)
+    assert "-> search" in text and "tool   calculator ok" in text and "stop: answer" in text
+
+
+def test_opentelemetry_spans_when_installed():
+    sdk = pytest.importorskip("opentelemetry.sdk.trace")
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = sdk.TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = Tracer()
+    tracer._otel = provider.get_tracer("test")
+    ReActAgent(ScriptedPolicy(calls("search") + ["done"]), [search], tracer=tracer).run("t")
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert {"agent.run", "agent.model_call", "agent.tool_call search"} <= set(spans)
+    root = spans["agent.run"]
+    assert spans["agent.tool_call search"].parent.span_id == root.context.span_id
+    assert root.attributes["agent.stop_reason"] == "answer"
+
+
+def test_golden_trajectory_catches_a_change_in_tool_order():
+    golden, _ = run_agent(calls("search", "calculator", "calculator") + ["2"])
+    same, _ = run_agent(calls("search", "calculator", "calculator") + ["2"])
+    swapped, _ = run_agent(calls("calculator", "search", "calculator") + ["2"])
+    assert compare_events(golden.trace, same.trace).passed
+    result = compare_events(golden.trace, swapped.trace)
+    assert not result.passed and result.similarity < 0.9
+    assert any("tool order changed" in p for p in result.problems)
+    assert "FAIL" in result.report()
+
+
+def test_golden_trajectory_token_overhead_and_stop_reason():
+    golden = Trajectory(("a", "b"), 1000, "x", "answer")
+    assert compare(golden, Trajectory(("a", "b"), 1100, "x", "answer")).passed
+    slow = compare(golden, Trajectory(("a", "b"), 1500, "x", "answer"))
+    assert not slow.passed and slow.token_overhead == pytest.approx(0.5)
+    assert not compare(golden, Trajectory(("a", "b"), 900, None, "max_steps")).passed
+
+
+def test_agent_cli_runs_the_scripted_config_and_trace_verbs_render_it(tmp_path, capsys):
+    trace = tmp_path / "run.jsonl"
+    assert main(["agent", "--gin_file", "agent_calculator_scripted", "--task",
+                 "What is 17 * 23 + 100?", "--trace", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert "task: What is 17 * 23 + 100?" in out and "error: invalid arguments" in out
+    assert "tool   calculator ok, " in out and "answer: 17 * 23 + 100 = 491." in out
+    assert main(["trace", "show", str(trace)]) == 0
+    assert capsys.readouterr().out.strip() == out.strip()
+    assert main(["trace", "compare", str(trace), str(trace)]) == 0
+    assert "PASS" in capsys.readouterr().out
+    assert main(["agent", "--gin_file", "agent_calculator_scripted",
+                 "--gin_param", "agents.Budget.max_steps=2"]) == 1  # the config's own task
+    assert "stop: max_steps" in capsys.readouterr().out
+
+
+def test_agent_cli_reads_tasks_interactively(monkeypatch, capsys):
+    typed = iter(["What is 17 * 23 + 100?", ""])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(typed))
+    assert main(["agent", "--gin_file", "agent_calculator_scripted",
+                 "--gin_param", "agents.AgentConfig.task=None"]) == 0
+    assert capsys.readouterr().out.count("task: ") == 1
+
+
+def test_agent_cli_task_file_and_missing_policy(tmp_path, capsys):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"task": "first"}\n\n{"task": "second"}\n')
+    # One policy serves every task of a session, so the script needs a turn per task.
+    assert main(["agent", "--gin_file", "agent_calculator_scripted", "--task_file", str(tasks),
+                 "--gin_param", "agents.ScriptedPolicy.responses=['ok', 'ok']"]) == 0
+    out = capsys.readouterr().out
+    assert "task: first" in out and "task: second" in out and out.count("answer: ok") == 2
+    with pytest.raises(ValueError, match="no policy"):
+        main(["agent", "--gin_param", "agents.AgentConfig.task='x'"])
+    assert Budget().max_steps == 10  # each run parses its config afresh

@@ -1,0 +1,137 @@
+"""Host-side env: same API and rewards as the jitted env; tool calls on a thread pool under a deadline."""
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentic_jax.data.chat import Message, ToolCall, render
+from agentic_jax.data.tokenizer import IM_END, TOOL_CALL, TOOL_CALL_END, train_tokenizer
+from agentic_jax.envs import Vectorized
+from agentic_jax.envs.host import TIMEOUT, HostTextEnv, HostTextParams, PythonSandbox, ToolPool
+from agentic_jax.envs.text import Arithmetic, Calculator, Lookup, MultiHop, Search, TextEnv, Tool
+
+TINY_CORPUS = pathlib.Path(__file__).parent / "data" / "tiny_corpus.txt"
+ACTION, MAX_LENGTH = 64, 480
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    """A small BPE fit on prose plus rendered arithmetic tasks, so that digits merge."""
+    path = tmp_path_factory.mktemp("tok")
+    (path / "tasks.txt").write_text("\n".join(render(t.conversation()) for t in Arithmetic(3).tasks(range(300))))
+    return train_tokenizer(path / "tokenizer.json", files=[TINY_CORPUS, path / "tasks.txt"], vocab_size=500)
+
+
+def _action(tokenizer, content="", call=None, close=True):
+    """One assistant turn as ids: content, optionally a rendered tool call, then <|im_end|>."""
+    text = content
+    if call is not None:
+        rendered = render([Message("assistant", "", (ToolCall(*call),))])
+        text += TOOL_CALL + rendered.split(TOOL_CALL)[1].split(TOOL_CALL_END)[0] + TOOL_CALL_END
+    ids = tokenizer.encode(text) + [tokenizer.token_id(IM_END)] * close
+    assert len(ids) <= ACTION
+    return ids + [0] * (ACTION - len(ids))
+
+
+def _drive(reset, step, params, script, batch):
+    """A trainer's loop, written once for both kinds of env: batched reset/step over the script's turns."""
+    obs, state = reset(jax.random.split(jax.random.key(0), batch), params)
+    history = []
+    for t, actions in enumerate(script):
+        obs, state, reward, terminated, truncated, info = step(jax.random.split(jax.random.key(t + 1), batch), state,
+                                                               np.asarray(actions, np.int32), params)
+        history.append(jax.tree.map(np.asarray, (obs, reward, terminated, truncated, info)))
+    return history
+
+
+def test_host_env_matches_the_jitted_env_on_the_same_tool_calls(tokenizer):
+    generator = MultiHop(2, tool="search")
+    tasks = generator.tasks(range(3))
+    tools = (Calculator(), Lookup(), Search())
+    options = {"tools": tools, "max_length": MAX_LENGTH, "action_length": ACTION}
+    jitted = TextEnv(tokenizer, tasks, generator.reward, **options)
+    host = HostTextEnv(tokenizer, tasks, generator.reward, pool=ToolPool(4, timeout_s=30.0), **options)
+    task = tasks[1]
+    chain = [m.tool_calls[0].arguments["query"] for m in task.demonstration if m.tool_calls]
+    right = _action(tokenizer, f"<think>{chain[0]}</think><answer>{task.answer}</answer>")
+    wrong = _action(tokenizer, f"<think>{chain[0]}</think><answer>{chain[0]}</answer>")
+    script = list(zip(*[
+        [_action(tokenizer, "Let me compute.", ("calculator", {"expression": "2 * (3 + 4) - 100000 * 3"})),
+         _action(tokenizer, "", ("lookup", {"key": chain[0]})), right],
+        [_action(tokenizer, "", ("calculator", {"expression": "7 / 0"}), close=False),
+         _action(tokenizer, "", ("search", {"query": chain[1]})), wrong],
+        [_action(tokenizer, "", ("lookup", {"key": "Nobody"})), _action(tokenizer, "", ("weather", {"city": "Oslo"})),
+         _action(tokenizer, f"<answer>{task.answer}</answer>")],
+        [right, _action(tokenizer, "", ("calculator", {"expression": "(1 + 2"})), right],
+        [_action(tokenizer, "", ("search", {"query": chain[0]}))] * 3,  # hits the turn limit
+    ]))
+    weights = np.eye(len(tasks), dtype=np.float32)[1]  # every episode gets task 1: the script knows its answer
+    venv = Vectorized(jitted)
+    jit_history = _drive(jax.jit(venv.reset), jax.jit(venv.step),
+                         jitted.default_params.replace(task_weights=jnp.asarray(weights), max_turns=jnp.int32(3)),
+                         script, 5)
+    host_history = _drive(host.reset, host.step, HostTextParams(weights, 3), script, 5)
+    for (j_obs, *j_out, j_info), (h_obs, *h_out, h_info) in zip(jit_history, host_history):
+        for j, h in zip(j_out, h_out):  # reward, terminated, truncated
+            np.testing.assert_allclose(j, h, atol=1e-6)
+        for key in ("task", "tool_call", "malformed_call"):
+            np.testing.assert_array_equal(j_info[key], h_info[key])
+        for key in ("tokens", "loss_mask", "length"):
+            np.testing.assert_array_equal(j_info["final_observation"][key], h_info["final_observation"][key])
+            np.testing.assert_array_equal(j_obs[key], h_obs[key])
+    rewards = np.stack([h[1] for h in host_history])
+    np.testing.assert_allclose(rewards[:, 0], [0, 0, 1])
+    np.testing.assert_allclose(rewards[:, 1], [0, 0, 0.1])  # format only
+    np.testing.assert_allclose(rewards[:, 3], [1, 0, 1])
+    assert [bool(h[3][4]) for h in host_history] == [False, False, True]
+    transcript = tokenizer.decode(host_history[2][4]["final_observation"]["tokens"][2])
+    assert "error: key not found" in transcript and "error: unknown tool or malformed call" in transcript
+    assert "\n-299986\n" in tokenizer.decode(host_history[1][4]["final_observation"]["tokens"][0])
+
+
+class Sleepy(Tool):
+    """A host tool that takes ``seconds`` to answer."""
+
+    name, argument, messages = "sleep", "seconds", ()
+
+    def run_host(self, argument, task):
+        time.sleep(float(argument))
+        return "awake"
+
+
+def test_tool_pool_enforces_its_deadline():
+    pool = ToolPool(max_workers=4, timeout_s=0.3)
+    start = time.monotonic()
+    results = pool.map([lambda: "fast", lambda: time.sleep(1.5) or "slow", lambda: 1 / 0])
+    assert time.monotonic() - start < 1.0
+    assert results == ["fast", TIMEOUT, "error: ZeroDivisionError: division by zero"]
+    pool.close()
+
+
+def test_python_sandbox_runs_code_and_kills_it_at_the_timeout():
+    sandbox = PythonSandbox(timeout_s=0.5)
+    assert sandbox.run_host("print(6 * 7)", None) == "42"
+    assert sandbox.run_host("raise ValueError('bad input')", None) == "error: ValueError: bad input"
+    start = time.monotonic()
+    assert sandbox.run_host("while True: pass", None) == TIMEOUT
+    assert time.monotonic() - start < 3.0
+
+
+def test_host_env_step_returns_at_the_deadline_with_host_only_tools(tokenizer):
+    tasks = Arithmetic(1).tasks(range(2))
+    env = HostTextEnv(tokenizer, tasks, Arithmetic(1).reward, tools=(Sleepy(), PythonSandbox(timeout_s=5.0)),
+                      max_length=MAX_LENGTH, action_length=ACTION, pool=ToolPool(4, timeout_s=1.0))
+    obs, state = env.reset(jax.random.split(jax.random.key(0), 2))
+    actions = [_action(tokenizer, "", ("sleep", {"seconds": "3"})),
+               _action(tokenizer, "", ("python", {"code": 'print("6 * 7 =", 6 * 7)'}))]  # escapes: host only
+    start = time.monotonic()
+    obs, state, _, terminated, truncated, info = env.step(jax.random.split(jax.random.key(1), 2), state, actions)
+    assert time.monotonic() - start < 2.5
+    texts = [tokenizer.decode(obs["tokens"][i][:obs["length"][i]]) for i in range(2)]
+    assert f"<tool_result>\n{TIMEOUT}\n</tool_result>" in texts[0]
+    assert "<tool_result>\n6 * 7 = 42\n</tool_result>" in texts[1]
+    assert not terminated.any() and not truncated.any() and info["tool_call"].all()
+    env.pool.close()

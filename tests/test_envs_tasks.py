@@ -1,0 +1,121 @@
+"""Task generators: demonstrations earn the full reward in the jitted env and reproduce render_ids."""
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentic_jax.data.chat import render
+from agentic_jax.data.tokenizer import train_tokenizer
+from agentic_jax.envs.text import (
+    Arithmetic,
+    Countdown,
+    MultiHop,
+    demonstration_actions,
+    demonstration_batch,
+    task_env,
+)
+
+TINY_CORPUS = pathlib.Path(__file__).parent / "data" / "tiny_corpus.txt"
+GENERATORS = (Arithmetic(2), Arithmetic(2, use_tools=False), Countdown(2), MultiHop(2), MultiHop(2, tool="search"))
+SEEDS = range(3)
+ACTION = 64
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    """A small BPE fit on prose plus rendered arithmetic tasks, so that digits merge."""
+    path = tmp_path_factory.mktemp("tok")
+    (path / "tasks.txt").write_text("\n".join(render(t.conversation()) for t in Arithmetic(3).tasks(range(300))))
+    return train_tokenizer(path / "tokenizer.json", files=[TINY_CORPUS, path / "tasks.txt"], vocab_size=500)
+
+
+@pytest.fixture(scope="module")
+def replayed(tokenizer):
+    """Every task's correct and corrupted demonstration replayed in one multi-task env."""
+    env = task_env(tokenizer, GENERATORS, SEEDS, max_length=640, action_length=ACTION)
+    tasks = [t for g in GENERATORS for t in g.tasks(SEEDS)]
+    episodes = [(i, correct) for i in range(len(tasks)) for correct in (True, False)]
+    rendered = [tasks[i].render(tokenizer, correct) for i, correct in episodes]
+    actions = [demonstration_actions(r, ACTION) for r in rendered]
+    params = env.default_params
+    reset, step = jax.jit(env.reset), jax.jit(env.step)  # one episode at a time: cheaper to compile than vmap
+    results = []
+    for (i, correct), r, a in zip(episodes, rendered, actions):
+        _, state = reset(jax.random.key(0), params.replace(task_weights=jnp.zeros(len(tasks)).at[i].set(1.0)))
+        ended_early = False
+        for t, action in enumerate(a):
+            _, state, reward, terminated, truncated, info = step(jax.random.key(t), state, action, params)
+            ended_early |= t < len(a) - 1 and bool(terminated | truncated)
+        results.append({"task": tasks[i], "correct": correct, "rendered": r, "reward": float(reward),
+                        "early_end": ended_early, "terminated": bool(terminated), "truncated": bool(truncated),
+                        "final": jax.tree.map(np.asarray, info["final_observation"])})
+    return env, results
+
+
+def test_demonstrations_earn_the_full_reward_and_corrupted_ones_do_not(replayed):
+    env, results = replayed
+    families = set()
+    for r in results:
+        task, full = r["task"], env.reward.rewards[r["task"].family].max_value
+        assert r["terminated"] and not r["truncated"] and not r["early_end"]
+        content = task.conversation(r["correct"])[-1].content
+        assert r["reward"] == pytest.approx(env.reward.host(content, task), abs=1e-6)  # jit == host verifier
+        if r["correct"]:
+            assert r["reward"] == pytest.approx(full)
+        else:
+            assert r["reward"] < full - 0.5
+        families.add(task.family)
+    assert families == {"Arithmetic", "Countdown", "MultiHop"}
+
+
+def test_replayed_demonstration_is_render_ids_with_the_assistant_mask(replayed):
+    _, results = replayed
+    for r in results:
+        ids, mask = r["rendered"]
+        n = int(r["final"]["length"])
+        assert n == len(ids) - 1  # everything but the newline render_ids puts after the last <|im_end|>
+        np.testing.assert_array_equal(r["final"]["tokens"][:n], ids[:n])
+        np.testing.assert_array_equal(r["final"]["loss_mask"][:n], mask[:n])
+        assert r["final"]["loss_mask"][n:].sum() == 0
+
+
+def test_tool_messages_in_demonstrations_come_from_the_tools():
+    arithmetic, countdown, hop, search = Arithmetic(3).sample(5), Countdown(3).sample(5), MultiHop(3).sample(5), \
+        MultiHop(3, tool="search").sample(5)
+    steps = [m for m in arithmetic.demonstration if m.role == "tool"]
+    assert len(steps) == 3 and steps[-1].content == arithmetic.answer
+    assert [m.content for m in countdown.demonstration if m.role == "tool"] == [str(countdown.value)]
+    facts = dict(hop.facts)
+    calls = [m.tool_calls[0].arguments["key"] for m in hop.demonstration if m.tool_calls]
+    results = [m.content for m in hop.demonstration if m.role == "tool"]
+    assert len(calls) == 3 and results == [facts[k] for k in calls] and results[-1] == hop.answer
+    assert all(any(d in m.content for d in search.documents) for m in search.demonstration if m.role == "tool")
+
+
+def test_generators_are_seeded_and_difficulty_scales_the_task():
+    assert Countdown(4).sample(7) == Countdown(4).sample(7) and Countdown(4).sample(7) != Countdown(4).sample(8)
+    for difficulty in (1, 4):
+        arithmetic = Arithmetic(difficulty).sample(0)
+        assert sum(arithmetic.prompt[-1].content.count(op) for op in "+-*") == difficulty
+        assert eval(arithmetic.prompt[-1].content.removeprefix("What is ").removesuffix("?")) == arithmetic.value
+        assert len(Countdown(difficulty).sample(0).numbers) == difficulty + 1
+        assert sum(1 for m in MultiHop(difficulty).sample(0).demonstration if m.tool_calls) == difficulty
+    assert len(Arithmetic(3, use_tools=False).sample(0).demonstration) == 1
+    with pytest.raises(ValueError):
+        Arithmetic(0)
+
+
+def test_preference_batches_share_the_prompts_and_differ_in_the_answers(tokenizer):
+    tasks = Countdown(3).tasks(range(4))
+    chosen, chosen_mask = demonstration_batch(tasks, tokenizer, 320)
+    rejected, _ = demonstration_batch(tasks, tokenizer, 320, correct=False)
+    for row, task in enumerate(tasks):
+        prompt, rendered = task.prompt_ids(tokenizer), task.render(tokenizer)
+        assert chosen[row, :len(prompt)].tolist() == rejected[row, :len(prompt)].tolist() == prompt.tolist()
+        assert chosen[row].tolist() != rejected[row].tolist()
+        assert chosen_mask[row, :len(rendered.ids)].tolist() == rendered.assistant_mask.tolist()
+        assert chosen_mask[row, :len(prompt)].sum() == 0 and chosen_mask[row, len(rendered.ids):].sum() == 0
+    with pytest.raises(ValueError):
+        demonstration_batch(tasks, tokenizer, 16)

@@ -1,0 +1,107 @@
+"""Classic agents: convergence to exact solutions, solving the bandit and cart-pole, replay buffers.
+
+Fixed seeds, small budgets; each threshold is stated next to its assert.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_jax import envs
+from agentic_jax.envs.classic import BernoulliBandit, CartPole, chain_mdp, value_iteration
+from agentic_jax.rl import agents
+
+GAMMA = 0.9
+CHAIN = chain_mdp(8, slip=0.1)
+CHAIN_ENV = envs.TimeLimit(CHAIN, 50)  # truncation must not bias the values: they bootstrap
+V_STAR, Q_STAR = value_iteration(CHAIN.default_params, GAMMA)
+ALIVE = np.asarray(~CHAIN.default_params.terminal)
+BANDIT = BernoulliBandit(probs=(0.2, 0.5, 0.8, 0.35))
+
+
+def test_q_learning_converges_to_value_iteration():
+    config = agents.QLearningConfig(num_envs=16, num_iterations=3000, gamma=GAMMA)
+    q, metrics = jax.jit(jax.vmap(agents.make_q_learning(CHAIN_ENV, config)))(jax.random.split(jax.random.key(0), 2))
+    error = np.abs(np.asarray(q - Q_STAR))[:, ALIVE].max(axis=(1, 2))
+    assert np.all(error < 0.05), error  # 48k transitions per seed: |Q − Q*|∞ < 0.05 (V* ∈ [0.46, 0.98])
+    assert bool(jnp.all(jnp.argmax(q[:, ALIVE], -1) == jnp.argmax(Q_STAR[ALIVE], -1)))
+    assert metrics["episode_return"].shape == (2, 30)
+
+
+def test_td_lambda_converges_to_value_iteration():
+    optimal_policy = jax.nn.one_hot(jnp.argmax(Q_STAR, axis=1), 2)
+    config = agents.TDLambdaConfig(num_envs=16, num_steps=32, num_updates=300, gamma=GAMMA, lambda_=0.8)
+    v, _ = jax.jit(jax.vmap(agents.make_td_lambda(CHAIN_ENV, optimal_policy, config)))(
+        jax.random.split(jax.random.key(1), 2)
+    )
+    error = np.abs(np.asarray(v - V_STAR))[:, ALIVE].max(axis=1)
+    assert np.all(error < 0.02), error  # V^π* = V*, within 0.02 after 153k transitions
+
+
+def test_ppo_solves_the_bandit_and_is_vmappable_over_seeds():
+    config = agents.PPOConfig(num_envs=16, num_steps=8, num_updates=20, update_epochs=2, num_minibatches=2,
+                              learning_rate=1e-2, hidden=(16,))
+    train = agents.make_ppo(BANDIT, config)
+    keys = jax.random.split(jax.random.key(2), 4)
+    params, metrics = jax.jit(jax.vmap(train))(keys)
+    probs = jax.nn.softmax(jax.vmap(agents.actor_critic_apply, in_axes=(0, None))(params, jnp.zeros((1,)))[0])
+    assert bool(jnp.all(probs[:, 2] > 0.9)), probs  # the best arm (p = 0.8) after 2,560 pulls
+    assert float(metrics["episode_return"][:, -5:].mean()) > 0.7  # optimum 0.8, uniform 0.46
+    assert len({round(float(r), 4) for r in metrics["episode_return"][:, 0]}) > 1  # the seeds differ
+
+
+def test_ppo_solves_cartpole():
+    config = agents.PPOConfig(num_envs=16, num_steps=128, num_updates=30)  # 61,440 env steps per seed
+    params, metrics = jax.jit(jax.vmap(agents.make_ppo(CartPole(), config)))(jax.random.split(jax.random.key(0), 2))
+
+    @jax.jit
+    def returns(params, key):
+        keys = jax.random.split(key, 2)
+        return [jax.vmap(lambda p, k: agents.evaluate(CartPole(), policy, p, k, 16, 1000))(params, keys)
+                for policy in (agents.greedy_policy, agents.categorical_policy)]
+
+    greedy, sampled = returns(params, jax.random.key(1))
+    print("PPO CartPole greedy / sampled returns:", greedy, sampled)
+    assert np.all(np.asarray(greedy) >= 300.0), greedy  # of 500; CartPole-v1 counts ≥ 475 as solved
+    assert np.all(np.asarray(sampled) >= 195.0), sampled  # sampling too, past CartPole-v0's solved bar
+    assert np.all(np.asarray(metrics["episode_return"][:, 0]) < 40.0)  # it started near random (~22)
+
+
+def test_reinforce_solves_the_bandit():
+    config = agents.ReinforceConfig(num_envs=16, num_steps=8, num_updates=50, learning_rate=3e-2, hidden=(16,))
+    params, metrics = jax.jit(jax.vmap(agents.make_reinforce(BANDIT, config)))(jax.random.split(jax.random.key(3), 2))
+    probs = jax.nn.softmax(jax.vmap(agents.actor_critic_apply, in_axes=(0, None))(params, jnp.zeros((1,)))[0])
+    assert bool(jnp.all(jnp.argmax(probs, -1) == 2)), probs  # the best arm after 6,400 pulls
+    assert float(metrics["episode_return"][:, -10:].mean()) > 0.7
+
+
+def test_dqn_with_prioritized_replay_learns_cartpole():
+    config = agents.DQNConfig(num_envs=8, num_iterations=2500, learning_starts=500, prioritized=True, log_every=100)
+    params, metrics = jax.jit(agents.make_dqn(CartPole(), config))(jax.random.key(4))
+    late = np.nanmean(np.asarray(metrics["episode_return"][-5:]))
+    assert late > 100.0, metrics["episode_return"]  # 20k env steps: from ~22 (random) to > 100
+    np.testing.assert_allclose(metrics["epsilon"][-1], 0.05, rtol=1e-5)
+
+
+def test_replay_ring_buffer_overwrites_the_oldest():
+    buffer = agents.buffer_init({"x": jnp.int32(0)}, capacity=5)
+    for start in (0, 3, 6):
+        buffer = agents.buffer_add(buffer, {"x": jnp.arange(start, start + 3)})
+    assert int(buffer.size) == 5 and int(buffer.position) == 4
+    np.testing.assert_array_equal(buffer.data["x"], [5, 6, 7, 8, 4])
+    batch, slots = agents.sample_uniform(buffer, jax.random.key(0), 256)
+    np.testing.assert_array_equal(batch["x"], buffer.data["x"][slots])
+    assert set(np.asarray(batch["x"]).tolist()) == {4, 5, 6, 7, 8}
+
+
+def test_prioritized_sampling_is_proportional_and_skips_empty_slots():
+    buffer = agents.buffer_init({"x": jnp.int32(0)}, capacity=8)
+    buffer = agents.buffer_add(buffer, {"x": jnp.arange(4)})  # slots 4..7 stay empty
+    buffer = agents.update_priorities(buffer, jnp.arange(4), jnp.array([1.0, 2.0, 3.0, 4.0]), eps=0.0)
+    _, slots, weights = jax.jit(agents.sample_prioritized, static_argnums=2)(buffer, jax.random.key(0), 4000, 1.0, 1.0)
+    freq = np.bincount(np.asarray(slots), minlength=8) / 4000
+    np.testing.assert_allclose(freq, [0.1, 0.2, 0.3, 0.4, 0, 0, 0, 0], atol=0.01)
+    # w ∝ 1/P, normalised by the largest weight (the rarest slot).
+    np.testing.assert_allclose(weights, 1.0 / (np.asarray(slots) + 1.0), rtol=1e-5)
+    new = agents.buffer_add(buffer, {"x": jnp.array([9])})
+    assert float(new.priorities[4]) == 4.0  # new items enter with the maximum priority
