@@ -100,3 +100,14 @@ def test_a_model_compacts_its_own_context_and_keeps_what_it_marked():
     assert "- 17 * 23 = 391" in after[0].content and "Computed 17 * 23." in after[0].content
     assert all("What is 17 * 23" not in m.content for m in after[1:])  # the old turns are gone
     assert manager.pinned == ["17 * 23 = 391"] and manager.compactions == 1
+
+
+def test_a_new_conversation_drops_the_summary_but_keeps_pinned_facts():
+    manager = ContextManager(ContextBudget(window=1000, keep_recent=1))
+    manager.pin("x = 3")
+    manager.build("s", [Message("user", "chatter " * 200), Message("user", "more")])
+    assert manager.summary and manager.offset == 1
+    manager.new_history()
+    prompt = manager.build("s", [Message("user", "next step")])
+    assert prompt[1:] == [Message("user", "next step")] and "Summary" not in prompt[0].content
+    assert "- x = 3" in prompt[0].content

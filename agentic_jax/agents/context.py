@@ -114,6 +114,11 @@ class ContextManager:
         self._requested: tuple[str, list[str]] | None = None
         self.compactions = 0
 
+    def new_history(self) -> None:
+        """Starts over on a new conversation (a plan's next step, a new attempt): the summary
+        goes, the pinned facts stay."""
+        self.summary, self.offset, self._requested = None, 0, None
+
     def pin(self, *facts: str) -> None:
         """Marks facts as must-keep: they survive every compaction verbatim."""
         self.pinned += [f for f in facts if f not in self.pinned]

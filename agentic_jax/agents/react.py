@@ -76,6 +76,8 @@ class ReActAgent:
         system = self.system_prompt if system_prompt is None else system_prompt
         detector = dataclasses.replace(self.loop_detector)  # fresh counts
         history = [Message("user", task)]
+        if self.context is not None:
+            self.context.new_history()
         while True:
             tools = self._tools()
             try:
