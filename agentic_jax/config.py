@@ -17,7 +17,8 @@ def resolve_config(name: str) -> str:
     """A path as given, else a file of that name in the shipped configs (``.gin`` optional)."""
     if os.path.exists(name):
         return name
-    for candidate in (name, f"{name}.gin"):
+    base = os.path.basename(name)  # "configs/x.gin" also finds the shipped x.gin from anywhere
+    for candidate in (base, f"{base}.gin"):
         path = config_dir() / candidate
         if path.exists():
             return str(path)

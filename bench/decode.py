@@ -124,13 +124,13 @@ def bench_prefix_cache(params, config, scale: str) -> None:
               f"{np.percentile(ttft, 90):>10.1f}{seconds:>10.3f}")
 
 
-def _best_time(fn, repeats: int = 3):
+def _best_time(fn, *args, repeats: int = 3, **kwargs):
     """(seconds, result) of the fastest of ``repeats`` calls, after one untimed (compiling) call."""
-    jax.block_until_ready(fn())
+    jax.block_until_ready(fn(*args, **kwargs))
     runs = []
     for _ in range(repeats):
         start = time.perf_counter()
-        result = jax.block_until_ready(fn())
+        result = jax.block_until_ready(fn(*args, **kwargs))
         runs.append((time.perf_counter() - start, result))
     return min(runs, key=lambda run: run[0])
 
@@ -144,24 +144,24 @@ def bench_cache_vs_recompute(params, config, scale: str) -> None:
     print(f"{'new tokens':<12}{'cache tok/s':>14}{'recompute tok/s':>18}{'ratio':>8}{'same tokens':>13}")
     for new in lengths:
         greedy = SamplingParams(temperature=0.0, max_tokens=new)
-        cached_s, cached = _best_time(lambda: generate(params, config, prompt, sampling=greedy, key=key))
-        recompute_s, recomputed = _best_time(lambda: generate_recompute(
-            params, config, prompt, key, max_new_tokens=new, temperature=0.0), repeats=1)
+        cached_s, cached = _best_time(generate, params, config, prompt, sampling=greedy, key=key)
+        recompute_s, recomputed = _best_time(generate_recompute, params, config, prompt, key,
+                                             max_new_tokens=new, temperature=0.0, repeats=1)
         same = np.array_equal(cached.tokens, recomputed[:, prompt_len:])
         rate, base = batch * new / cached_s, batch * new / recompute_s
         print(f"{new:<12}{rate:>14.1f}{base:>18.1f}{rate / base:>8.1f}{'yes' if same else 'NO':>13}")
 
 
-# Speculative decoding: (target, draft, train steps of each, tokenizer vocab, new tokens, batches).
+# Speculative decoding: target, draft, train steps of each, new tokens, batches (the first is 1).
 SPECULATION = {
     "quick": (TransformerConfig(vocab_size=512, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
                                 head_dim=16, d_ff=160, max_seq_len=256),
               TransformerConfig(vocab_size=512, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
                                 head_dim=16, d_ff=96, max_seq_len=256), (20, 20), 32, (1, 8)),
-    "default": (TransformerConfig(vocab_size=1024, d_model=256, n_layers=6, n_heads=8, n_kv_heads=2,
+    "default": (TransformerConfig(vocab_size=1024, d_model=256, n_layers=4, n_heads=8, n_kv_heads=2,
                                   head_dim=32, d_ff=704, max_seq_len=512),
                 TransformerConfig(vocab_size=1024, d_model=64, n_layers=1, n_heads=4, n_kv_heads=1,
-                                  head_dim=16, d_ff=176, max_seq_len=512), (150, 300), 128, (1, 64)),
+                                  head_dim=16, d_ff=176, max_seq_len=512), (250, 250), 128, (1, 64)),
     "large": (TransformerConfig(vocab_size=8192, d_model=1024, n_layers=12, n_heads=16,
                                 n_kv_heads=4, head_dim=64, d_ff=2816, max_seq_len=1024,
                                 dtype="bfloat16"),
@@ -203,35 +203,43 @@ def bench_speculative(scale: str) -> None:
           f"({target_steps} steps, loss {target_loss:.2f}), draft d={draft_config.d_model} "
           f"L={draft_config.n_layers} ({draft_steps} steps, loss {draft_loss:.2f}), trained on the "
           f"shipped corpus in {time.perf_counter() - start:.0f} s; {new} new tokens, gamma 4")
-    methods = {
-        "draft model, chain": dict(draft_params=draft, draft_config=draft_config, gamma=4),
-        "draft model, tree 2x4": dict(draft_params=draft, draft_config=draft_config, gamma=4,
-                                      branches=2),
-        "prompt lookup, chain": dict(gamma=4, max_ngram=3),
-    }
     key = jax.random.key(0)
+    prompts = {batch: _heldout_prompts(tokenizer, batch, 32) for batch in batches}
+    greedy = SamplingParams(temperature=0.0, max_tokens=new)
+    # Calibrate the policy's cost model: a step at batch B costs max(1, B / ridge) steps at batch 1.
+    step_s = {batch: _best_time(generate, target, target_config, prompts[batch], sampling=greedy,
+                                key=key)[0] / new for batch in batches}
+    ridge = max(1.0, batches[-1] * step_s[batches[0]] / step_s[batches[-1]])
+    print(f"target decode step: {step_s[batches[0]] * 1e3:.2f} ms at batch {batches[0]}, "
+          f"{step_s[batches[-1]] * 1e3:.2f} ms at batch {batches[-1]} (compute-bound beyond "
+          f"~{ridge:.1f} rows: the policy's ridge_batch)")
+    methods = {
+        "draft model, chain": {"draft_params": draft, "draft_config": draft_config, "gamma": 4},
+        "draft model, tree 2x4": {"draft_params": draft, "draft_config": draft_config, "gamma": 4,
+                                  "branches": 2},
+        "prompt lookup, chain": {"gamma": 4, "max_ngram": 3},
+    }
     print(f"{'batch':>5} {'sampling':<9}{'method':<24}{'accept':>8}{'tok/pass':>10}{'tok/s':>10}"
           f"{'speedup':>9}{'same':>6}  advice")
     for batch in batches:
-        prompts = _heldout_prompts(tokenizer, batch, 32)
         for temperature in (0.0, 0.8):
             sampling = SamplingParams(temperature=temperature, max_tokens=new)
-            plain_s, plain = _best_time(lambda: generate(target, target_config, prompts,
-                                                         sampling=sampling, key=key))
-            draft_s, _ = _best_time(lambda: generate(draft, draft_config, prompts,
-                                                     sampling=sampling, key=key))
+            plain_s, plain = _best_time(generate, target, target_config, prompts[batch],
+                                        sampling=sampling, key=key)
+            draft_s, _ = _best_time(generate, draft, draft_config, prompts[batch],
+                                    sampling=sampling, key=key)
             label = "greedy" if temperature == 0 else f"T={temperature}"
             print(f"{batch:>5} {label:<9}{'plain decoding':<24}{'':>8}{1.0:>10.2f}"
                   f"{batch * new / plain_s:>10.1f}{1.0:>9.2f}")
             for name, kwargs in methods.items():
-                seconds, result = _best_time(lambda: speculative_generate(
-                    target, target_config, prompts, sampling=sampling, key=key, **kwargs))
-                accept = result.acceptance_rate(kwargs["gamma"])
+                seconds, result = _best_time(speculative_generate, target, target_config,
+                                             prompts[batch], sampling=sampling, key=key, **kwargs)
+                accept = result.acceptance_rate
                 same = ("yes" if np.array_equal(result.generation.tokens, plain.tokens) else "NO"
                         ) if temperature == 0 else "-"
                 cost = draft_s / plain_s if "draft_params" in kwargs else 0.0
                 advice = advise_speculation(acceptance_rate=accept, draft_cost=cost, batch=batch,
-                                            output_tokens=new)
+                                            output_tokens=new, ridge_batch=ridge)
                 print(f"{batch:>5} {label:<9}{name:<24}{accept:>8.2f}{result.tokens_per_step:>10.2f}"
                       f"{batch * new / seconds:>10.1f}{plain_s / seconds:>9.2f}{same:>6}  "
                       f"{'speculate' if advice.speculate else 'plain'} ({advice.reason})")

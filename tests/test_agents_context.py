@@ -105,7 +105,7 @@ def test_a_model_compacts_its_own_context_and_keeps_what_it_marked():
 def test_a_new_conversation_drops_the_summary_but_keeps_pinned_facts():
     manager = ContextManager(ContextBudget(window=1000, keep_recent=1))
     manager.pin("x = 3")
-    manager.build("s", [Message("user", "chatter " * 200), Message("user", "more")])
+    manager.build("s", [Message("user", "chatter " * 400), Message("user", "more")])
     assert manager.summary and manager.offset == 1
     manager.new_history()
     prompt = manager.build("s", [Message("user", "next step")])

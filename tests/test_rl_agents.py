@@ -62,8 +62,8 @@ def test_ppo_solves_cartpole():
 
     greedy, sampled = returns(params, jax.random.key(1))
     print("PPO CartPole greedy / sampled returns:", greedy, sampled)
-    assert np.all(np.asarray(greedy) >= 300.0), greedy  # of 500; CartPole-v1 counts ≥ 475 as solved
-    assert np.all(np.asarray(sampled) >= 195.0), sampled  # sampling too, past CartPole-v0's solved bar
+    assert np.all(np.asarray(greedy) >= 400.0), greedy  # of 500 (CartPole-v1 counts ≥ 475 as solved)
+    assert np.all(np.asarray(sampled) >= 250.0), sampled  # sampling too, past CartPole-v0's solved bar of 195
     assert np.all(np.asarray(metrics["episode_return"][:, 0]) < 40.0)  # it started near random (~22)
 
 

@@ -28,7 +28,7 @@ def expected_tokens_per_step(acceptance_rate: float, gamma: int) -> float:
 
 
 def expected_speedup(acceptance_rate: float, gamma: int, draft_cost: float, *, batch: int = 1,
-                     ridge_batch: int = 256) -> float:
+                     ridge_batch: float = 256) -> float:
     """Throughput of speculative over plain decoding under the module's cost model."""
     plain = max(1.0, batch / ridge_batch)
     verify = max(1.0, batch * (gamma + 1) / ridge_batch)
@@ -44,7 +44,7 @@ class SpeculationAdvice:
 
 
 def advise_speculation(*, acceptance_rate: float, draft_cost: float, batch: int = 1,
-                       output_tokens: int = 256, max_gamma: int = 8, ridge_batch: int = 256,
+                       output_tokens: int = 256, max_gamma: int = 8, ridge_batch: float = 256,
                        min_speedup: float = 1.1, min_output_tokens: int = 16) -> SpeculationAdvice:
     """Whether to speculate and with how many drafts, for a measured or expected acceptance rate.
 

@@ -56,11 +56,13 @@ class SpeculativeResult(NamedTuple):
     """The generation and, per row, target passes, drafted depth and accepted drafts."""
     generation: GenerationResult
     target_steps: jax.Array  # [B] verification passes
+    drafted: jax.Array  # [B] draft depth offered: gamma per pass
     accepted: jax.Array  # [B] accepted draft tokens
 
-    def acceptance_rate(self, gamma: int) -> float:
-        """Accepted drafts over drafted depth (``gamma`` per target step), over the batch."""
-        return float(np.sum(self.accepted) / max(1, gamma * int(np.sum(self.target_steps))))
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts over drafted depth, over the batch."""
+        return float(np.sum(self.accepted) / max(1, int(np.sum(self.drafted))))
 
     @property
     def tokens_per_step(self) -> float:
@@ -280,7 +282,7 @@ def _speculative(params, config: TransformerConfig, draft_params, draft_config, 
     init = (cache, draft_cache, seq, counts, jnp.zeros((b,), bool), out, zeros, zeros)
     _, _, _, _, _, out, steps, accepted = jax.lax.while_loop(cond, body, init)
     out = GenerationResult(*(a[:, :max_new] if a.ndim == 2 else a for a in out[:4]))
-    return SpeculativeResult(out, steps, accepted)
+    return SpeculativeResult(out, steps, steps * gamma, accepted)
 
 
 def speculative_generate(params, config: TransformerConfig, prompts, *,

@@ -42,7 +42,7 @@ class PPOConfig:
     num_updates: int = 30
     update_epochs: int = 4
     num_minibatches: int = 8
-    learning_rate: float = 2.5e-3
+    learning_rate: float = 5e-3
     anneal_lr: bool = True
     gamma: float = 0.99
     gae_lambda: float = 0.95
