@@ -122,7 +122,7 @@ def learning_curves(path: str, quick: bool):
 
     ppo = agents.PPOConfig(num_updates=max(3, 60 // scale))
     reinforce = agents.ReinforceConfig(num_steps=128, num_updates=max(3, 120 // scale))
-    dqn = agents.DQNConfig(num_iterations=max(300, 8000 // scale), log_every=100)
+    dqn = agents.DQNConfig(num_iterations=max(300, 12000 // scale), log_every=200)
     for name, train, per_point, config in (
         ("PPO", agents.make_ppo(CartPole(), ppo), ppo.num_envs * ppo.num_steps, ppo),
         ("REINFORCE + baseline", agents.make_reinforce(CartPole(), reinforce),
@@ -155,7 +155,7 @@ def learning_curves(path: str, quick: bool):
     env = envs.TimeLimit(mdp, 50)
     v_star, q_star = value_iteration(mdp.default_params, gamma)
     alive = np.asarray(~mdp.default_params.terminal)
-    budgets = [125, 250, 500, 1000, 2000] + ([] if quick else [4000, 8000])
+    budgets = [100, 200, 400, 800, 1600] + ([] if quick else [3200, 6400])
     q_err, v_err = [], []
     optimal = jax.nn.one_hot(jnp.argmax(q_star, 1), 2)
     keys = jax.random.split(jax.random.key(0), seeds)

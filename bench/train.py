@@ -15,6 +15,7 @@ import gin
 import jax
 import numpy as np
 
+import agentic_jax.registry  # noqa: F401  (registers the configurables the config binds)
 from agentic_jax import config as gin_config
 from agentic_jax.models import TransformerConfig, flops_per_token, init_params
 from agentic_jax.training import TrainState, make_optimizer, make_schedule, make_train_step

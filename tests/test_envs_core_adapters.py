@@ -34,13 +34,13 @@ def test_pgx_tic_tac_toe_self_play_view():
     pytest.importorskip("pgx")
     env = envs.PgxEnv("tic_tac_toe")
     assert env.action_space().n == 9 and env.observation_space().shape == (3, 3, 2)
-    key = jax.random.key(0)
+    key, step = jax.random.key(0), jax.jit(env.step)
     obs, state = env.reset(key)
     first = int(state.current_player)
     for move in (0, 3, 1, 4):
-        obs, state, reward, terminated, _, info = env.step(key, state, move)
+        obs, state, reward, terminated, _, info = step(key, state, move)
         assert float(reward) == 0.0 and not bool(terminated)
-    obs, state, reward, terminated, truncated, info = env.step(key, state, 2)  # top row: the first mover wins
+    obs, state, reward, terminated, truncated, info = step(key, state, 2)  # top row: the first mover wins
     assert bool(terminated) and not bool(truncated) and float(reward) == 1.0
     assert float(info["rewards"][1 - first]) == -1.0
     assert int(info["final_observation"].sum()) == 5 and int(obs.sum()) == 0  # auto-reset to an empty board

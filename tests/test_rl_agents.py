@@ -23,7 +23,7 @@ def test_q_learning_converges_to_value_iteration():
     config = agents.QLearningConfig(num_envs=16, num_iterations=3000, gamma=GAMMA)
     q, metrics = jax.jit(jax.vmap(agents.make_q_learning(CHAIN_ENV, config)))(jax.random.split(jax.random.key(0), 2))
     error = np.abs(np.asarray(q - Q_STAR))[:, ALIVE].max(axis=(1, 2))
-    assert np.all(error < 0.05), error  # 48k transitions per seed: |Q − Q*|∞ < 0.05 (V* ∈ [0.46, 0.98])
+    assert np.all(error < 0.03), error  # 48k transitions per seed: |Q − Q*|∞ < 0.03 (V* ∈ [0.46, 0.98])
     assert bool(jnp.all(jnp.argmax(q[:, ALIVE], -1) == jnp.argmax(Q_STAR[ALIVE], -1)))
     assert metrics["episode_return"].shape == (2, 30)
 
@@ -35,7 +35,7 @@ def test_td_lambda_converges_to_value_iteration():
         jax.random.split(jax.random.key(1), 2)
     )
     error = np.abs(np.asarray(v - V_STAR))[:, ALIVE].max(axis=1)
-    assert np.all(error < 0.02), error  # V^π* = V*, within 0.02 after 153k transitions
+    assert np.all(error < 0.01), error  # V^π* = V*, within 0.01 after 153k transitions
 
 
 def test_ppo_solves_the_bandit_and_is_vmappable_over_seeds():
@@ -105,3 +105,17 @@ def test_prioritized_sampling_is_proportional_and_skips_empty_slots():
     np.testing.assert_allclose(weights, 1.0 / (np.asarray(slots) + 1.0), rtol=1e-5)
     new = agents.buffer_add(buffer, {"x": jnp.array([9])})
     assert float(new.priorities[4]) == 4.0  # new items enter with the maximum priority
+
+
+def test_actor_critic_targets_bootstrap_on_truncation_only():
+    params = agents.actor_critic_init(jax.random.key(0), 1, 2, (4,))
+    params["critic"][-1] = {"w": jnp.zeros_like(params["critic"][-1]["w"]), "b": jnp.full((1,), 2.0)}  # V ≡ 2
+    flags = jnp.array([[False], [True], [False]]), jnp.array([[False], [False], [True]])  # [T = 3, N = 1]
+    traj = envs.Transition(
+        obs=jnp.zeros((3, 1, 1)), action=jnp.zeros((3, 1), jnp.int32), reward=jnp.ones((3, 1)),
+        terminated=flags[0], truncated=flags[1], next_obs=jnp.zeros((3, 1, 1)), final_obs=jnp.zeros((3, 1, 1)),
+        info={}, extras={"value": jnp.full((3, 1), 2.0)},
+    )
+    _, returns = agents.common.advantages_and_returns(params, traj, jnp.zeros((1, 1)), 0.5, 0.9)
+    # continuing: r + γ·((1 − λ)·V + λ·G_1); terminated: r; truncated: r + γ·V(final), not r.
+    np.testing.assert_allclose(returns[:, 0], [1.0 + 0.5 * (0.1 * 2.0 + 0.9 * 1.0), 1.0, 1.0 + 0.5 * 2.0], rtol=1e-6)

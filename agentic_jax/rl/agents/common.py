@@ -88,6 +88,8 @@ def chunked_scan(iteration, carry, key, num_iterations: int, log_every: int):
     that ended in the chunk (weighted by "episodes", NaN if none), the rest
     averaged over iterations.
     """
+    if num_iterations % log_every:
+        raise ValueError(f"num_iterations ({num_iterations}) must be a multiple of log_every ({log_every})")
 
     def chunk(carry, key):
         carry, metrics = jax.lax.scan(iteration, carry, jax.random.split(key, log_every))

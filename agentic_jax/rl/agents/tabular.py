@@ -39,7 +39,7 @@ class QLearningConfig:
     num_envs: int = 16
     num_iterations: int = 3000
     learning_rate: float = 0.5
-    lr_end: float = 0.02
+    lr_end: float = 0.005
     gamma: float = 0.9
     epsilon: float = 0.3
     log_every: int = 100
