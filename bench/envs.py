@@ -15,7 +15,7 @@ Python-loop rates are measured on a few thousand steps and do not depend on N.
 
 PPO on CartPole (`PPOConfig()` defaults: 16 envs × 128 steps × 30 updates =
 61,440 steps per seed): compile and run time for 1 seed and for 16 seeds
-vmapped in one program, and how many seeds reach a greedy return ≥ 300.
+vmapped in one program, and how many seeds reach a greedy return ≥ 475 (CartPole-v1 solved).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from agentic_jax.envs.classic import BernoulliBandit, CartPole, chain_mdp, value
 from agentic_jax.rl import agents
 from pallas_kernels.benchmarking import describe_device
 
-SOLVED = 300.0
+SOLVED = 475.0  # CartPole-v1 threshold
 
 
 def random_policy(key, obs):
