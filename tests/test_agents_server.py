@@ -2,7 +2,6 @@
 batching across callers, and the OpenAI-compatible server driven by the official ``openai``
 client and by HTTPPolicy."""
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -13,10 +12,7 @@ import urllib.request
 from typing import Literal
 
 import gin
-import jax
-import jax.numpy as jnp
 import jsonschema
-import numpy as np
 import pytest
 
 from agentic_jax.agents import Budget, HTTPPolicy, PolicyError, ReActAgent, StopReason, tool
@@ -25,15 +21,12 @@ from agentic_jax.agents.jax_policy import JaxPolicy
 from agentic_jax.agents.server import OpenAIServer
 from agentic_jax.cli import main
 from agentic_jax.data.chat import Message
-from agentic_jax.data.tokenizer import SPECIAL_TOKENS, train_tokenizer
 from agentic_jax.inference.engine import Engine, EngineConfig
 from agentic_jax.inference.sampling import SamplingParams
-from agentic_jax.models import TransformerConfig, param_shapes
-from agentic_jax.models.export import save_model
+from tiny_models import make_model_dir
 
 openai = pytest.importorskip("openai")
 
-CORPUS = os.path.join(os.path.dirname(__file__), "data", "tiny_corpus.txt")
 MODEL = "tiny"
 # One prefill bucket for every prompt up to 256 tokens: fewer compilations, a faster test.
 ENGINE = EngineConfig(num_slots=4, min_prefill_len=256)
@@ -47,16 +40,8 @@ def weather(city: Literal["oslo", "paris", "rome"], unit: Literal["C", "F"] = "C
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    """A training workdir's layout with a random 1-layer model (see test_cli_generate.py)."""
     path = tmp_path_factory.mktemp("agent-model")
-    tokenizer = train_tokenizer(path / "tokenizer.json", files=[CORPUS], vocab_size=300)
-    config = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_layers=1, n_heads=2,
-                               n_kv_heads=1, head_dim=8, d_ff=32, max_seq_len=1024)
-    rng = np.random.default_rng(0)
-    params = jax.tree.map(lambda s: rng.normal(0.0, 0.5, s.shape).astype(s.dtype),
-                          param_shapes(config))
-    params["embed"][:len(SPECIAL_TOKENS)] = 0.0  # greedy decoding prints plain text
-    save_model(path / "model", config, jax.tree.map(jnp.asarray, params))
+    make_model_dir(path, max_seq_len=1024)
     return path
 
 

@@ -1,0 +1,30 @@
+"""Test helper: a training workdir's layout (``model/`` + ``tokenizer.json``) with a random model."""
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentic_jax.data.tokenizer import SPECIAL_TOKENS, train_tokenizer
+from agentic_jax.models import TransformerConfig, param_shapes
+from agentic_jax.models.export import save_model
+
+CORPUS = os.path.join(os.path.dirname(__file__), "data", "tiny_corpus.txt")
+
+
+def make_model_dir(path, *, max_seq_len: int):
+    """Writes a 1-layer random model and a 300-token tokenizer under ``path``.
+
+    Special tokens get zero logits (tied embeddings), so greedy decoding prints plain text.
+    Returns ``(config, params, tokenizer)``.
+    """
+    tokenizer = train_tokenizer(path / "tokenizer.json", files=[CORPUS], vocab_size=300)
+    config = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_layers=1, n_heads=2,
+                               n_kv_heads=1, head_dim=8, d_ff=32, max_seq_len=max_seq_len)
+    rng = np.random.default_rng(0)
+    params = jax.tree.map(lambda s: rng.normal(0.0, 0.5, s.shape).astype(s.dtype),
+                          param_shapes(config))
+    params["embed"][:len(SPECIAL_TOKENS)] = 0.0
+    params = jax.tree.map(jnp.asarray, params)
+    save_model(path / "model", config, params)
+    return config, params, tokenizer
