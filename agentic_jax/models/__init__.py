@@ -9,7 +9,7 @@ from agentic_jax.models.transformer import (flops_per_token, forward, hidden_sta
 
 __all__ = [
     "TransformerConfig", "attention", "chunked_attention", "flops_per_token", "forward",
-    "hidden_states", "init_params", "lm_head_weight", "logits_from_hidden", "param_axes", "param_count", "param_shapes",
-    "segment_positions", "self_attention",
-    "load_hf_checkpoint", "save_hf_checkpoint",
+    "hidden_states", "init_params", "lm_head_weight", "load_hf_checkpoint", "logits_from_hidden",
+    "param_axes", "param_count", "param_shapes", "save_hf_checkpoint", "segment_positions",
+    "self_attention",
 ]
