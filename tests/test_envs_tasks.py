@@ -1,13 +1,9 @@
 """Task generators: demonstrations earn the full reward in the jitted env and reproduce render_ids."""
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentic_jax.data.chat import render
-from agentic_jax.data.tokenizer import train_tokenizer
 from agentic_jax.envs.text import (
     Arithmetic,
     Countdown,
@@ -16,8 +12,8 @@ from agentic_jax.envs.text import (
     demonstration_batch,
     task_env,
 )
+from tiny_models import task_tokenizer
 
-TINY_CORPUS = pathlib.Path(__file__).parent / "data" / "tiny_corpus.txt"
 GENERATORS = (Arithmetic(2), Arithmetic(2, use_tools=False), Countdown(2), MultiHop(2), MultiHop(2, tool="search"))
 SEEDS = range(3)
 ACTION = 64
@@ -25,10 +21,7 @@ ACTION = 64
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    """A small BPE fit on prose plus rendered arithmetic tasks, so that digits merge."""
-    path = tmp_path_factory.mktemp("tok")
-    (path / "tasks.txt").write_text("\n".join(render(t.conversation()) for t in Arithmetic(3).tasks(range(300))))
-    return train_tokenizer(path / "tokenizer.json", files=[TINY_CORPUS, path / "tasks.txt"], vocab_size=500)
+    return task_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,4 @@
 """Text environments: token tables, the in-jit calculator, tool-call parsing, masks and budgets."""
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentic_jax.data.chat import Message, ToolCall, render, render_ids
-from agentic_jax.data.tokenizer import IM_END, TOOL_CALL, TOOL_CALL_END, train_tokenizer
+from agentic_jax.data.tokenizer import IM_END, TOOL_CALL, TOOL_CALL_END
 from agentic_jax.envs.text import (
     Arithmetic,
     Calculator,
@@ -24,18 +22,15 @@ from agentic_jax.envs.text import (
     parse_call_host,
     task_env,
 )
+from tiny_models import task_tokenizer
 
-TINY_CORPUS = pathlib.Path(__file__).parent / "data" / "tiny_corpus.txt"
 EXPR_BYTES = 48
 INT32_MAX = 2 ** 31 - 1
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    """A small BPE fit on prose plus rendered arithmetic tasks, so that digits merge."""
-    path = tmp_path_factory.mktemp("tok")
-    (path / "tasks.txt").write_text("\n".join(render(t.conversation()) for t in Arithmetic(3).tasks(range(300))))
-    return train_tokenizer(path / "tokenizer.json", files=[TINY_CORPUS, path / "tasks.txt"], vocab_size=500)
+    return task_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
 @pytest.fixture(scope="module")

@@ -28,3 +28,14 @@ def make_model_dir(path, *, max_seq_len: int):
     params = jax.tree.map(jnp.asarray, params)
     save_model(path / "model", config, params)
     return config, params, tokenizer
+
+
+def task_tokenizer(path):
+    """A small BPE fit on prose plus rendered arithmetic tasks, so that digits merge."""
+    from agentic_jax.data.chat import render
+    from agentic_jax.envs.text import Arithmetic
+
+    (path / "tasks.txt").write_text(
+        "\n".join(render(t.conversation()) for t in Arithmetic(3).tasks(range(300))))
+    return train_tokenizer(path / "tokenizer.json", files=[CORPUS, path / "tasks.txt"],
+                           vocab_size=500)
