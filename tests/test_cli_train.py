@@ -90,3 +90,25 @@ def read_metrics_safe(path):
     except FileNotFoundError:
         return []
     return [json.loads(line) for line in lines if line]
+
+
+def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(tmp_path):
+    workdir = str(tmp_path / "stopped")
+    extra = ["train.steps=400", "train.checkpoint_every=1000", "train.log_every=1",
+             "train.eval_every=1000", "train.progress=False"]
+    cmd = [sys.executable, "-m", "agentic_jax.cli", "train", "--gin_file", "tiny", "--workdir",
+           workdir, *_params(*extra)]
+    proc = subprocess.Popen(cmd, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = os.path.join(workdir, "metrics.jsonl")
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and len(read_metrics_safe(metrics)) < 5:
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run finished before it could be stopped"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 130
+    logged = [r["step"] for r in read_metrics(metrics) if "loss" in r]
+    saved = [int(s) for s in os.listdir(os.path.join(workdir, "checkpoints")) if s.isdigit()]
+    # No periodic checkpoint was due: the one saved is the stop's, at the last step taken,
+    # and every step up to it is in the log.
+    assert saved == [logged[-1]] and logged == list(range(1, logged[-1] + 1)) and logged[-1] < 400

@@ -13,6 +13,11 @@ def unigram_entropy(token_ids) -> float:
     ids = np.asarray(token_ids).ravel()
     if ids.size == 0:
         raise ValueError("unigram_entropy of an empty token stream")
-    counts = np.bincount(ids)
-    p = counts[counts > 0] / ids.size
+    return entropy_of_counts(np.bincount(ids))
+
+
+def entropy_of_counts(counts) -> float:
+    """Entropy in nats of the distribution proportional to ``counts`` (token frequencies)."""
+    counts = np.asarray(counts)
+    p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())

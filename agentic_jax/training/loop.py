@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 import sharding
 from agentic_jax import config as gin_config
 from agentic_jax.data.pipeline import heldout_data, train_data
-from agentic_jax.data.stats import unigram_entropy
+from agentic_jax.data.stats import entropy_of_counts
 from agentic_jax.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from agentic_jax.models import TransformerConfig, flops_per_token, init_params
 from agentic_jax.models.export import save_model
@@ -58,17 +58,29 @@ def prepare_tokenizer(workdir: str, tokenizer_path: str | None) -> Tokenizer:
 
 
 class _StopRequest:
-    """Turns SIGTERM into a clean stop at the next step boundary (with a checkpoint)."""
+    """Turns SIGTERM and Ctrl-C into a clean stop at a step boundary, with a checkpoint.
+
+    With several processes a stop asked of any one is agreed by all (``agreed``), so no host
+    leaves the others waiting in a collective.
+    """
 
     def __init__(self):
         self.requested = False
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
+        self._previous = {sig: signal.signal(sig, self._handle)
+                          for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def _handle(self, signum, frame):
         self.requested = True
 
+    def agreed(self) -> bool:
+        if jax.process_count() > 1:
+            votes = multihost_utils.process_allgather(np.asarray(self.requested))
+            self.requested = bool(np.any(votes))
+        return self.requested
+
     def restore(self):
-        signal.signal(signal.SIGTERM, self._previous)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def _to_global(batch, batch_sharding):
@@ -76,7 +88,8 @@ def _to_global(batch, batch_sharding):
             for k, v in batch.items()}
 
 
-def evaluate(eval_step, params, batches, batch_sharding, max_batches: int = 0) -> dict:
+def evaluate(eval_step, params, batches, batch_sharding, vocab_size: int,
+             max_batches: int = 0) -> dict:
     """Mean held-out next-token loss (nats/token) and perplexity over the held-out stream, with
     the unigram entropy of the same targets: the loss of the best context-free model, which a
     language model must beat to be using context."""
@@ -87,9 +100,12 @@ def evaluate(eval_step, params, batches, batch_sharding, max_batches: int = 0) -
         total, n = eval_step(params, _to_global(batch, batch_sharding))
         nll, count = nll + float(total), count + float(n)
         targets.append(np.asarray(batch["targets"])[np.asarray(batch["loss_mask"]) > 0])
+    counts = np.bincount(np.concatenate(targets), minlength=vocab_size)
+    if jax.process_count() > 1:  # each process saw its own share of the held-out targets
+        counts = multihost_utils.process_allgather(counts).sum(axis=0)
     loss = nll / max(count, 1.0)
     return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0)), "eval_tokens": count,
-            "heldout_unigram_entropy": unigram_entropy(np.concatenate(targets))}
+            "heldout_unigram_entropy": entropy_of_counts(counts)}
 
 
 @gin.configurable
@@ -176,8 +192,12 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
             bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{tokens_per_sec:,.0f}")
             interval_start = time.perf_counter()
 
+        multi_process = jax.process_count() > 1
         try:
-            while step < steps and not stop.requested:
+            while step < steps:
+                # Several processes vote at logging boundaries only: a vote is a collective.
+                if (not multi_process or step % log_every == 0) and stop.agreed():
+                    break
                 state, metrics = train_step(state, _to_global(next(data), batch_sharding))
                 step += 1
                 pending.append((step, metrics))
@@ -188,7 +208,8 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
                         gin_config.save_config(workdir, operative=True)
                 if step % eval_every == 0 or step == steps:
                     flush()
-                    result = evaluate(eval_step, state.params, heldout, batch_sharding, eval_batches)
+                    result = evaluate(eval_step, state.params, heldout, batch_sharding,
+                                      model.vocab_size, eval_batches)
                     log.write({"step": step, **result})
                     last.update(result)
                     bar.write(f"step {step}: held-out loss {result['eval_loss']:.4f} nats/token "
@@ -197,19 +218,18 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
                 if step % checkpoint_every == 0 or step == steps:
                     flush()  # the log must hold every step up to the checkpoint it resumes from
                     ckpt.save(step, state, data)
-        except KeyboardInterrupt:
-            stop.requested = True
         finally:
             flush()
             bar.close()
             stop.restore()
-            if stop.requested and ckpt.latest_step() != step:
+            interrupted = stop.requested and step < steps
+            if interrupted and ckpt.latest_step() != step:
                 ckpt.save(step, state, data)
                 print(f"interrupted: saved a checkpoint at step {step}; run the same command to "
                       "resume", flush=True)
             ckpt.wait()
             ckpt.close()
-        if stop.requested:
+        if interrupted:
             raise KeyboardInterrupt
 
     if step >= steps:
