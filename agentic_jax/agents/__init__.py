@@ -5,7 +5,12 @@ Modules: ``policy`` (the protocol, :class:`ScriptedPolicy`), ``jax_policy``, ``h
 ``chat_model`` (engine-backed chat with constrained tool calls), ``server``; ``tools``,
 ``executor``, ``sandbox``, ``builtin_tools``; ``react``, ``plan_execute``, ``reflexion``,
 ``verify``, with ``agent``, ``budget`` and ``loop_detection``; ``context``, ``tokens``; ``graph``,
-``workflows``; ``tracing``, ``golden``; ``session`` (what ``agentic-jax agent`` runs).
+``workflows``; ``tracing``, ``golden``; ``session`` (what ``agentic-jax agent`` runs);
+``retrieval`` (local BM25 search); the ``multi_agent`` package (team patterns, ``agentic-jax
+team``).
+Also ``skills`` (the skill registry), ``a2a`` / ``a2a_client`` (Agent2Agent serving and
+delegation, ``agentic-jax a2a-server``), and ``mcp_client`` / ``mcp_server`` (Model Context
+Protocol tools, resources and prompts, ``agentic-jax mcp-server``).
 Heavy backends (``jax_policy``, ``chat_model``, ``server``) are imported from their modules.
 """
 from agentic_jax.agents.agent import Agent, AgentResult, Evaluation, Run

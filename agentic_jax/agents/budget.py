@@ -28,6 +28,10 @@ class StopReason(str, enum.Enum):
     MAX_ATTEMPTS = "max_attempts"  # Reflexion / verify-retry ran out of attempts
     POLICY_ERROR = "policy_error"
     REJECTED = "rejected"  # a human rejected the run at an approval gate
+    # Multi-agent runs (``multi_agent``):
+    MAX_ROUNDS = "max_rounds"  # the round limit came before an agreement or a final answer
+    MAX_MESSAGES = "max_messages"
+    AGENTS_FAILED = "agents_failed"  # no member left that could do the work
 
 
 @gin.configurable(module="agents")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from agentic_jax.agents.plan_execute import PlanAndExecute
 from agentic_jax.agents.policy import Policy
 from agentic_jax.agents.react import SYSTEM_PROMPT, ReActAgent
 from agentic_jax.agents.tokens import approx_tokens, tokenizer_counter
+from agentic_jax.agents.tools import Tool
 from agentic_jax.agents.tracing import Tracer, console_sink
 
 LOOPS = ("react", "plan_execute")
@@ -34,12 +35,15 @@ LOOPS = ("react", "plan_execute")
 @gin.configurable(module="agents")
 @dataclasses.dataclass
 class AgentConfig:
-    """``policy`` (gin-built) or ``checkpoint``; ``tools`` are built-in tool names; ``allow``
-    restricts them further; ``context`` enables context management with that budget; ``task``
-    is run when no task is given on the command line."""
+    """``policy`` (gin-built) or ``checkpoint``; ``tools`` are built-in tool names;
+    ``mcp_servers`` maps names to MCP servers (a command line or an http(s) URL, see
+    ``mcp_client.py``) whose tools join them as ``<server>__<tool>``; ``allow`` restricts them
+    further; ``context`` enables context management with that budget; ``task`` is run when no
+    task is given on the command line."""
     policy: Any = None
     checkpoint: str | None = None
     tools: Sequence[str] = ("calculator",)
+    mcp_servers: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     allow: Sequence[str] | None = None
     loop: str = "react"
     system_prompt: str = SYSTEM_PROMPT
@@ -66,9 +70,14 @@ def make_policy(config: AgentConfig, checkpoint: str | None = None) -> Policy:
 
 
 def make_agent(config: AgentConfig, policy: Policy, *, tracer: Tracer | None = None,
-               approver: Approver | None = None) -> Agent:
-    executor = ToolExecutor([builtin_tool(name) for name in config.tools], allow=config.allow,
-                            approver=approver)
+               approver: Approver | None = None, extra_tools: Sequence[Tool] = (),
+               mcp_tools: Sequence[Tool] = ()) -> Agent:
+    """The configured loop; ``extra_tools`` (a host's own, such as the A2A server's) join the
+    built-in tools and pass the allow-list; ``mcp_tools`` (the ``mcp_servers``') are subject
+    to it like the built-in ones."""
+    allow = None if config.allow is None else [*config.allow, *(t.name for t in extra_tools)]
+    tools = [*(builtin_tool(name) for name in config.tools), *mcp_tools, *extra_tools]
+    executor = ToolExecutor(tools, allow=allow, approver=approver)
     context = None
     if config.context is not None:
         count = (tokenizer_counter(policy.model.tokenizer) if isinstance(policy, JaxPolicy)
@@ -109,6 +118,15 @@ def terminal_approver(tool, call) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
+def _mcp_client(servers: Mapping[str, Any]):
+    """An ``MCPClient`` for the configured servers (``None`` if there are none); the MCP SDK
+    is imported only then."""
+    if not servers:
+        return None
+    from agentic_jax.agents.mcp_client import MCPClient
+    return MCPClient(servers)
+
+
 def run_session(config: AgentConfig, tasks: Sequence[str] | Iterator[str], *,
                 checkpoint: str | None = None, trace_path: str | None = None,
                 approver: Approver | None = terminal_approver,
@@ -116,11 +134,17 @@ def run_session(config: AgentConfig, tasks: Sequence[str] | Iterator[str], *,
     """Runs each task with a fresh agent (one trace run each), streaming its steps to ``write``."""
     policy = make_policy(config, checkpoint)
     results = []
+    mcp = None
     try:
+        mcp = _mcp_client(config.mcp_servers)
+        mcp_tools = mcp.tools() if mcp is not None else []
         for task in tasks:
             tracer = Tracer(trace_path, sinks=[console_sink(write)], pricing=config.pricing)
-            results.append(make_agent(config, policy, tracer=tracer, approver=approver).run(task))
+            results.append(make_agent(config, policy, tracer=tracer, approver=approver,
+                                      mcp_tools=mcp_tools).run(task))
     finally:
+        if mcp is not None:
+            mcp.close()
         if isinstance(policy, JaxPolicy):
             policy.close()
     return results

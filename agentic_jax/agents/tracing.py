@@ -8,13 +8,18 @@ loaded into any log tool.  Each carries ``run``, ``seq``, ``time`` and ``kind``:
 * ``model_call``: text, tool_calls, prompt/completion tokens, cost, latency, finish_reason;
 * ``tool_call``: name, arguments, status, content (clipped), attempts, latency; ``data: true``
   records that the content is tool output (data), not instructions;
-* ``decision``: what the loop decided and why (answer, redirect, stop, replan, reflect, ...).
+* ``decision``: what the loop decided and why (answer, redirect, stop, replan, reflect, ...);
+* ``message``: one agent's message to others in a multi-agent run (``multi_agent``): sender,
+  recipients, act (task, result, bid, ...), content (clipped), round.
+
+Events of a multi-agent run also name the ``agent`` they belong to (see :meth:`Tracer.scoped`).
 
 When ``opentelemetry-api`` is installed, each event is also an OpenTelemetry span (child of the
 run's span), so runs show up in Jaeger, Honeycomb or any OTLP backend configured in the process.
 """
 from __future__ import annotations
 
+import copy
 import json
 import time
 import uuid
@@ -60,12 +65,20 @@ class Tracer:
         self.sinks, self.pricing = list(sinks), pricing
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.events: list[Event] = []
+        self.fields: dict[str, Any] = {}
         self._otel = _otel_tracer() if otel else None
         self._root = None
 
+    def scoped(self, **fields: Any) -> Tracer:
+        """A view that adds ``fields`` (e.g. ``agent="critic"``) to each event it emits; the
+        events land in this tracer (same list, file, sinks and run id)."""
+        view = copy.copy(self)
+        view.fields = {**self.fields, **fields}
+        return view
+
     def emit(self, kind: str, **fields: Any) -> Event:
         event = {"run": self.run_id, "seq": len(self.events), "time": time.time(), "kind": kind,
-                 **fields}
+                 **self.fields, **fields}
         self.events.append(event)
         if self.path is not None:
             with self.path.open("a", encoding="utf-8") as f:
@@ -116,6 +129,11 @@ class Tracer:
     def decision(self, step: int, decision: str, detail: str = "", **fields: Any) -> Event:
         return self.emit("decision", step=step, decision=decision, detail=detail, **fields)
 
+    def message(self, round: int, sender: str, recipients: Sequence[str], act: str,
+                content: str) -> Event:
+        return self.emit("message", round=round, sender=sender, recipients=list(recipients),
+                         act=act, content=_clip(content))
+
 
 # --------------------------------------------------------------------------------- reading
 def load(path: str | Path) -> list[Event]:
@@ -132,6 +150,8 @@ def _short(value: Any, limit: int = 200) -> str:
 def format_event(event: Event) -> str | None:
     """One event as a line or two of text (``None`` for events not worth showing)."""
     kind, step = event["kind"], event.get("step", "")
+    if "agent" in event and kind not in ("run_start", "run_end"):
+        step = f"{event['agent']} {step}"
     if kind == "run_start":
         return f"task: {event.get('task', '')}  [{event.get('agent', 'agent')}, run {event['run']}]"
     if kind == "model_call":
@@ -147,6 +167,9 @@ def format_event(event: Event) -> str | None:
                 + f": {_short(event['content'])}")
     if kind == "decision":
         return f"[{step}] {event['decision']}" + (f": {event['detail']}" if event["detail"] else "")
+    if kind == "message":
+        return (f"[round {event['round']}] {event['sender']} -> {', '.join(event['recipients'])}"
+                f" ({event['act']}): {_short(event['content'])}")
     if kind == "run_end":
         return (f"answer: {event.get('answer')}\n"
                 f"stop: {event['stop_reason']} ({event['detail']}); {event['steps']} model calls, "
