@@ -8,8 +8,13 @@
     agentic-jax generate --checkpoint DIR --prompt TEXT [--chat | --no-chat] [--temperature T]
                          [--top_p P] [--top_k K] [--max_tokens N] [--seed S] [--gin_param P]...
     agentic-jax serve --checkpoint DIR [--host H] [--port P] [--model_name NAME] [--gin_param P]...
+    agentic-jax mcp-server [--checkpoint DIR] [--corpus DIR|FILE] [--skills DIR]
+                           [--transport stdio|streamable-http] [--host H] [--port P]
+    agentic-jax a2a-server --gin_file F [--checkpoint DIR] [--host H] [--port P] [--url URL]
+                           [--bearer_token_env VAR] [--gin_param P]...
     agentic-jax agent --gin_file F [--checkpoint DIR] [--task TEXT | --task_file FILE]
                       [--trace FILE] [--yes] [--gin_param P]...
+    agentic-jax team --gin_file F [--task TEXT] [--trace FILE] [--gin_param P]...
     agentic-jax trace show FILE
     agentic-jax trace compare GOLDEN NEW [--min_similarity S] [--max_token_overhead O]
 
@@ -41,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
                            help="output directory (default runs/<config>)")
         return p
 
-    train = job("train", "train a language model (default: the quickstart config)")
+    train = job("train", "run a training job (default: the quickstart pipeline: tokenizer, "
+                        "pretraining, SFT and RL of a tool-using model)")
     multi = train.add_argument_group(
         "multi-process (multi-host) training",
         "Run the same command in every process.  Each flag defaults to its environment variable "
@@ -80,6 +86,30 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--model_name", default=None,
                        help="the model id clients send (default: the checkpoint's directory name)")
+    mcp = job("mcp-server", "serve agentic-jax tools, run files and skills over the Model "
+                            "Context Protocol (stdio or Streamable HTTP)", workdir=False)
+    mcp.add_argument("--checkpoint", default=None,
+                     help="a training workdir: adds a generate tool and its files as resources")
+    mcp.add_argument("--corpus", default=None,
+                     help="a directory of .txt/.md files or one file: adds a search tool")
+    mcp.add_argument("--skills", default=None,
+                     help="a directory of skill files, served as prompts (default: the shipped "
+                          "skills)")
+    mcp.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio")
+    mcp.add_argument("--host", default="127.0.0.1", help="streamable-http only")
+    mcp.add_argument("--port", type=int, default=8000,
+                     help="streamable-http only; the endpoint is http://HOST:PORT/mcp")
+    a2a = job("a2a-server", "serve the agent a config describes over the Agent2Agent (A2A) "
+                            "protocol", workdir=False)
+    a2a.add_argument("--checkpoint", default=None,
+                     help="serve this checkpoint in-process as the policy (overrides the config)")
+    a2a.add_argument("--host", default="127.0.0.1")
+    a2a.add_argument("--port", type=int, default=9999)
+    a2a.add_argument("--url", default=None,
+                     help="the public base URL on the Agent Card (default http://HOST:PORT)")
+    a2a.add_argument("--bearer_token_env", default=None,
+                     help="require 'Authorization: Bearer <token>', the token being this "
+                          "environment variable's value")
     agent = job("agent", "run a tool-using agent on tasks, streaming its steps", workdir=False)
     agent.add_argument("--checkpoint", default=None,
                        help="serve this checkpoint in-process as the policy (overrides the config)")
@@ -91,6 +121,9 @@ def _parser() -> argparse.ArgumentParser:
     agent.add_argument("--trace", default=None, help="append the run's events to this JSONL file")
     agent.add_argument("--yes", action="store_true",
                        help="approve dangerous tools without asking")
+    team = job("team", "run a multi-agent team on a task, streaming its messages", workdir=False)
+    team.add_argument("--task", default=None, help="the task (default: the config's)")
+    team.add_argument("--trace", default=None, help="append the run's events to this JSONL file")
     trace = verbs.add_parser("trace", help="show agent traces or compare one with a golden trace")
     trace_verbs = trace.add_subparsers(dest="trace_verb", required=True)
     show = trace_verbs.add_parser("show", help="render a JSONL trace as a transcript")
@@ -166,6 +199,49 @@ def _serve(args) -> None:
         model.close()
 
 
+def _mcp_server(args) -> None:
+    """Serves until stdin ends (stdio) or until interrupted (streamable-http)."""
+    from agentic_jax.agents.mcp_server import build_server, serve
+    from agentic_jax.agents.skills import SkillRegistry
+
+    skills = SkillRegistry.load(args.skills) if args.skills else SkillRegistry.load()
+    server = build_server(checkpoint=args.checkpoint, corpus=args.corpus, skills=skills)
+    if args.transport != "stdio":
+        print(f"serving MCP at http://{args.host}:{args.port}/mcp (Ctrl-C stops)",
+              file=sys.stderr, flush=True)
+    try:
+        serve(server, args.transport, host=args.host, port=args.port)
+    finally:
+        server.close()
+
+
+def _a2a_server(args) -> None:
+    """Serves the configured agent (``agents.AgentConfig``, card from ``agents.A2AServerConfig``)
+    until interrupted."""
+    import uvicorn
+
+    from agentic_jax.agents.a2a import A2AServerConfig, config_app
+    from agentic_jax.agents.jax_policy import JaxPolicy
+    from agentic_jax.agents.session import AgentConfig, make_policy
+
+    token = None
+    if args.bearer_token_env is not None:
+        token = os.environ.get(args.bearer_token_env)
+        if not token:
+            raise SystemExit(f"--bearer_token_env: ${args.bearer_token_env} is unset or empty")
+    config = AgentConfig()
+    policy = make_policy(config, args.checkpoint)
+    url = args.url or f"http://{args.host}:{args.port}"
+    app = config_app(url, config, A2AServerConfig(), policy, bearer_token=token)
+    print(f"serving A2A at {url} (card: {url}/.well-known/agent-card.json; Ctrl-C stops)",
+          flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port)
+    finally:
+        if isinstance(policy, JaxPolicy):
+            policy.close()
+
+
 def _agent(args) -> int:
     """Runs the configured agent on the tasks; 0 if every task was answered."""
     from agentic_jax.agents.session import (AgentConfig, interactive_tasks, read_tasks,
@@ -184,6 +260,15 @@ def _agent(args) -> int:
     results = run_session(config, tasks, checkpoint=args.checkpoint, trace_path=args.trace,
                           approver=approver, write=lambda line: print(line, flush=True))
     return 0 if all(r.ok for r in results) else 1
+
+
+def _team(args) -> int:
+    """Runs the configured team; 0 if it reached an answer."""
+    from agentic_jax.agents.multi_agent.session import TeamConfig, run_team
+
+    result = run_team(TeamConfig(), args.task, trace_path=args.trace,
+                      write=lambda line: print(line, flush=True))
+    return 0 if result.ok else 1
 
 
 def _trace(args) -> int:
@@ -213,11 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     workdir = _setup(args)
     try:
         if args.verb == "train":
+            from agentic_jax.jobs import run_job
             from agentic_jax.training.distributed import initialize_distributed
-            from agentic_jax.training.loop import train
             initialize_distributed(args.coordinator_address, args.num_processes, args.process_id,
                                    auto_detect=args.distributed)
-            result = train(workdir)
+            result = run_job(workdir)
             print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in result.items()
                                         if isinstance(v, float)))
         elif args.verb == "tokenizer":
@@ -229,8 +314,14 @@ def main(argv: list[str] | None = None) -> int:
             _generate(args)
         elif args.verb == "serve":
             _serve(args)
+        elif args.verb == "mcp-server":
+            _mcp_server(args)
+        elif args.verb == "a2a-server":
+            _a2a_server(args)
         elif args.verb == "agent":
             return _agent(args)
+        elif args.verb == "team":
+            return _team(args)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

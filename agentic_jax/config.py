@@ -1,6 +1,8 @@
 """gin configuration: locating config files, parsing flags, saving the operative config."""
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from importlib import resources
 from pathlib import Path
@@ -26,12 +28,33 @@ def resolve_config(name: str) -> str:
                             f"{config_dir()})")
 
 
+class _SearchMisses(logging.Filter):
+    """Drops gin's "Path not found" errors: an ``include`` is tried as a Python package path
+    before the config directory, and that expected miss is logged as an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Path not found")
+
+
+@contextlib.contextmanager
+def _quiet_search():
+    root, quiet = logging.getLogger(), _SearchMisses()
+    root.addFilter(quiet)
+    try:
+        yield
+    finally:
+        root.removeFilter(quiet)
+
+
 def parse(gin_files: list[str], gin_params: list[str]) -> None:
-    """Parses files then bindings; an unknown configurable or parameter raises before any work."""
+    """Parses files then bindings; an unknown configurable or parameter raises before any work.
+
+    ``include 'x.gin'`` inside a config finds ``x`` among the shipped configs."""
     gin.clear_config()
     gin.add_config_file_search_path(str(config_dir()))
-    gin.parse_config_files_and_bindings([resolve_config(f) for f in gin_files], gin_params,
-                                        finalize_config=False)
+    with _quiet_search():
+        gin.parse_config_files_and_bindings([resolve_config(f) for f in gin_files], gin_params,
+                                            finalize_config=False)
 
 
 def save_config(workdir: str, operative: bool) -> str:

@@ -31,8 +31,8 @@ VARIANTS = {
 
 
 def quickstart_setup() -> tuple[TransformerConfig, int, int]:
-    gin_config.parse(["quickstart"], [])
-    model = TransformerConfig()  # reads the quickstart's TransformerConfig bindings
+    gin_config.parse(["pretrain"], [])
+    model = TransformerConfig()  # reads the pretraining config's TransformerConfig bindings
     return (model.replace(vocab_size=gin.query_parameter("train_tokenizer.vocab_size")),
             gin.query_parameter("train.batch_size"),
             gin.query_parameter("train.seq_len"))

@@ -115,6 +115,7 @@ DEFAULT_TABLE = (
     ("head_dim", None),
     ("layers", None),
     ("norm", None),
+    ("lora_rank", None),  # LoRA adapters' rank r: small, kept whole
     ("exp", "expert"),
     ("activation_batch", ("data", "fsdp")),
     ("activation_length", "sequence"),

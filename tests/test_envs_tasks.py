@@ -112,3 +112,13 @@ def test_preference_batches_share_the_prompts_and_differ_in_the_answers(tokenize
         assert chosen_mask[row, :len(prompt)].sum() == 0 and chosen_mask[row, len(rendered.ids):].sum() == 0
     with pytest.raises(ValueError):
         demonstration_batch(tasks, tokenizer, 16)
+
+
+def test_arithmetic_without_partial_credit_pays_only_for_exact_answers():
+    task = Arithmetic(1).sample(4)
+    close = f"<think>x</think><answer>{task.value + 1}</answer>"
+    exact = f"<think>x</think><answer>{task.value}</answer>"
+    with_credit, exact_only = Arithmetic(1).reward, Arithmetic(1, partial_credit=False).reward
+    assert with_credit.host(close, task) == pytest.approx(0.1 + 0.1 * 0.5)
+    assert exact_only.host(close, task) == pytest.approx(0.1)
+    assert with_credit.host(exact, task) == exact_only.host(exact, task) == pytest.approx(1.0)

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_jax.data.tokenizer import SPECIAL_TOKENS, train_tokenizer
-from agentic_jax.models import TransformerConfig, param_shapes
+from agentic_jax.models import TransformerConfig, init_params, param_shapes
 from agentic_jax.models.export import save_model
 
 CORPUS = os.path.join(os.path.dirname(__file__), "data", "tiny_corpus.txt")
@@ -39,3 +39,15 @@ def task_tokenizer(path):
         "\n".join(render(t.conversation()) for t in Arithmetic(3).tasks(range(300))))
     return train_tokenizer(path / "tokenizer.json", files=[CORPUS, path / "tasks.txt"],
                            vocab_size=500)
+
+
+def task_model_dir(path, *, max_seq_len: int, n_layers: int = 1, seed: int = 0):
+    """A run directory (``model/`` + ``tokenizer.json``) holding a random d=32 model over
+    :func:`task_tokenizer`, for post-training trainers to start from.  Returns
+    ``(config, params, tokenizer)``."""
+    tokenizer = task_tokenizer(path)
+    config = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_layers=n_layers, n_heads=2,
+                               n_kv_heads=1, head_dim=16, d_ff=64, max_seq_len=max_seq_len)
+    params = init_params(config, jax.random.key(seed))
+    save_model(path / "model", config, params)
+    return config, params, tokenizer

@@ -9,6 +9,7 @@ constrained at block boundaries by logical name; :mod:`sharding` alone maps name
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -144,31 +145,48 @@ def self_attention(config: TransformerConfig, segment_ids):
     return attend
 
 
+def _dense(eq, x, w, name, lora, dropout):
+    """``einsum(eq, x, w)``, plus LoRA's low-rank path ``dropout(x) · A · B`` when the layer carries
+    an adapter ``lora[name] = {"a": [in..., r], "b": [r, out...]}`` for this projection (the α/r
+    scale is already folded into B; see :mod:`agentic_jax.models.lora`)."""
+    y = jnp.einsum(eq, x, w)
+    if name not in lora:
+        return y
+    if dropout is not None:  # {"rate": [], "key": {name: key}}
+        keep = 1.0 - dropout["rate"]
+        x = jnp.where(jax.random.bernoulli(dropout["key"][name], keep, x.shape), x / keep, 0).astype(x.dtype)
+    a, b = lora[name]["a"], lora[name]["b"]
+    return y + jnp.tensordot(jnp.tensordot(x, a, a.ndim - 1), b, 1)
+
+
 def _block(config: TransformerConfig, p, x, cos, sin, attend, state):
     """One pre-norm residual block on ``x[B,T,D]``; ``p`` holds this layer's parameters.
 
     ``attend(q, k, v, state) -> (o, state)`` is where decoders plug in a KV cache: ``state`` is
     this layer's slice of whatever per-layer state the caller threads through the layers.
+    LoRA adapters, when present, are ``p["lora"]``, with dropout keys in ``p["lora_dropout"]``.
     """
     dtype = config.compute_dtype
+    p = dict(p)
+    dropout = p.pop("lora_dropout", None)  # PRNG keys take no dtype cast
     p = jax.tree.map(lambda a: a.astype(dtype), p)
-    a = p["attn"]
+    a, m = p["attn"], p["mlp"]
+    dense = functools.partial(_dense, lora=p.get("lora", {}), dropout=dropout)
     h = rms_norm(x, p["attn_norm"], config.norm_eps)
-    q = jnp.einsum("btd,dnh->btnh", h, a["q"])
-    k = jnp.einsum("btd,dkh->btkh", h, a["k"])
-    v = jnp.einsum("btd,dkh->btkh", h, a["v"])
+    q = dense("btd,dnh->btnh", h, a["q"], "q")
+    k = dense("btd,dkh->btkh", h, a["k"], "k")
+    v = dense("btd,dkh->btkh", h, a["v"], "v")
     if config.qkv_bias:
         q, k, v = q + a["q_bias"], k + a["k_bias"], v + a["v_bias"]
     q = with_logical_constraint(apply_rope(q, cos, sin), BTNH)
     k = with_logical_constraint(apply_rope(k, cos, sin), BTKH)
     v = with_logical_constraint(v, BTKH)
     o, state = attend(q, k, v, state)
-    x = with_logical_constraint(x + jnp.einsum("btnh,nhd->btd", o, a["o"]), BTD)
-    m = p["mlp"]
+    x = with_logical_constraint(x + dense("btnh,nhd->btd", o, a["o"], "o"), BTD)
     h = rms_norm(x, p["mlp_norm"], config.norm_eps)
-    hidden = jax.nn.silu(jnp.einsum("btd,df->btf", h, m["gate"])) * jnp.einsum("btd,df->btf", h, m["up"])
+    hidden = jax.nn.silu(dense("btd,df->btf", h, m["gate"], "gate")) * dense("btd,df->btf", h, m["up"], "up")
     hidden = with_logical_constraint(hidden, BTF)
-    return with_logical_constraint(x + jnp.einsum("btf,fd->btd", hidden, m["down"]), BTD), state
+    return with_logical_constraint(x + dense("btf,fd->btd", hidden, m["down"], "down"), BTD), state
 
 
 _REMAT = {

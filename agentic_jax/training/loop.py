@@ -57,7 +57,7 @@ def prepare_tokenizer(workdir: str, tokenizer_path: str | None) -> Tokenizer:
     return load_tokenizer(path)
 
 
-class _StopRequest:
+class StopRequest:
     """Turns SIGTERM and Ctrl-C into a clean stop at a step boundary, with a checkpoint.
 
     With several processes a stop asked of any one is agreed by all (``agreed``), so no host
@@ -170,7 +170,7 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
         tokens_per_step = batch_size * seq_len
         flops_per_step = flops_per_token(model, seq_len) * tokens_per_step
         peak = peak_flops_per_device() * jax.device_count()
-        stop = _StopRequest()
+        stop = StopRequest()
         bar = tqdm(total=steps, initial=start, disable=not progress or jax.process_index() != 0,
                    unit="step", dynamic_ncols=True)
         pending, last = [], {}

@@ -160,11 +160,16 @@ class TextEnv(Env):
         return {"tokens": state.tokens, "loss_mask": state.loss_mask, "length": state.length}
 
     def reset_env(self, key, params):
-        task = jax.random.categorical(key, jnp.log(params.task_weights))
+        return self.reset_task(jax.random.categorical(key, jnp.log(params.task_weights)), params)
+
+    def reset_task(self, task, params):
+        """The first observation and state of an episode of bank row ``task`` (trainers that
+        choose their prompts, e.g. G samples of one task for a group baseline, start here)."""
+        task = jnp.asarray(task, jnp.int32)
         prompt, prompt_length = params.tasks.prompt[task], params.tasks.prompt_length[task]
         tokens = _write(jnp.full((self.max_length,), self.vocab.pad_id, jnp.int32), 0, prompt, prompt_length)
         zero = jnp.int32(0)
-        state = TextEnvState(zero, task.astype(jnp.int32), tokens, jnp.zeros_like(tokens), prompt_length, zero)
+        state = TextEnvState(zero, task, tokens, jnp.zeros_like(tokens), prompt_length, zero)
         return self.observation(state), state
 
     def _tool_result(self, payload: Text, task: TaskBank, vocab: Vocab):

@@ -118,13 +118,17 @@ class Arithmetic(Generator):
 
     With tools, the demonstration computes one operation per calculator call
     (so it takes ``difficulty + 1`` turns); without, it answers at once.
-    Reward: exact answer (0.8) + numeric closeness as partial credit (0.1) + format (0.1).
+    Reward: exact answer (0.8) + numeric closeness as partial credit (0.1) + format (0.1);
+    ``partial_credit=False`` drops the closeness term (exact 0.9 + format 0.1).  RL should
+    usually do without it: a policy that always answers one typical number earns closeness
+    credit on every problem, a constant reward that competes with learning to be right.
     """
 
-    def __init__(self, difficulty: int, use_tools: bool = True):
+    def __init__(self, difficulty: int, use_tools: bool = True, partial_credit: bool = True):
         super().__init__(difficulty)
         self.tools = (Calculator(),) if use_tools else ()
-        self.reward = Weighted((0.8, ExactAnswer()), (0.1, NumericCloseness()), (0.1, ThinkAnswerFormat()))
+        self.reward = (Weighted((0.8, ExactAnswer()), (0.1, NumericCloseness()), (0.1, ThinkAnswerFormat()))
+                       if partial_credit else Weighted((0.9, ExactAnswer()), (0.1, ThinkAnswerFormat())))
 
     @property
     def max_turns(self):

@@ -1,0 +1,52 @@
+"""Metrics of sampled solutions: pass@k and bootstrap confidence intervals."""
+from __future__ import annotations
+
+import numpy as np
+import scipy.stats
+
+
+def pass_at_k(n, c, k: int):
+    """The unbiased pass@k estimator ``1 - C(n-c, k) / C(n, k)`` (Chen et al. 2021, arXiv:2107.03374).
+
+    ``n`` samples of a problem of which ``c`` are correct; arrays broadcast.  Computed as
+    ``1 - Π_{i=n-c+1}^{n} (1 - k/i)``, which never forms the huge binomials.
+    """
+    n, c = np.asarray(n), np.asarray(c)
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if np.any(c < 0) or np.any(c > n):
+        raise ValueError("need 0 <= c <= n for every problem")
+    if np.any(n < k):
+        raise ValueError(f"pass@{k} needs at least k={k} samples per problem; got n={n.min()}")
+    n_b, c_b = np.broadcast_arrays(n, c)
+    out = np.empty(n_b.shape, np.float64)
+    for index in np.ndindex(n_b.shape):
+        total, correct = int(n_b[index]), int(c_b[index])
+        i = np.arange(total - correct + 1, total + 1, dtype=np.float64)
+        out[index] = 1.0 if total - correct < k else 1.0 - np.prod(1.0 - k / i)
+    return out if out.ndim else float(out)
+
+
+def bootstrap_ci(values, *, paired_with=None, confidence: float = 0.95, resamples: int = 2000,
+                 seed: int = 0) -> tuple[float, float, float]:
+    """``(mean, low, high)``: the mean of ``values`` (per problem, e.g. 0/1 success) and its
+    bootstrap confidence interval (BCa, ``scipy.stats.bootstrap``).
+
+    With ``paired_with`` (the same problems under another method) it is the mean *difference*
+    ``values - paired_with`` resampled by problem, the comparison whose interval excluding 0
+    means one method beats the other on this task distribution.
+    """
+    values = np.asarray(values, np.float64)
+    if paired_with is not None:
+        other = np.asarray(paired_with, np.float64)
+        if other.shape != values.shape:
+            raise ValueError(f"paired values must have one shape, got {values.shape} and {other.shape}")
+        values = values - other
+    if values.ndim != 1 or values.size < 2:
+        raise ValueError(f"need a 1-D array of at least 2 values, got shape {values.shape}")
+    mean = float(values.mean())
+    if np.all(values == values[0]):
+        return mean, mean, mean
+    result = scipy.stats.bootstrap((values,), np.mean, confidence_level=confidence, n_resamples=resamples,
+                                   method="BCa", random_state=np.random.default_rng(seed))
+    return mean, float(result.confidence_interval.low), float(result.confidence_interval.high)

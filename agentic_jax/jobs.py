@@ -1,0 +1,19 @@
+"""What ``agentic-jax train`` runs: the job a config binds with ``run_job.job``.
+
+Pretraining (``training.loop.train``) unless the config names another job: the main
+pipeline ``@post_training``, or one stage of it (``@train_sft``, ``@train_rl``,
+``@train_preference``, ``@train_reward_model``, ``@train_rft``).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import gin
+
+from agentic_jax.training.loop import train
+
+
+@gin.configurable
+def run_job(workdir: str, job: Callable[[str], dict] = train) -> dict:
+    """Runs ``job(workdir)`` and returns its final metrics."""
+    return job(workdir)

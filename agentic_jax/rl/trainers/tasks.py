@@ -1,0 +1,63 @@
+"""Which problems a post-training run trains and evaluates on: generators, seeds, env sizes.
+
+Train and held-out problems come from disjoint seed ranges of the same generators, so held-out
+success measures generalisation to new problems of the trained kinds.  Configs name the
+generators (``TaskSpec.generators = [@Arithmetic()]``, scoped bindings for several
+difficulties) and the sizes the jitted env works with.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import gin
+
+from agentic_jax.data.tokenizer import Tokenizer
+from agentic_jax.envs.text import Arithmetic, Countdown, Generator, MultiHop, TextEnv, task_env
+
+gin.external_configurable(Arithmetic, module="agentic_jax.envs.text")
+gin.external_configurable(Countdown, module="agentic_jax.envs.text")
+gin.external_configurable(MultiHop, module="agentic_jax.envs.text")
+
+HELDOUT_SEED_OFFSET = 1_000_000
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """``num_train`` / ``num_heldout`` tasks from each generator; envs of ``max_length`` tokens
+    with assistant turns of up to ``action_length`` tokens."""
+
+    generators: Sequence[Generator] = (Arithmetic(1),)
+    num_train: int = 2000
+    num_heldout: int = 200
+    max_length: int = 320
+    action_length: int = 48
+
+    def __post_init__(self):
+        if not self.generators:
+            raise ValueError("TaskSpec.generators is empty")
+        if self.num_train < 1 or self.num_heldout < 1:
+            raise ValueError(f"TaskSpec needs num_train >= 1 and num_heldout >= 1, got "
+                             f"{self.num_train} and {self.num_heldout}")
+
+    def seeds(self, split: str) -> range:
+        if split == "train":
+            return range(self.num_train)
+        if split == "heldout":
+            return range(HELDOUT_SEED_OFFSET, HELDOUT_SEED_OFFSET + self.num_heldout)
+        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+
+    def env(self, tokenizer: Tokenizer, split: str = "train") -> TextEnv:
+        """A `TextEnv` over the split's tasks (bank rows: generator by generator, seed by seed)."""
+        return task_env(tokenizer, list(self.generators), self.seeds(split), max_length=self.max_length,
+                        action_length=self.action_length)
+
+    def tasks(self, split: str = "train"):
+        """The split's `Task`s in bank order (demonstrations for SFT and preference pairs)."""
+        return [t for g in self.generators for t in g.tasks(self.seeds(split))]
+
+    @property
+    def context_length(self) -> int:
+        """The model context a rollout needs: a full transcript plus one generated turn."""
+        return self.max_length + self.action_length
