@@ -39,8 +39,9 @@ def test_quickstart_pipeline_writes_every_stage_and_the_report(tmp_path):
         assert len(result["per_task_success"]) == 4
         assert 0.0 <= result["success"] <= 1.0 and 0.0 <= result["pass@1"] <= result["pass@2"] <= 1.0
         assert result["tool_calls"] >= 0
-    low, high = report["improvement"]["ci95"]
-    assert low <= report["improvement"]["success_difference"] <= high
+    for measure in ("success", "pass@1"):
+        low, high = report["improvement"][f"{measure}_ci95"]
+        assert low <= report["improvement"][f"{measure}_difference"] <= high
     assert {"reward_mean", "success_rate", "response_length"} <= report["rl_curves"][-1].keys()
     assert (workdir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Running the command again finds every stage done and only re-evaluates.

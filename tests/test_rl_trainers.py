@@ -1,5 +1,7 @@
 """SFT, the RL trainer (GRPO family / PPO), rejection-sampling fine-tuning and their shared update."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,20 +9,30 @@ import optax
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny_models import task_tokenizer
 
 from agentic_jax.envs.text import Arithmetic, Reward
 from agentic_jax.models import TransformerConfig, init_params
 from agentic_jax.models.export import load_model, save_model
 from agentic_jax.models.lora import LoRA, LoraConfig
-from agentic_jax.rl.trainers.common import FullFinetune, make_update, next_prompts, token_logprobs
-from agentic_jax.rl.trainers.rl import RLConfig, _policy_loss, overlong_penalty, train_rl
+from agentic_jax.rl.trainers.common import (
+    FullFinetune,
+    make_update,
+    next_prompts,
+    token_logprobs,
+)
 from agentic_jax.rl.trainers.rft import train_rft
+from agentic_jax.rl.trainers.rl import (
+    RLConfig,
+    _policy_loss,
+    overlong_penalty,
+    train_rl,
+)
 from agentic_jax.rl.trainers.sft import chat_batches, chat_examples, sft_loss, train_sft
 from agentic_jax.rl.trainers.tasks import TaskSpec
 from agentic_jax.training.loss import cross_entropy
 from agentic_jax.training.metrics import read_metrics
 from agentic_jax.training.state import TrainState
-from tiny_models import task_tokenizer
 
 
 class HasDigit(Reward):
@@ -169,8 +181,11 @@ def _short_rl(workdir, run_dir, steps, curriculum=None, **algo):
 
 def test_grpo_raises_the_reward_of_a_trivially_learnable_task(run_dir, tmp_path):
     _short_rl(tmp_path / "grpo", run_dir, 10, group_size=8)
-    rewards = [r["reward_mean"] for r in read_metrics(tmp_path / "grpo" / "metrics.jsonl")]
+    records = read_metrics(tmp_path / "grpo" / "metrics.jsonl")
+    rewards = [r["reward_mean"] for r in records]
     assert np.mean(rewards[-3:]) > np.mean(rewards[:3]) + 0.15, rewards
+    # The KL to the reference is logged without a KL term: 0 while the policy is the reference.
+    assert records[0]["kl"] == pytest.approx(0.0, abs=1e-6) and records[-1]["kl"] > 1e-4
 
 
 def test_killed_rl_run_resumes_with_identical_metrics(run_dir, tmp_path):
@@ -219,3 +234,11 @@ def test_rft_trains_only_on_verified_episodes(run_dir, tmp_path):
         assert r["kept"] == round(r["success_rate"] * 8)
         assert ("loss" in r) == (r["kept"] > 0)
     assert last["step"] == 4 and (tmp_path / "rft" / "model" / "config.json").exists()
+
+
+def test_task_spec_train_seeds_start_at_first_seed_below_the_held_out_ones():
+    spec = dataclasses.replace(SHORT, first_seed=500, num_train=10)
+    assert spec.seeds("train") == range(500, 510) and min(spec.seeds("heldout")) >= 1_000_000
+    assert [t.seed for t in spec.tasks("train")] == list(range(500, 510))
+    with pytest.raises(ValueError, match="below the held-out seeds"):
+        dataclasses.replace(SHORT, first_seed=999_995, num_train=10)

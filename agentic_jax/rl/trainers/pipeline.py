@@ -6,9 +6,9 @@
     pretrain/        next-token pretraining on the shipped corpus (``training.loop.train``)
     sft/             SFT on tool-use demonstrations (``train_sft``)
     rl/              RL (GRPO by default) on the RL problems (``train_rl``)
-    report.json      held-out success (greedy), pass@k, tool calls per episode and mean reward
-                     of the SFT and the RL model on new problems of the RL task, the paired
-                     bootstrap 95% interval of the RL - SFT success difference, the RL curves
+    report.json      held-out success (greedy), pass@k (temperature 1), tool calls per episode
+                     and mean reward of the SFT and the RL model on new problems of the RL task,
+                     paired bootstrap 95% intervals of the RL - SFT differences, the RL curves
     report.png       reward, success, KL and response length over RL steps
 
 A stage whose ``model/`` exists is skipped, so running the command again after an interruption
@@ -22,6 +22,7 @@ import shutil
 
 import gin
 import jax
+import numpy as np
 
 from agentic_jax.data.chat import render
 from agentic_jax.data.corpus import corpus_files
@@ -63,7 +64,8 @@ def evaluate_run(run_dir: str, tasks: TaskSpec, samples: int, seed: int) -> dict
     config, params, tokenizer = load_checkpoint(run_dir)
     result = evaluate_policy(params, config, tasks.env(tokenizer, "heldout"), samples=samples,
                              key=jax.random.key(seed))
-    out = {**result.summary(), "per_task_success": result.success.astype(int).tolist()}
+    out = {**result.summary(), "per_task_success": result.success.astype(int).tolist(),
+           "per_task_sampled_correct": result.sampled_correct.tolist(), "samples": samples}
     with open(path, "w") as f:
         json.dump(out, f)
     return out
@@ -126,16 +128,22 @@ def post_training(workdir: str, *, sft_tasks: TaskSpec = TaskSpec(), rl_tasks: T
     print("evaluating the SFT and RL models on held-out problems", flush=True)
     before = evaluate_run(stage["sft"], rl_tasks, eval_samples, seed)
     after = evaluate_run(stage["rl"], rl_tasks, eval_samples, seed)
-    mean, low, high = bootstrap_ci(after["per_task_success"], paired_with=before["per_task_success"], seed=seed)
+    greedy = bootstrap_ci(after["per_task_success"], paired_with=before["per_task_success"], seed=seed)
+    sampled = bootstrap_ci(np.divide(after["per_task_sampled_correct"], eval_samples),
+                           paired_with=np.divide(before["per_task_sampled_correct"], eval_samples), seed=seed)
     records = read_metrics(os.path.join(stage["rl"], "metrics.jsonl"))
     report = {"before_rl": before, "after_rl": after,
-              "improvement": {"success_difference": mean, "ci95": [low, high]},
+              "improvement": {"success_difference": greedy[0], "success_ci95": list(greedy[1:]),
+                              "pass@1_difference": sampled[0], "pass@1_ci95": list(sampled[1:])},
               "rl_curves": [{k: r[k] for k in r if k == "step" or k in dict(CURVES) or k.startswith("eval_")}
                             for r in records]}
     with open(os.path.join(workdir, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
     plot_report(records, os.path.join(workdir, "report.png"), "RL on the training problems; held-out success")
-    print(f"held-out success {before['success']:.3f} (SFT) -> {after['success']:.3f} (RL): difference {mean:+.3f}, "
-          f"95% CI [{low:+.3f}, {high:+.3f}]; pass@1 {before['pass@1']:.3f} -> {after['pass@1']:.3f}; "
-          f"tool calls per episode {before['tool_calls']:.2f} -> {after['tool_calls']:.2f}", flush=True)
-    return {"success_sft": before["success"], "success_rl": after["success"], "success_difference": mean}
+    for name, (mean, low, high) in (("greedy success", greedy), ("pass@1", sampled)):
+        key = "success" if name == "greedy success" else "pass@1"
+        print(f"held-out {name}: {before[key]:.3f} (SFT) -> {after[key]:.3f} (RL), difference {mean:+.3f}, "
+              f"95% CI [{low:+.3f}, {high:+.3f}]", flush=True)
+    print(f"tool calls per episode {before['tool_calls']:.2f} -> {after['tool_calls']:.2f}", flush=True)
+    return {"success_sft": before["success"], "success_rl": after["success"], "pass@1_sft": before["pass@1"],
+            "pass@1_rl": after["pass@1"]}

@@ -245,10 +245,10 @@ def train_rl(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec(), algo
             tokens = jnp.asarray(rollouts.tokens)
             mask = jnp.asarray(rollouts.loss_mask * row_kept[:, None], jnp.int32)
             old_logp = np.asarray(logp_fn(params, tokens))
-            ref_logp = np.asarray(logp_fn(base, tokens)) if algo.kl_coef else None
+            ref_logp = np.asarray(logp_fn(base, tokens))  # for the KL term, and the KL logged every step
             rewards = _rewards(rollouts, algo, max_response, old_logp, ref_logp)
             batch = {"tokens": tokens, "mask": mask, "old_logp": jnp.asarray(old_logp)}
-            if ref_logp is not None and not algo.kl_in_reward:
+            if algo.kl_coef and not algo.kl_in_reward:
                 batch["ref_logp"] = jnp.asarray(ref_logp)
             if ppo:
                 old_values = values_fn(learner.critic.params, tokens)
@@ -299,8 +299,9 @@ def train_rl(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec(), algo
             }
             if "kl" in sums[0]:
                 last["kl"] = token_mean("kl")
-            elif ref_logp is not None:
-                last["kl"] = float(np.sum((old_logp - ref_logp) * rollouts.loss_mask) / max(rollouts.loss_mask.sum(), 1))
+            else:  # the k3 estimate of KL(π_old ‖ π_ref) over the sampled tokens
+                k3 = np.asarray(rl.kl_penalty(jnp.asarray(old_logp), jnp.asarray(ref_logp), "k3"))
+                last["kl"] = float(np.sum(k3 * rollouts.loss_mask) / max(rollouts.loss_mask.sum(), 1))
             if ppo:
                 last["value_error"] = sum(float(m["value_error"]) for m in sums) / max(
                     sum(float(m["value_tokens"]) for m in sums), 1.0)

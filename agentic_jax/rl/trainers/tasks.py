@@ -26,9 +26,14 @@ HELDOUT_SEED_OFFSET = 1_000_000
 @dataclasses.dataclass(frozen=True)
 class TaskSpec:
     """``num_train`` / ``num_heldout`` tasks from each generator; envs of ``max_length`` tokens
-    with assistant turns of up to ``action_length`` tokens."""
+    with assistant turns of up to ``action_length`` tokens.
+
+    Train problems are seeds ``first_seed .. first_seed + num_train - 1``: give stages that
+    follow each other different ``first_seed``s (RL after SFT) so that the later one meets
+    problems the earlier one never trained on."""
 
     generators: Sequence[Generator] = (Arithmetic(1),)
+    first_seed: int = 0
     num_train: int = 2000
     num_heldout: int = 200
     max_length: int = 320
@@ -37,13 +42,16 @@ class TaskSpec:
     def __post_init__(self):
         if not self.generators:
             raise ValueError("TaskSpec.generators is empty")
+        if self.first_seed < 0 or self.first_seed + self.num_train > HELDOUT_SEED_OFFSET:
+            raise ValueError(f"TaskSpec train seeds [{self.first_seed}, {self.first_seed + self.num_train}) must "
+                             f"lie in [0, {HELDOUT_SEED_OFFSET}), below the held-out seeds")
         if self.num_train < 1 or self.num_heldout < 1:
             raise ValueError(f"TaskSpec needs num_train >= 1 and num_heldout >= 1, got "
                              f"{self.num_train} and {self.num_heldout}")
 
     def seeds(self, split: str) -> range:
         if split == "train":
-            return range(self.num_train)
+            return range(self.first_seed, self.first_seed + self.num_train)
         if split == "heldout":
             return range(HELDOUT_SEED_OFFSET, HELDOUT_SEED_OFFSET + self.num_heldout)
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
