@@ -128,8 +128,9 @@ def test_sft_with_lora_trains_only_adapters_and_saves_the_merged_model(run_dir, 
               warmup_steps=0, finetune=lora, checkpoint_every=2, progress=False)
     def size(directory):
         return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
-    # The checkpoint holds adapters and their optimizer moments only: a fraction of one model.
-    assert size(tmp_path / "lora" / "checkpoints" / "2" / "state") < 0.2 * size(tmp_path / "lora" / "model")
+    # The checkpoint holds adapters and their two Adam moments only: less than one model (a full
+    # fine-tuning state holds the parameters and both moments, three models).
+    assert size(tmp_path / "lora" / "checkpoints" / "2" / "state") < size(tmp_path / "lora" / "model")
     _, base = load_model(path / "model")
     _, merged = load_model(tmp_path / "lora" / "model")
     changed = jax.tree.map(lambda a, b: not np.array_equal(a, b), base, merged)

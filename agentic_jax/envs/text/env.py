@@ -34,6 +34,7 @@ token, with ``loss_mask`` equal to its assistant mask.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -144,6 +145,13 @@ class TextEnv(Env):
     @property
     def default_params(self) -> TextEnvParams:
         return self._params
+
+    @functools.cached_property
+    def batched(self):
+        """``(reset_task, step_env)`` vmapped over a batch of episodes and jitted, once per env
+        (trainers play many batches of one env)."""
+        return (jax.jit(jax.vmap(self.reset_task, in_axes=(0, None))),
+                jax.jit(jax.vmap(self.step_env, in_axes=(0, 0, 0, None))))
 
     def observation_space(self, params=None):
         return spaces.Dict({

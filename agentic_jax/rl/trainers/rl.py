@@ -183,7 +183,7 @@ def train_rl(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec(), algo
     num_tasks = env.default_params.tasks.size
     max_response = algo.max_response_length or tasks.action_length * int(env.default_params.max_turns)
     frozen = None if isinstance(finetune, FullFinetune) else base
-    schedule = make_schedule(peak_lr=peak_lr, total_steps=steps, kind="constant", warmup_steps=warmup_steps)
+    schedule = make_schedule(peak_lr=peak_lr, total_steps=steps, kind="constant", warmup_steps=min(warmup_steps, steps))
     optimizer = make_optimizer(schedule)
     update = make_update(_policy_loss(config, algo, max_response), optimizer, finetune, accum_steps=algo.accum_steps)
     ppo = algo.advantage == "gae"

@@ -51,24 +51,6 @@ class Rollouts(NamedTuple):
         return np.asarray(values).reshape(-1, group_size)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Programs:
-    reset: object
-    step: object
-
-
-_PROGRAMS: dict[int, _Programs] = {}
-
-
-def _programs(env: TextEnv) -> _Programs:
-    """The env's vmapped reset/step, jitted once per env object."""
-    if id(env) not in _PROGRAMS:
-        reset = jax.jit(jax.vmap(env.reset_task, in_axes=(0, None)))
-        step = jax.jit(jax.vmap(env.step_env, in_axes=(0, 0, 0, None)))
-        _PROGRAMS[id(env)] = _Programs(reset, step)
-    return _PROGRAMS[id(env)]
-
-
 def collect(params, config: TransformerConfig, env: TextEnv, env_params: TextEnvParams, tasks, *,
             group_size: int = 1, sampling: SamplingParams = SamplingParams(temperature=1.0), key,
             success_threshold: float = 0.5) -> Rollouts:
@@ -83,14 +65,14 @@ def collect(params, config: TransformerConfig, env: TextEnv, env_params: TextEnv
     if config.max_seq_len < env.max_length + env.action_length:
         raise ValueError(f"the model's max_seq_len={config.max_seq_len} is shorter than the env's "
                          f"max_length + action_length = {env.max_length + env.action_length}")
-    programs = _programs(env)
+    reset, step = env.batched
     vocab = env_params.vocab
     stop_ids = tuple(i for i in vocab.stop_ids if i != env.im_end_id)
     base = dataclasses.replace(sampling, max_tokens=env.action_length,
                                stop_token_ids=tuple(sampling.stop_token_ids) + stop_ids)
     finished_turn = dataclasses.replace(base, max_tokens=1)
     b = tasks.size
-    _, state = programs.reset(jnp.asarray(tasks), env_params)
+    _, state = reset(jnp.asarray(tasks), env_params)
     done = np.zeros(b, bool)
     reward, truncated = np.zeros(b, np.float32), np.zeros(b, bool)
     turns, tool_calls = np.zeros(b, np.int32), np.zeros(b, np.int32)
@@ -105,8 +87,7 @@ def collect(params, config: TransformerConfig, env: TextEnv, env_params: TextEnv
                           padding="right", sampling=[finished_turn if d else base for d in done])
         jax.block_until_ready(result.tokens)
         gen_seconds += time.perf_counter() - start
-        _, new_state, r, term, trunc, info = programs.step(jax.random.split(step_key, b), state, result.tokens,
-                                                           env_params)
+        _, new_state, r, term, trunc, info = step(jax.random.split(step_key, b), state, result.tokens, env_params)
         active = jnp.asarray(~done)
         state = jax.vmap(select_tree)(active, new_state, state)
         r, term, trunc, tool = (np.asarray(x) for x in (r, term, trunc, info["tool_call"]))
