@@ -53,3 +53,12 @@ def test_quickstart_pipeline_writes_every_stage_and_the_report(tmp_path):
 def test_every_shipped_config_parses(name):
     import agentic_jax.registry  # noqa: F401  (registers every configurable)
     gin_config.parse([name], [])
+
+
+def test_importing_every_configurable_leaves_the_jax_backend_alone():
+    """Multi-process jobs call jax.distributed.initialize after the CLI imported the registry."""
+    import subprocess
+    import sys
+    code = ("import jax._src.xla_bridge as xb, agentic_jax.registry; "
+            "assert not xb.backends_are_initialized(), 'an import initialised the JAX backend'")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, NamedTuple
 
-import bm25s
 import numpy as np
 import pydantic
 
@@ -29,6 +28,15 @@ from agentic_jax.agents.tools import Tool, tool
 
 SUFFIXES = (".txt", ".md")
 MAX_K = 20
+
+
+def bm25s():
+    """The ``bm25s`` module, imported on first use: importing it initialises JAX's backend, which
+    a multi-process job must leave to ``jax.distributed.initialize``."""
+    import bm25s as module
+    return module
+
+
 # bm25s sets its own logger to DEBUG, which would print every index build wherever the root
 # logger has a handler.
 logging.getLogger("bm25s").setLevel(logging.WARNING)
@@ -41,7 +49,7 @@ class Hit(NamedTuple):
 
 
 def _tokens(texts: list[str]) -> list[list[str]]:
-    return bm25s.tokenize(texts, stopwords="en", return_ids=False, show_progress=False)
+    return bm25s().tokenize(texts, stopwords="en", return_ids=False, show_progress=False)
 
 
 def _paragraphs(text: str) -> list[str]:
@@ -79,7 +87,7 @@ class Retriever:
         tokens = _tokens(texts)
         self._index = None  # no document has a token: every search comes back empty
         if any(tokens):
-            self._index = bm25s.BM25(k1=k1, b=b, method="lucene")
+            self._index = bm25s().BM25(k1=k1, b=b, method="lucene")
             self._index.index(tokens, show_progress=False)
 
     @classmethod

@@ -37,10 +37,10 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-import bm25s
 import yaml
 
 from agentic_jax.agents.builtin_tools import builtin_tool
+from agentic_jax.agents.retrieval import bm25s
 from agentic_jax.agents.tools import Tool
 
 SKILLS_DIR = Path(__file__).resolve().parents[1] / "skills"  # the skills shipped with the package
@@ -146,7 +146,7 @@ class SkillRegistry:
 
     def __init__(self, skills: Iterable[Skill] = ()):
         self._skills: dict[str, Skill] = {}
-        self._index: tuple[bm25s.BM25, list[Skill]] | None = None
+        self._index: tuple[object, list[Skill]] | None = None
         for skill in skills:
             self.register(skill)
 
@@ -197,7 +197,7 @@ class SkillRegistry:
         order); skills sharing no word with the task are left out."""
         if k < 0:
             raise ValueError(f"k={k} must be >= 0")
-        query = bm25s.tokenize(task, return_ids=False, show_progress=False)[0]
+        query = bm25s().tokenize(task, return_ids=False, show_progress=False)[0]
         if not query or not self._skills or k == 0:
             return []
         retriever, skills = self._bm25()
@@ -205,12 +205,12 @@ class SkillRegistry:
         ranked = sorted(range(len(skills)), key=lambda i: -scores[i])
         return [skills[i] for i in ranked[:k] if scores[i] > 0]
 
-    def _bm25(self) -> tuple[bm25s.BM25, list[Skill]]:
+    def _bm25(self) -> tuple[object, list[Skill]]:
         if self._index is None:
             skills = self.skills()
-            corpus = bm25s.tokenize([s.search_text() for s in skills], return_ids=False,
+            corpus = bm25s().tokenize([s.search_text() for s in skills], return_ids=False,
                                     show_progress=False)
-            retriever = bm25s.BM25()
+            retriever = bm25s().BM25()
             retriever.index(corpus, show_progress=False)
             self._index = retriever, skills
         return self._index
