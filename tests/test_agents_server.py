@@ -213,7 +213,7 @@ def test_the_serve_verb_serves_until_interrupted(model_dir):
                 time.sleep(0.2)
         assert models["data"][0]["id"] == model_dir.name
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=20) == 130
+        assert proc.wait(timeout=90) == 130  # generous: a loaded CI machine shuts the engine down slowly
         assert f"serving '{model_dir.name}' at http://127.0.0.1:{port}/v1" in proc.stdout.read()
     finally:
         if proc.poll() is None:
