@@ -139,7 +139,10 @@ def _parser() -> argparse.ArgumentParser:
 def _setup(args) -> str:
     """Parses gin (failing fast on bad bindings) and returns the work directory."""
     from agentic_jax import config as gin_config
-    import agentic_jax.registry  # noqa: F401  (registers every configurable before parsing)
+    if args.verb == "serve":  # the engine's configurables only: the server starts no other stack
+        import agentic_jax.inference.engine  # noqa: F401
+    else:
+        import agentic_jax.registry  # noqa: F401  (registers every configurable before parsing)
 
     files = args.gin_file or ([DEFAULT_CONFIG[args.verb]] if args.verb in DEFAULT_CONFIG else [])
     gin_config.parse(files, args.gin_param)
