@@ -49,8 +49,8 @@ def _play(params, config, env, env_params, tasks, group_size, sampling, key, bat
         padded = np.resize(chunk, per_chunk)  # repeat tasks to fill the last chunk; cut below
         r = collect(params, config, env, env_params, padded, group_size=group_size, sampling=sampling,
                     key=jax.random.fold_in(key, start))
-        parts.append(jax.tree.map(lambda x: x[:len(chunk) * group_size] if isinstance(x, np.ndarray) else x, r))
-    return Rollouts(*[np.concatenate(f) if isinstance(f[0], np.ndarray) else sum(f) for f in zip(*parts)])
+        parts.append(r.rows(0, len(chunk) * group_size))
+    return Rollouts.concat(parts)
 
 
 def evaluate_policy(params, config: TransformerConfig, env: TextEnv, env_params: TextEnvParams | None = None, *,

@@ -27,8 +27,7 @@ from agentic_jax.rl.trainers.sft import chat_batches, sft_loss
 from agentic_jax.rl.trainers.tasks import TaskSpec
 from agentic_jax.training.optim import make_optimizer, make_schedule
 from agentic_jax.training.state import TrainState
-
-_BATCH_KEYS = ("tokens", "targets", "segment_ids", "positions", "loss_mask")
+from agentic_jax.training.step import BATCH_KEYS
 
 
 @gin.configurable
@@ -66,7 +65,7 @@ def train_rft(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec(), rou
             losses = []
             for _ in range(steps_per_round):
                 batch = next(data)
-                state, metrics = update(state, frozen, {k: batch[k] for k in _BATCH_KEYS})
+                state, metrics = update(state, frozen, {k: batch[k] for k in BATCH_KEYS})
                 losses.append(float(metrics["loss"]))
             last["loss"] = float(np.mean(losses))
         else:  # nothing verified this round: no update, the step count still advances

@@ -156,9 +156,7 @@ def _select_groups(parts: list[Rollouts], keep: list[np.ndarray], group_size: in
         for g in np.flatnonzero(~k):
             rows.append((r, g, False))
     rows = rows[:groups]
-    pick = [jax.tree.map(lambda x: x[g * group_size:(g + 1) * group_size] if isinstance(x, np.ndarray) else x, r)
-            for r, g, _ in rows]
-    merged = Rollouts(*[np.concatenate(f) if isinstance(f[0], np.ndarray) else sum(f) for f in zip(*pick)])
+    merged = Rollouts.concat([r.rows(g * group_size, (g + 1) * group_size) for r, g, _ in rows])
     return merged, np.repeat([k for _, _, k in rows], group_size)
 
 

@@ -46,6 +46,15 @@ class Rollouts(NamedTuple):
         """Policy tokens per episode (all its turns)."""
         return self.loss_mask.sum(axis=1)
 
+    def rows(self, start: int, stop: int) -> Rollouts:
+        """Episodes ``start .. stop - 1`` (the generation time stays whole)."""
+        return Rollouts(*[f[start:stop] if isinstance(f, np.ndarray) else f for f in self])
+
+    @staticmethod
+    def concat(parts) -> Rollouts:
+        """The episodes of ``parts`` one after the other, with their generation times summed."""
+        return Rollouts(*[np.concatenate(f) if isinstance(f[0], np.ndarray) else sum(f) for f in zip(*parts)])
+
     def group(self, values: np.ndarray, group_size: int) -> np.ndarray:
         """``[tasks, G]`` view of a per-row array."""
         return np.asarray(values).reshape(-1, group_size)

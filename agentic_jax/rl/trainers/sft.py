@@ -38,6 +38,7 @@ from agentic_jax.rl.trainers.tasks import TaskSpec
 from agentic_jax.training.loss import cross_entropy
 from agentic_jax.training.optim import make_optimizer, make_schedule
 from agentic_jax.training.state import TrainState
+from agentic_jax.training.step import BATCH_KEYS
 
 
 def chat_examples(conversations: Sequence[Sequence[MessageLike]], tokenizer: Tokenizer,
@@ -109,10 +110,6 @@ def evaluate_chats(params, config: TransformerConfig, batches) -> dict:
     return {"eval_loss": total / max(count, 1.0), "eval_accuracy": correct / max(count, 1.0)}
 
 
-def _batch_keys(batch) -> dict:
-    return {k: batch[k] for k in ("tokens", "targets", "segment_ids", "positions", "loss_mask")}
-
-
 @gin.configurable
 def train_sft(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec(), chats_file: str | None = None,
               heldout_file: str | None = None, steps: int = 200, batch_size: int = 16,
@@ -154,7 +151,7 @@ def train_sft(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec(), cha
     last = {}
     with tqdm(total=steps, initial=start, disable=not progress, unit="step", desc="sft") as bar:
         for step in range(start + 1, steps + 1):
-            state, metrics = update(state, frozen, _batch_keys(next(data)))
+            state, metrics = update(state, frozen, {k: v for k, v in next(data).items() if k in BATCH_KEYS})
             metrics = jax.device_get(metrics)
             count = max(float(metrics["count"]), 1.0)
             last = {"step": step, "loss": float(metrics["loss"]), "accuracy": float(metrics["correct"]) / count,
