@@ -3,7 +3,9 @@
 The kernels are written against the Mosaic TPU programming model (VMEM scratch, a
 sequential innermost grid axis).  The same source runs on any host in Pallas'
 interpreter, which is how the CPU tests exercise it; on GPU the fast paths are cuDNN and
-tokamax (see ``pallas_kernels.dispatch``), and a Mosaic GPU port is later work.
+tokamax (see ``pallas_kernels.dispatch``), and a Mosaic GPU port is later work.  A CPU host
+can also lower the kernels for a TPU it does not have (``lower_for``), which checks them
+against Mosaic's rules without running them.
 """
 from __future__ import annotations
 
@@ -11,9 +13,36 @@ import jax
 from jax.experimental.pallas import tpu as pltpu
 
 
+def target_platform() -> str:
+    """The platform programs are being built for.
+
+    Normally the default backend; inside ``jax.sharding.use_abstract_mesh`` with an
+    ``AbstractDevice`` it is that device's platform, which is how a CPU host lowers the
+    kernels for a TPU it does not have (see ``tests/test_pallas_tpu_lowering.py``).
+    """
+    device = jax.sharding.get_abstract_mesh().abstract_device
+    return jax.default_backend() if device is None else device.platform
+
+
+def lower_for(fn, *args, device_kind: str = "TPU v5 lite", platform: str = "tpu",
+              num_cores: int = 1, **kwargs) -> jax.stages.Lowered:
+    """``jax.jit(fn)`` lowered for a device this host need not have.
+
+    Inside, :func:`target_platform` is ``platform``, so the kernels compile instead of
+    interpreting and Pallas lowers them to Mosaic (checking block shapes, layouts and ops);
+    only the final Mosaic-to-machine-code step, done by the TPU runtime, is left out.
+    ``args`` may be arrays or ``jax.ShapeDtypeStruct``s.
+    """
+    device = jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=num_cores,
+                                         platform=platform)
+    mesh = jax.sharding.AbstractMesh((1,), ("_target",), abstract_device=device)
+    with jax.sharding.use_abstract_mesh(mesh):
+        return jax.jit(fn, **kwargs).trace(*args).lower(lowering_platforms=(platform,))
+
+
 def resolve_interpret(interpret: bool | None, kernel: str) -> bool:
     """``interpret=None`` means: compile on TPU, interpret on CPU, refuse elsewhere."""
-    platform = jax.default_backend()
+    platform = target_platform()
     if interpret is None:
         interpret = platform == "cpu"
     if not interpret and platform != "tpu":

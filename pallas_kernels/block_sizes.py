@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax
+
+from pallas_kernels.backend import target_platform
 
 _SUBLANES = 8     # second-minor tile of a TPU vreg: every tile is a multiple of it
 _LANES = 128      # minor tile: key tiles are the lane axis of the logits block on TPU
@@ -37,7 +38,7 @@ class BlockSizes:
     def default(cls, platform: str | None = None) -> "BlockSizes":
         """Per-backend defaults: large MXU-friendly tiles on TPU; moderate ones elsewhere,
         where the kernel only runs interpreted and fewer grid steps is what matters."""
-        platform = platform or jax.default_backend()
+        platform = platform or target_platform()
         if platform == "tpu":
             return cls(block_q=512, block_kv=512, block_q_bwd=256, block_kv_bwd=256)
         return cls()

@@ -24,6 +24,8 @@ import logging
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.backend import target_platform
+
 from pallas_kernels.flash_attention import flash_attention
 from pallas_kernels.masks import dense_mask
 from pallas_kernels.reference import check_attention_inputs, reference_attention
@@ -42,7 +44,7 @@ def choose_attention_backend(q, k, v, *, causal=True, segment_ids=None, sliding_
     """Name of the implementation :func:`gpu_attention` will try first for these inputs:
     ``"tokamax"``, ``"cudnn"``, ``"pallas"`` or ``"xla"``."""
     del k, v, segment_ids, sm_scale
-    platform = platform or jax.default_backend()
+    platform = platform or target_platform()
     if platform == "tpu":
         return "pallas"
     if platform != "gpu":

@@ -14,6 +14,13 @@ from pallas_kernels.block_sizes import plan_tiling
 # orders) may differ by one or two bf16 ulps (2^-8 relative each).
 TOLERANCE = {jnp.float32: 2e-5, jnp.bfloat16: 1e-2}
 
+# bf16 against the f32 oracle (the reference on the same inputs, upcast): normwise relative
+# error ||got - oracle|| / ||oracle||.  The output only pays for rounding P and O to bf16
+# (the bf16 reference's own error is ~2.5e-3).  The gradients also round dS to bf16 before
+# the dQ and dK matmuls and form rowsum(dO * O) from the bf16 O, as FlashAttention-2 does;
+# measured worst cases over many draws were 2.5e-3 (out) and 5.2e-3 (dq, dk with segments).
+BF16_VS_F32 = {"out": 3e-3, "dq": 8e-3, "dk": 8e-3, "dv": 8e-3}
+
 FEATURES = {
     "causal": dict(causal=True),
     "bidirectional": dict(causal=False),
@@ -26,7 +33,7 @@ FEATURES = {
 
 @st.composite
 def problems(draw, feature):
-    """Random shapes, GQA ratio, tiles and dtype; lengths need not be tile multiples.
+    """Random shapes, GQA ratio and tiles; lengths need not be tile multiples.
 
     Strategies are ordered so that hypothesis' first (simplest) example is already a useful
     one: self-attention (T == S) with GQA, batch 2 and a length that is no tile multiple.
@@ -49,8 +56,7 @@ def problems(draw, feature):
                 for _ in range(dims["b"])]
         kv_ids = np.stack([(np.arange(s)[:, None] >= np.array(c)).sum(-1) for c in cuts])
         kwargs["segment_ids"] = (jnp.asarray(kv_ids[:, s - t:]), jnp.asarray(kv_ids))
-    dtype = draw(st.sampled_from([jnp.float32, jnp.bfloat16]))
-    return dims, blocks, kwargs, dtype, draw(st.integers(0, 2**16))
+    return dims, blocks, kwargs, draw(st.integers(0, 2**16))
 
 
 def random_qkv(dims, dtype, seed):
@@ -64,7 +70,7 @@ def output_and_grads(fn, q, k, v, **kwargs):
     """(out, dq, dk, dv) for a random output cotangent, compiled as one program."""
     def run(q, k, v, kwargs):
         out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, **kwargs), q, k, v)
-        cotangent = jax.random.normal(jax.random.key(7), out.shape, out.dtype)
+        cotangent = jax.random.normal(jax.random.key(7), out.shape, jnp.bfloat16).astype(out.dtype)
         return (out, *vjp(cotangent))
     arrays = {name: x for name, x in kwargs.items() if isinstance(x, (tuple, jax.Array))}
     static = {name: x for name, x in kwargs.items() if name not in arrays}
@@ -80,17 +86,25 @@ def assert_close(got, want, dtype, what):
     assert err <= TOLERANCE[dtype], f"{what}: relative error {err:.2e}"
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("feature", sorted(FEATURES))
 @settings(max_examples=2)
 @given(data=st.data())
-def test_forward_and_gradients_match_reference(feature, data):
-    dims, blocks, kwargs, dtype, seed = data.draw(problems(feature))
+def test_forward_and_gradients_match_reference(feature, dtype, data):
+    dims, blocks, kwargs, seed = data.draw(problems(feature))
     q, k, v = random_qkv(dims, dtype, seed)
     got = output_and_grads(flash_attention, q, k, v, block_sizes=blocks, interpret=True, **kwargs)
     want = output_and_grads(reference_attention, q, k, v, **kwargs)
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
         assert a.dtype == b.dtype == dtype
         assert_close(a, b, dtype, f"{name} {dims} {kwargs}")
+    if dtype == jnp.bfloat16:
+        upcast = (x.astype(jnp.float32) for x in (q, k, v))
+        oracle = output_and_grads(reference_attention, *upcast, **kwargs)
+        for name, a, o in zip(("out", "dq", "dk", "dv"), got, oracle):
+            a, o = np.asarray(a, np.float64), np.asarray(o, np.float64)
+            err = np.linalg.norm(a - o) / max(np.linalg.norm(o), 1e-30)
+            assert err <= BF16_VS_F32[name], f"{name} vs f32 oracle: {err:.2e} {dims} {kwargs}"
 
 
 def test_fully_masked_rows_are_zero_with_finite_gradients():

@@ -28,6 +28,7 @@ from agentic_jax.models.attention import attention
 from agentic_jax.models.config import TransformerConfig
 from agentic_jax.models.transformer import hidden_states, logits_from_hidden
 from pallas_kernels import paged_attention, paged_attention_reference
+from pallas_kernels.backend import target_platform
 
 DECODE_ATTENTION = {"pallas": paged_attention, "reference": paged_attention_reference}
 
@@ -36,7 +37,7 @@ def decode_attention_fn(name: str = "auto") -> Callable:
     """``pallas`` (the kernel; interpreted off TPU), ``reference`` (gather + dense attention), or
     ``auto``: the kernel where Mosaic compiles it (TPU), the reference elsewhere."""
     if name == "auto":
-        name = "pallas" if jax.default_backend() == "tpu" else "reference"
+        name = "pallas" if target_platform() == "tpu" else "reference"
     if name not in DECODE_ATTENTION:
         raise ValueError(f"decode attention {name!r}; expected auto or one of "
                          f"{sorted(DECODE_ATTENTION)}")
