@@ -216,6 +216,22 @@ def test_resume_refuses_a_different_reference_model(run_dir, tmp_path):
                  prompts_per_step=4), steps=3, progress=False)
 
 
+def test_rl_with_lora_trains_only_adapters_against_the_base_reference(run_dir, tmp_path):
+    path, _, _ = run_dir
+    lora = LoRA(LoraConfig(rank=2, targets=("q", "v")))
+    train_rl(str(tmp_path / "lora"), init_from=str(path), tasks=SHORT, finetune=lora, steps=3, peak_lr=1e-2,
+             algorithm=RLConfig(group_size=4, prompts_per_step=4), progress=False)
+    records = read_metrics(tmp_path / "lora" / "metrics.jsonl")
+    # Step 1 samples from the base model itself (B = 0); once adapters move, the KL to it grows.
+    assert records[0]["kl"] == pytest.approx(0.0, abs=1e-6) and records[-1]["kl"] > 0
+    _, base = load_model(path / "model")
+    _, merged = load_model(tmp_path / "lora" / "model")
+    changed = jax.tree.map(lambda a, b: not np.array_equal(a, b), base, merged)
+    assert changed["layers"]["attn"]["q"] and changed["layers"]["attn"]["v"]
+    assert not any(jax.tree.leaves({**changed, "layers": {**changed["layers"], "attn": {
+        k: v for k, v in changed["layers"]["attn"].items() if k not in ("q", "v")}}}))
+
+
 def test_ppo_with_critic_trains_policy_and_value(run_dir, tmp_path):
     path, _, _ = run_dir
     last = train_rl(str(tmp_path / "ppo"), init_from=str(path), tasks=SHORT, progress=False, steps=3,
