@@ -183,9 +183,18 @@ def _generate(args) -> None:
     print()
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def _serve(args) -> None:
-    """Serves until interrupted; the engine's EngineConfig comes from gin."""
+    """Serves until Ctrl-C or SIGTERM; the engine's EngineConfig comes from gin.
+
+    Both signals are caught explicitly: a process started in the background by a shell
+    inherits an ignored SIGINT, and container runtimes stop servers with SIGTERM.
+    """
     import logging
+    import signal
 
     from agentic_jax.agents.chat_model import ChatModel
     from agentic_jax.agents.server import OpenAIServer
@@ -195,6 +204,8 @@ def _serve(args) -> None:
     server = OpenAIServer(model, host=args.host, port=args.port, model_name=name)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     print(f"serving {name!r} at {server.url} (Ctrl-C stops)", flush=True)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
     try:
         server.serve_forever()
     finally:

@@ -194,7 +194,8 @@ def test_http_policy_drives_an_agent_loop_through_the_server(server):
         HTTPPolicy(server.url, "other").respond([Message("user", "hi")])
 
 
-def test_the_serve_verb_serves_until_interrupted(model_dir):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_the_serve_verb_serves_until_interrupted(model_dir, stop):
     with socket.socket() as s:  # a free port
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -212,7 +213,7 @@ def test_the_serve_verb_serves_until_interrupted(model_dir):
                 assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
                 time.sleep(0.2)
         assert models["data"][0]["id"] == model_dir.name
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         assert proc.wait(timeout=90) == 130  # generous: a loaded CI machine shuts the engine down slowly
         assert f"serving '{model_dir.name}' at http://127.0.0.1:{port}/v1" in proc.stdout.read()
     finally:
