@@ -4,7 +4,7 @@ The kernels are written against the Mosaic TPU programming model (VMEM scratch, 
 sequential innermost grid axis).  The same source runs on any host in Pallas'
 interpreter, which is how the CPU tests exercise it; on GPU the fast paths are cuDNN and
 tokamax (see ``pallas_kernels.dispatch``), and a Mosaic GPU port is later work.  A CPU host
-can also lower the kernels for a TPU it does not have (``lower_for``), which checks them
+can also lower the kernels for a TPU it does not have (``lower_for_tpu``), which checks them
 against Mosaic's rules without running them.
 """
 from __future__ import annotations
@@ -24,20 +24,21 @@ def target_platform() -> str:
     return jax.default_backend() if device is None else device.platform
 
 
-def lower_for(fn, *args, device_kind: str = "TPU v5 lite", platform: str = "tpu",
-              num_cores: int = 1, **kwargs) -> jax.stages.Lowered:
-    """``jax.jit(fn)`` lowered for a device this host need not have.
+def lower_for_tpu(fn, *args, device_kind: str = "TPU v5 lite", num_cores: int = 1,
+                  **jit_kwargs) -> jax.stages.Lowered:
+    """``jax.jit(fn)`` lowered for a TPU generation this host need not have.
 
-    Inside, :func:`target_platform` is ``platform``, so the kernels compile instead of
+    Inside, :func:`target_platform` is ``"tpu"``, so the kernels compile instead of
     interpreting and Pallas lowers them to Mosaic (checking block shapes, layouts and ops);
     only the final Mosaic-to-machine-code step, done by the TPU runtime, is left out.
-    ``args`` may be arrays or ``jax.ShapeDtypeStruct``s.
+    ``device_kind`` is a TPU's ``device_kind`` ("TPU v4", "TPU v5 lite", "TPU v5p",
+    "TPU v6 lite", ...); ``args`` may be arrays or ``jax.ShapeDtypeStruct``s.
     """
     device = jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=num_cores,
-                                         platform=platform)
+                                         platform="tpu")
     mesh = jax.sharding.AbstractMesh((1,), ("_target",), abstract_device=device)
     with jax.sharding.use_abstract_mesh(mesh):
-        return jax.jit(fn, **kwargs).trace(*args).lower(lowering_platforms=(platform,))
+        return jax.jit(fn, **jit_kwargs).trace(*args).lower(lowering_platforms=("tpu",))
 
 
 def resolve_interpret(interpret: bool | None, kernel: str) -> bool:

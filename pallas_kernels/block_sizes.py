@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-
 from pallas_kernels.backend import target_platform
 
 _SUBLANES = 8     # second-minor tile of a TPU vreg: every tile is a multiple of it

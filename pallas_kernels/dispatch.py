@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.backend import target_platform
-
 from pallas_kernels.flash_attention import flash_attention
 from pallas_kernels.masks import dense_mask
 from pallas_kernels.reference import check_attention_inputs, reference_attention

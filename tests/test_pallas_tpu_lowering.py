@@ -1,6 +1,6 @@
 """The kernels lower to Mosaic for real TPU generations, checked from a CPU host.
 
-``lower_for`` builds the programs for an abstract TPU device, so Pallas runs its Mosaic
+``lower_for_tpu`` builds the programs for an abstract TPU device, so Pallas runs its Mosaic
 lowering (block shapes against the (8, 128) tile, layouts, every op in the kernel bodies)
 exactly as it would on the TPU host; only the TPU runtime's final compile is left out.
 Shapes here are production-sized (head_dim 128, 512-wide tiles) because that is where
@@ -15,7 +15,7 @@ import pytest
 from agentic_jax.models import TransformerConfig, init_params
 from agentic_jax.training.step import BATCH_KEYS, batch_loss
 from pallas_kernels import BlockSizes, choose_attention_backend, flash_attention, paged_attention
-from pallas_kernels.backend import lower_for, resolve_interpret, target_platform
+from pallas_kernels.backend import lower_for_tpu, resolve_interpret, target_platform
 from pallas_kernels.block_sizes import plan_tiling
 
 TPUS = ["TPU v4", "TPU v5 lite", "TPU v5p", "TPU v6 lite"]
@@ -56,9 +56,9 @@ def test_flash_attention_forward_and_backward_lower_to_mosaic(case, device_kind)
         out = flash_attention(q, k, v, segment_ids=segments or None, **opts)
         return jnp.sum(out.astype(jnp.float32) ** 2)
 
-    assert mosaic_calls(lower_for(loss, *args, device_kind=device_kind)) == 1   # forward
+    assert mosaic_calls(lower_for_tpu(loss, *args, device_kind=device_kind)) == 1   # forward
     grads = jax.grad(loss, argnums=(0, 1, 2))
-    assert mosaic_calls(lower_for(grads, *args, device_kind=device_kind)) == 3  # fwd, dQ, dK/dV
+    assert mosaic_calls(lower_for_tpu(grads, *args, device_kind=device_kind)) == 3  # fwd, dQ, dK/dV
 
 
 @pytest.mark.parametrize("device_kind", TPUS)
@@ -70,7 +70,7 @@ def test_paged_attention_lowers_to_mosaic(device_kind):
     def decode(*args):
         return paged_attention(*args, sliding_window=300, logits_soft_cap=30.0)
 
-    assert mosaic_calls(lower_for(decode, *args, device_kind=device_kind)) == 1
+    assert mosaic_calls(lower_for_tpu(decode, *args, device_kind=device_kind)) == 1
 
 
 def test_a_pallas_model_train_step_lowers_for_tpu():
@@ -85,14 +85,14 @@ def test_a_pallas_model_train_step_lowers_for_tpu():
     def grads(params, batch):
         return jax.grad(lambda p: batch_loss(p, config, batch)[0])(params)
 
-    assert mosaic_calls(lower_for(grads, params, batch)) == 3
+    assert mosaic_calls(lower_for_tpu(grads, params, batch)) == 3
 
 
 def test_tpu_target_compiles_kernels_and_enforces_the_lane_tile():
     q, k, v = attention_args(2048, 2048)
     assert target_platform() == "cpu" and resolve_interpret(None, "x")
     with pytest.raises(ValueError, match="block_kv=64 must be a multiple of 128 on TPU"):
-        lower_for(lambda q, k, v: flash_attention(q, k, v, block_sizes=BlockSizes(block_kv=64)),
+        lower_for_tpu(lambda q, k, v: flash_attention(q, k, v, block_sizes=BlockSizes(block_kv=64)),
                   q, k, v)
 
     def inspect(q, k, v):
@@ -101,7 +101,7 @@ def test_tpu_target_compiles_kernels_and_enforces_the_lane_tile():
         assert BlockSizes.default() == BlockSizes.default("tpu")
         return flash_attention(q, k, v)
 
-    assert mosaic_calls(lower_for(inspect, q, k, v)) == 1
+    assert mosaic_calls(lower_for_tpu(inspect, q, k, v)) == 1
 
 
 def test_the_tiling_rule_is_mosaics_own(monkeypatch):
@@ -118,4 +118,4 @@ def test_the_tiling_rule_is_mosaics_own(monkeypatch):
         return flash_attention(q, k, v, segment_ids=segments, block_sizes=BlockSizes(block_kv=64))
 
     with pytest.raises(ValueError, match="divisible by 8 and 128"):
-        lower_for(attend, q, k, v, *segments)
+        lower_for_tpu(attend, q, k, v, *segments)
