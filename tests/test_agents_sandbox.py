@@ -21,6 +21,9 @@ def test_runaway_code_is_killed():
     assert sleep.timed_out
     memory = run_python("x = bytearray(4 * 1024 ** 3)", memory_mb=256)
     assert not memory.ok and "MemoryError" in memory.stderr
+    # The CPU-time backstop (soft limit: SIGXCPU) counts as reaching the time limit too.
+    cpu = run_python("import os, signal\nos.kill(os.getpid(), signal.SIGXCPU)")
+    assert cpu.timed_out and not cpu.ok and "time limit" in cpu.text()
 
 
 def test_writes_outside_the_sandbox_are_blocked(tmp_path):

@@ -4,7 +4,10 @@ The child is ``python -I`` (isolated: no user site, no ``PYTHON*`` variables, no
 on ``sys.path``) started in a fresh temporary directory.  Before the model's code runs, the child
 lowers its own resource limits (soft and hard, so the code cannot raise them again):
 
-* ``RLIMIT_CPU``: CPU seconds; ``RLIMIT_AS``: address space; ``RLIMIT_FSIZE``: bytes per file;
+* ``RLIMIT_CPU``: CPU seconds, one more than the wall-clock limit (a backstop for a parent too
+  starved to kill in time; its soft limit ends the child with SIGXCPU, which counts as reaching
+  the time limit, and the hard one a second later with SIGKILL);
+* ``RLIMIT_AS``: address space; ``RLIMIT_FSIZE``: bytes per file;
 
 and installs an audit hook (PEP 578, ``sys.addaudithook``) that raises ``PermissionError`` for
 opening a file for writing outside the sandbox directory, for every ``socket.*`` event (no network),
@@ -19,6 +22,7 @@ gVisor, and keep this for catching accidents of well-meaning models.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import signal
 import subprocess
@@ -32,7 +36,7 @@ _BOOTSTRAP = r'''
 import os, resource, sys
 limits = {limits!r}
 for name, value in limits.items():
-    resource.setrlimit(getattr(resource, name), (value, value))
+    resource.setrlimit(getattr(resource, name), (value, value + (name == "RLIMIT_CPU")))
 ROOT = os.path.realpath(os.getcwd())
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 PATH_EVENTS = {{"os.remove": 0, "os.rename": 0, "os.replace": 0, "os.rmdir": 0, "os.mkdir": 0,
@@ -85,7 +89,7 @@ class SandboxResult:
         if self.stderr.strip():
             parts.append("stderr:\n" + self.stderr.rstrip())
         if self.timed_out:
-            parts.append("killed: wall-clock time limit reached")
+            parts.append("killed: time limit reached")
         elif self.returncode and self.returncode < 0:
             parts.append(f"killed by signal {signal.Signals(-self.returncode).name}")
         elif self.returncode:
@@ -106,7 +110,7 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
     with tempfile.TemporaryDirectory(prefix="agent-sandbox-") as scratch:
         root = Path(workdir or scratch)
         (root / "main.py").write_text(code, encoding="utf-8")
-        limits = {"RLIMIT_CPU": max(1, int(timeout_s + 0.999)),
+        limits = {"RLIMIT_CPU": math.ceil(timeout_s) + 1,
                   "RLIMIT_AS": memory_mb * 2 ** 20, "RLIMIT_FSIZE": max_file_mb * 2 ** 20}
         env = {"PATH": os.defpath, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
         proc = subprocess.Popen([sys.executable, "-I", "-c", _BOOTSTRAP.format(limits=limits)],
@@ -123,6 +127,7 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
                 pass
             out, err = proc.communicate()
             timed_out = True
+        timed_out = timed_out or proc.returncode == -signal.SIGXCPU
     return SandboxResult(_clip(out, max_output_chars), _clip(err, max_output_chars),
                          proc.returncode, timed_out)
 
