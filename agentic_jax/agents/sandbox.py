@@ -35,8 +35,8 @@ from agentic_jax.agents.tools import Tool, tool
 _BOOTSTRAP = r'''
 import os, resource, sys
 limits = {limits!r}
-for name, value in limits.items():
-    resource.setrlimit(getattr(resource, name), (value, value + (name == "RLIMIT_CPU")))
+for name, (soft, hard) in limits.items():
+    resource.setrlimit(getattr(resource, name), (soft, hard))
 ROOT = os.path.realpath(os.getcwd())
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 PATH_EVENTS = {{"os.remove": 0, "os.rename": 0, "os.replace": 0, "os.rmdir": 0, "os.mkdir": 0,
@@ -110,8 +110,9 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
     with tempfile.TemporaryDirectory(prefix="agent-sandbox-") as scratch:
         root = Path(workdir or scratch)
         (root / "main.py").write_text(code, encoding="utf-8")
-        limits = {"RLIMIT_CPU": math.ceil(timeout_s) + 1,
-                  "RLIMIT_AS": memory_mb * 2 ** 20, "RLIMIT_FSIZE": max_file_mb * 2 ** 20}
+        cpu_s, memory, file_size = math.ceil(timeout_s) + 1, memory_mb * 2 ** 20, max_file_mb * 2 ** 20
+        limits = {"RLIMIT_CPU": (cpu_s, cpu_s + 1), "RLIMIT_AS": (memory, memory),
+                  "RLIMIT_FSIZE": (file_size, file_size)}
         env = {"PATH": os.defpath, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
         proc = subprocess.Popen([sys.executable, "-I", "-c", _BOOTSTRAP.format(limits=limits)],
                                 cwd=root, env=env, stdin=subprocess.DEVNULL,

@@ -13,6 +13,11 @@ from agentic_jax.training.state import TrainState
 BATCH_KEYS = ("tokens", "targets", "segment_ids", "positions", "loss_mask")
 
 
+def model_batch(batch) -> dict:
+    """The arrays of ``BATCH_KEYS`` from a data batch (pipelines may carry more keys)."""
+    return {k: batch[k] for k in BATCH_KEYS}
+
+
 def batch_loss(params, config: TransformerConfig, batch, *, z_loss: float = 0.0,
                fused_cross_entropy: bool = False):
     """(total, count, metrics) of next-token cross-entropy on one batch of packed rows.
@@ -58,7 +63,7 @@ def make_train_step(config: TransformerConfig, optimizer: optax.GradientTransfor
         return jax.value_and_grad(loss, has_aux=True)(params)
 
     def step(state: TrainState, batch):
-        micro = _split_micro({k: batch[k] for k in BATCH_KEYS}, accum_steps)
+        micro = _split_micro(model_batch(batch), accum_steps)
 
         def body(carry, mb):
             (total, (count, nll)), grads = grad_fn(state.params, mb)

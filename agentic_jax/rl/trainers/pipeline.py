@@ -140,8 +140,7 @@ def post_training(workdir: str, *, sft_tasks: TaskSpec = TaskSpec(), rl_tasks: T
     with open(os.path.join(workdir, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
     plot_report(records, os.path.join(workdir, "report.png"), "RL on the training problems; held-out success")
-    for name, (mean, low, high) in (("greedy success", greedy), ("pass@1", sampled)):
-        key = "success" if name == "greedy success" else "pass@1"
+    for name, key, (mean, low, high) in (("greedy success", "success", greedy), ("pass@1", "pass@1", sampled)):
         print(f"held-out {name}: {before[key]:.3f} (SFT) -> {after[key]:.3f} (RL), difference {mean:+.3f}, "
               f"95% CI [{low:+.3f}, {high:+.3f}]", flush=True)
     print(f"tool calls per episode {before['tool_calls']:.2f} -> {after['tool_calls']:.2f}", flush=True)

@@ -27,7 +27,7 @@ from agentic_jax.rl.trainers.sft import chat_batches, sft_loss
 from agentic_jax.rl.trainers.tasks import TaskSpec
 from agentic_jax.training.optim import make_optimizer, make_schedule
 from agentic_jax.training.state import TrainState
-from agentic_jax.training.step import BATCH_KEYS
+from agentic_jax.training.step import model_batch
 
 
 @gin.configurable
@@ -64,8 +64,7 @@ def train_rft(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec(), rou
             data = iter(chat_batches(kept, seq_len=seq_len, batch_size=batch_size, seed=seed + round_))
             losses = []
             for _ in range(steps_per_round):
-                batch = next(data)
-                state, metrics = update(state, frozen, {k: batch[k] for k in BATCH_KEYS})
+                state, metrics = update(state, frozen, model_batch(next(data)))
                 losses.append(float(metrics["loss"]))
             last["loss"] = float(np.mean(losses))
         else:  # nothing verified this round: no update, the step count still advances

@@ -38,7 +38,7 @@ from agentic_jax.rl.trainers.tasks import TaskSpec
 from agentic_jax.training.loss import cross_entropy
 from agentic_jax.training.optim import make_optimizer, make_schedule
 from agentic_jax.training.state import TrainState
-from agentic_jax.training.step import BATCH_KEYS
+from agentic_jax.training.step import model_batch
 
 
 def chat_examples(conversations: Sequence[Sequence[MessageLike]], tokenizer: Tokenizer,
@@ -151,7 +151,7 @@ def train_sft(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec(), cha
     last = {}
     with tqdm(total=steps, initial=start, disable=not progress, unit="step", desc="sft") as bar:
         for step in range(start + 1, steps + 1):
-            state, metrics = update(state, frozen, {k: v for k, v in next(data).items() if k in BATCH_KEYS})
+            state, metrics = update(state, frozen, model_batch(next(data)))
             metrics = jax.device_get(metrics)
             count = max(float(metrics["count"]), 1.0)
             last = {"step": step, "loss": float(metrics["loss"]), "accuracy": float(metrics["correct"]) / count,
