@@ -56,7 +56,7 @@ def _train_losses(workdir):
 
 
 def test_sigkill_and_resume_reproduces_the_uninterrupted_losses(tmp_path):
-    steps = 60
+    steps = 30
     extra = [f"train.steps={steps}", "train.checkpoint_every=3", "train.log_every=1",
              "train.eval_every=1000", "train.progress=False"]
     straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")

@@ -116,7 +116,7 @@ def test_chunked_equals_reference_value_and_grad(mask, t, s, chunk):
     def loss(impl, q, k, v):
         return jnp.sum(attention(q, k, v, implementation=impl, chunk_size=chunk, **kw) * w)
 
-    ref_val, ref_grad = jax.value_and_grad(lambda *a: loss("xla", *a), argnums=(0, 1, 2))(q, k, v)
+    ref_val, ref_grad = jax.jit(jax.value_and_grad(lambda *a: loss("xla", *a), argnums=(0, 1, 2)))(q, k, v)
     val, grad = jax.jit(jax.value_and_grad(lambda *a: loss("xla_chunked", *a), argnums=(0, 1, 2)))(q, k, v)
     np.testing.assert_allclose(val, ref_val, rtol=1e-5, atol=1e-4)
     for g, r in zip(grad, ref_grad):
@@ -128,8 +128,8 @@ def test_fully_masked_rows_are_zero_with_finite_grads(impl):
     q, k, v = _qkv(3, t=8, s=8)
     seg = (jnp.full((2, 8), 5), jnp.ones((2, 8), jnp.int32))  # no key shares a query's segment
     f = lambda q, k, v: attention(q, k, v, segment_ids=seg, implementation=impl, chunk_size=4)
-    np.testing.assert_array_equal(f(q, k, v), 0.0)
-    grads = jax.grad(lambda *a: jnp.sum(f(*a)), argnums=(0, 1, 2))(q, k, v)
+    np.testing.assert_array_equal(jax.jit(f)(q, k, v), 0.0)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(f(*a)), argnums=(0, 1, 2)))(q, k, v)
     assert all(np.isfinite(g).all() for g in grads)
 
 
@@ -156,7 +156,8 @@ def test_scanned_layers_equal_unrolled(params, remat):
     unrolled = scanned.replace(scan_layers=False)
     np.testing.assert_allclose(_forward(params, scanned, tokens), _forward(params, unrolled, tokens),
                                atol=1e-5)
-    g = [jax.grad(lambda p: jnp.sum(forward(p, c, tokens) ** 2))(params) for c in (scanned, unrolled)]
+    g = [jax.jit(jax.grad(lambda p, c=c: jnp.sum(forward(p, c, tokens) ** 2)))(params)
+         for c in (scanned, unrolled)]
     for x, y in zip(jax.tree.leaves(g[0]), jax.tree.leaves(g[1])):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
 
