@@ -93,7 +93,7 @@ def test_tpu_target_compiles_kernels_and_enforces_the_lane_tile():
     assert target_platform() == "cpu" and resolve_interpret(None, "x")
     with pytest.raises(ValueError, match="block_kv=64 must be a multiple of 128 on TPU"):
         lower_for_tpu(lambda q, k, v: flash_attention(q, k, v, block_sizes=BlockSizes(block_kv=64)),
-                  q, k, v)
+                      q, k, v)
 
     def inspect(q, k, v):
         assert target_platform() == "tpu" and not resolve_interpret(None, "x")

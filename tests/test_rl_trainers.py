@@ -33,6 +33,7 @@ from agentic_jax.rl.trainers.tasks import TaskSpec
 from agentic_jax.training.loss import cross_entropy
 from agentic_jax.training.metrics import read_metrics
 from agentic_jax.training.state import TrainState
+from sharding.partition import path_str
 
 
 class HasDigit(Reward):
@@ -126,7 +127,7 @@ def changed_weights(base_dir, merged_dir) -> set[str]:
     _, base = load_model(base_dir)
     _, merged = load_model(merged_dir)
     differs = jax.tree.map(lambda a, b: not np.array_equal(a, b), base, merged)
-    return {"/".join(str(k.key) for k in path) for path, d in jax.tree_util.tree_leaves_with_path(differs) if d}
+    return {path_str(path) for path, d in jax.tree_util.tree_leaves_with_path(differs) if d}
 
 
 def test_sft_with_lora_trains_only_adapters_and_saves_the_merged_model(run_dir, tmp_path):
