@@ -122,6 +122,13 @@ def test_entropy_loss_is_minus_entropy():
     assert losses[0] == pytest.approx(-np.log(4.0))
     p = np.exp(logits[1]) / np.exp(logits[1]).sum()
     assert losses[1] == pytest.approx(np.sum(p * np.log(p)), rel=1e-4)
+    # Invalid actions masked with −inf logits: the entropy of the valid ones, and their gradient.
+    masked = jnp.array([1.0, -jnp.inf, 0.5, -jnp.inf])
+    value, grad = jax.value_and_grad(entropy_loss)(masked)
+    expected, expected_grad = jax.value_and_grad(entropy_loss)(masked[::2])
+    assert value == pytest.approx(expected)
+    np.testing.assert_allclose(grad[::2], expected_grad, rtol=1e-6)
+    np.testing.assert_array_equal(grad[1::2], 0.0)
 
 
 def test_clipped_surrogate_and_value_losses_match_their_definitions():

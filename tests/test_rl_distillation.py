@@ -70,6 +70,22 @@ def test_teacher_receives_no_gradient_and_extreme_logits_stay_finite():
     assert all(o.value == 0.0 for o in empty.values())
 
 
+def test_vocabulary_masked_in_both_models_is_left_out_of_value_and_gradient():
+    rng = np.random.default_rng(3)
+    student, teacher = (jnp.asarray(rng.normal(size=(B, T, V)), jnp.float32) for _ in range(2))
+    # A padded vocabulary: two extra entries at −inf in both models.
+    pad = jnp.full((B, T, 2), -jnp.inf)
+    padded_student, padded_teacher = jnp.concatenate([student, pad], -1), jnp.concatenate([teacher, pad], -1)
+
+    def total(s, t):
+        return jnp.stack([o.value for o in _all_divergences(s, t, MASK, 1.0).values()])
+
+    np.testing.assert_allclose(total(padded_student, padded_teacher), total(student, teacher), rtol=1e-6)
+    grads = jax.jacrev(total)(padded_student, padded_teacher)
+    np.testing.assert_allclose(grads[..., :V], jax.jacrev(total)(student, teacher), rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(grads[..., V:], 0.0)
+
+
 def test_topk_with_the_whole_vocabulary_is_forward_kl_and_nonnegative_otherwise():
     rng = np.random.default_rng(1)
     student, teacher = (jnp.asarray(rng.normal(size=(B, T, V)), jnp.float32) for _ in range(2))

@@ -87,6 +87,16 @@ def test_values_match_their_formulas_and_clamp_bounds_them(kl_fn):
         kl_penalty(logp, ref[:2])
 
 
+def test_k3_beyond_the_clamp_never_rewards_moving_away_from_the_reference(kl_fn):
+    logp = jnp.array([-1e9, -1e4, -30.0, -2.0, 0.0, 2.0, 30.0, 1e4])
+    ref = jnp.zeros_like(logp)
+    values, grad = kl_fn(logp, ref, "k3"), jax.grad(lambda lp: kl_fn(lp, ref, "k3").sum())(logp)
+    assert np.all(values >= 0.0)
+    # Non-increasing towards x = 0 from either side, and descent never moves log π away from log π_ref.
+    assert np.all(np.diff(values[:5]) <= 0.0) and np.all(np.diff(values[4:]) >= 0.0)
+    assert np.all(grad * np.sign(logp - ref) >= 0.0)
+
+
 def test_kl_in_the_reward_is_per_token_and_detached():
     rewards = jnp.array([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
     logp, ref = jnp.array([[-1.0, -2.0, -0.5], [-1.0, -1.0, -9.0]]), jnp.full((2, 3), -1.5)

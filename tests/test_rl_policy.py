@@ -120,6 +120,57 @@ def test_every_loss_type_gives_its_own_value(jit):
         assert not np.isclose(values[a], values[b], rtol=1e-5), (a, b)
 
 
+def _numpy_values(logp, old_logp, adv, mask):
+    """Independent float64 loss values from the papers' formulas (ε = 0.2, dual clip 3, defaults)."""
+    eps, rows = 0.2, [np.flatnonzero(m) for m in mask]
+    log_ratio = logp - old_logp
+    ratio = np.exp(log_ratio)
+
+    def surrogate(r, a, eps_high=eps):  # −min(ρA, clip(ρ, 1 − ε, 1 + ε_high)·A)
+        return -np.minimum(r * a, np.clip(r, 1 - eps, 1 + eps_high) * a)
+
+    def token_mean(x):
+        return x[mask].mean()
+
+    def seq_mean(x):
+        return np.mean([x[b, idx].mean() for b, idx in enumerate(rows)])
+
+    ppo = surrogate(ratio, adv)
+    ppo = np.where(adv < 0, np.minimum(ppo, -3.0 * adv), ppo)
+    seq_ratio = np.array([np.exp(log_ratio[b, idx].mean()) for b, idx in enumerate(rows)])
+    seq_adv = np.array([adv[b, idx].mean() for b, idx in enumerate(rows)])
+    # GMPO clips log ρ on the side the advantage pushes it: above for A > 0, below for A < 0.
+    gmpo_log_ratio = np.where(adv > 0, np.minimum(log_ratio, eps), np.maximum(log_ratio, -eps))
+    gmpo = [-seq_adv[b] * np.exp(gmpo_log_ratio[b, idx].mean()) for b, idx in enumerate(rows)]
+    tau = np.where(adv > 0, 1.0, 1.05)
+    return {
+        "ppo": token_mean(ppo),
+        "grpo": seq_mean(surrogate(ratio, adv)),
+        "bnpo": token_mean(surrogate(ratio, adv)),
+        "dr_grpo": surrogate(ratio, adv)[mask].sum() / (mask.shape[1] * mask.shape[0]),
+        "dapo": token_mean(surrogate(ratio, adv, eps_high=0.28)),
+        "gspo": np.mean(surrogate(seq_ratio, seq_adv)),
+        "gspo_token": seq_mean(surrogate(seq_ratio[:, None], adv)),
+        "cispo": token_mean(-np.clip(ratio, 1 - eps, 1 + eps) * adv * logp),
+        "sapo": seq_mean(-(4 / tau) / (1 + np.exp(-tau * (ratio - 1))) * adv),
+        "gpg": token_mean(-adv * logp),
+        "geo_mean": np.mean(gmpo),
+    }
+
+
+def test_loss_values_match_a_float64_reference():
+    logp, old_logp, adv = _batch(seed=6)
+    mask = np.asarray(MASK)
+    expected = _numpy_values(*[np.float64(x) for x in (logp, old_logp, adv)], mask)
+    sequence_adv = np.float64(adv[:, :1]) * np.ones((B, T))  # GSPO and GMPO take one advantage per sequence
+    for name in SEQUENCE_LEVEL:
+        expected[name] = _numpy_values(np.float64(logp), np.float64(old_logp), sequence_adv, mask)[name]
+    actual = _over_types(tuple(expected), _value, jit=True)(logp, old_logp, adv, MASK)
+    actual.update(_over_types(SEQUENCE_LEVEL, _value, jit=True)(logp, old_logp, jnp.float32(sequence_adv), MASK))
+    for loss_type, value in expected.items():
+        np.testing.assert_allclose(actual[loss_type], value, rtol=1e-5, err_msg=loss_type)
+
+
 def test_gspo_token_equals_gspo_for_sequence_level_advantages():
     logp, old_logp, adv = _batch()
 

@@ -123,33 +123,63 @@ def test_orpo_is_finite_near_zero_and_far_below(loss_fn, avg_logp):
     assert np.isfinite(value) and all(np.all(np.isfinite(g)) for g in grads)
 
 
-def _numpy_reference(loss_type, chosen, rejected, ref_chosen, ref_rejected, chosen_lengths, rejected_lengths):
-    """Independent float64 formulas for a subset of losses (beta = 0.1, defaults otherwise)."""
-    beta = 0.1
-    log_sig = lambda x: -np.logaddexp(0.0, -x)  # noqa: E731
-    h = (chosen - ref_chosen) - (rejected - ref_rejected)
+def _numpy_reference(chosen, rejected, ref_chosen, ref_rejected, chosen_lengths, rejected_lengths, eps):
+    """Independent float64 formulas of every loss, as written in TRL and the papers (beta = 0.1,
+    label smoothing `eps`, other settings at their defaults), and of the f-divergence margins."""
+    beta, gamma, tau, alpha = 0.1, 0.5, 0.05, 0.25
+    sig = lambda x: 1.0 / (1.0 + np.exp(-x))  # noqa: E731
+    nls = lambda x: np.logaddexp(0.0, -x)  # −log σ(x)  # noqa: E731
+    smoothed = lambda x: (1 - eps) * nls(x) + eps * nls(-x)  # noqa: E731
+    rw, rl = chosen - ref_chosen, rejected - ref_rejected
+    x = beta * (rw - rl)
     avg_c, avg_r = chosen / chosen_lengths, rejected / rejected_lengths
-    log1mexp = lambda x: np.log(-np.expm1(x))  # noqa: E731
-    return {
-        "sigmoid": lambda: -log_sig(beta * h),
-        "hinge": lambda: np.maximum(0.0, 1.0 - beta * h),
-        "ipo": lambda: (
-            ((chosen - ref_chosen) / chosen_lengths - (rejected - ref_rejected) / rejected_lengths - 1 / (2 * beta))
-            ** 2
-        ),
-        "simpo": lambda: -log_sig(beta * (avg_c - avg_r) - 0.5),
-        "orpo": lambda: -avg_c - beta * log_sig((avg_c - log1mexp(avg_c)) - (avg_r - log1mexp(avg_r))),
-        "cpo": lambda: -log_sig(beta * (chosen - rejected)) - avg_c,
-        "sppo_hard": lambda: (chosen - ref_chosen - 5.0) ** 2 + (rejected - ref_rejected + 5.0) ** 2,
-    }[loss_type]()
+    log1mexp = lambda a: np.log(-np.expm1(a))  # noqa: E731
+    alpha_reward = lambda a: (1.0 - np.exp(-alpha * a)) / alpha  # noqa: E731
+    z_w, z_l = max(rw.mean(), 0.0), max(rl.mean(), 0.0)
+    losses = {
+        "sigmoid": smoothed(x),
+        "cdpo": smoothed(x),
+        "robust": ((1 - eps) * nls(x) - eps * nls(-x)) / (1 - 2 * eps),
+        "hinge": np.maximum(0.0, 1.0 - x),
+        "ipo": (rw / chosen_lengths - rl / rejected_lengths - 1 / (2 * beta)) ** 2,
+        "exo_pair": sig(x) * (-nls(x) - np.log(1 - eps)) + sig(-x) * (-nls(-x) - np.log(eps)),
+        "nca_pair": nls(beta * rw) + 0.5 * nls(-beta * rw) + 0.5 * nls(-beta * rl),
+        "bco_pair": nls(beta * rw) + nls(-beta * rl),
+        "sppo_hard": (rw - 5.0) ** 2 + (rl + 5.0) ** 2,
+        "aot": smoothed(beta * (np.sort(chosen - rejected) - np.sort(ref_chosen - ref_rejected))),
+        "aot_unpaired": smoothed(beta * (np.sort(rw) - np.sort(rl))),
+        "apo_zero": 1.0 - sig(beta * rw) + sig(beta * rl),
+        "apo_down": sig(beta * rw) + 1.0 - sig(x),
+        "discopop": (1 - sig(x / tau)) * nls(x) + sig(x / tau) * np.exp(-x),
+        "sigmoid_norm": nls(beta * (rw / chosen_lengths - rl / rejected_lengths)),
+        "rpo": smoothed(x) - avg_c,
+        "kto_pair": (1 - sig(beta * (rw - z_l))) + (1 - sig(beta * (z_w - rl))),
+        "simpo": nls(beta * (avg_c - avg_r) - gamma),
+        "orpo": -avg_c + beta * nls((avg_c - log1mexp(avg_c)) - (avg_r - log1mexp(avg_r))),
+        "cpo": nls(beta * (chosen - rejected)) - avg_c,
+        "alphapo": nls(beta * (alpha_reward(avg_c) - alpha_reward(avg_r)) - gamma),
+    }
+    # Wang et al. (2023): the margin f'(u_w) − f'(u_l), u = π/π_ref, in smoothed DPO.
+    margins = {
+        "forward_kl": np.exp(-rl) - np.exp(-rw),
+        "js": np.log(2 * sig(rw)) - np.log(2 * sig(rl)),
+        "alpha": (np.exp(-0.5 * rl) - np.exp(-0.5 * rw)) / 0.5,
+    }
+    return losses, {f: smoothed(beta * m) for f, m in margins.items()}
 
 
-@pytest.mark.parametrize("loss_type", ["sigmoid", "hinge", "ipo", "simpo", "orpo", "cpo", "sppo_hard"])
-def test_matches_float64_reference(loss_type):
+def test_every_loss_and_f_divergence_matches_a_float64_reference():
     arrays, lengths = _inputs(seed=3)
-    as_float64 = {k: np.float64(v) for k, v in lengths.items()}
-    expected = _numpy_reference(loss_type, *[np.float64(a) for a in arrays], **as_float64)
-    np.testing.assert_allclose(preference_loss(*arrays, loss_type=loss_type, **lengths), expected, rtol=2e-5)
+    eps = 0.1
+    losses, f_losses = _numpy_reference(*[np.float64(a) for a in arrays],
+                                        **{k: np.float64(v) for k, v in lengths.items()}, eps=eps)
+    assert set(losses) == set(PREFERENCE_LOSSES) and set(f_losses) == set(F_DIVERGENCES[1:])
+    for loss_type, expected in losses.items():
+        actual = preference_loss(*arrays, loss_type=loss_type, label_smoothing=eps, **lengths)
+        np.testing.assert_allclose(actual, expected, rtol=2e-5, atol=1e-6, err_msg=loss_type)
+    for f_divergence, expected in f_losses.items():
+        actual = preference_loss(*arrays, label_smoothing=eps, f_divergence=f_divergence)
+        np.testing.assert_allclose(actual, expected, rtol=2e-5, atol=1e-6, err_msg=f_divergence)
 
 
 @pytest.mark.parametrize("jit", [False, True])

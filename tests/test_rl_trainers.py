@@ -20,6 +20,7 @@ from agentic_jax.rl.trainers.common import (
     make_update,
     next_prompts,
     token_logprobs,
+    token_values,
 )
 from agentic_jax.rl.trainers.rft import train_rft
 from agentic_jax.rl.trainers.rl import (
@@ -239,6 +240,19 @@ def test_ppo_with_critic_trains_policy_and_value(run_dir, tmp_path):
                                        minibatches=2, critic_lr=1e-2), peak_lr=1e-3)
     errors = [r["value_error"] for r in read_metrics(tmp_path / "ppo" / "metrics.jsonl")]
     assert errors[-1] < errors[0] and np.isfinite(last["loss"])
+
+
+def test_critic_values_each_token_by_the_context_it_was_drawn_in(run_dir):
+    _, config, _ = run_dir
+    params = {"trunk": init_params(config, jax.random.key(3)),
+              "head": {"w": jnp.ones((config.d_model,)), "b": jnp.zeros(())}}
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, config.vocab_size, (2, 12)), jnp.int32)
+    changed = tokens.at[:, 6].set((tokens[:, 6] + 1) % config.vocab_size)
+    values, changed_values = token_values(params, config, tokens), token_values(params, config, changed)
+    # GAE needs V(s_t) for the state token t is drawn from: it must not see token t itself.
+    np.testing.assert_array_equal(values[:, :7], changed_values[:, :7])
+    assert np.all(values[:, 7:] != changed_values[:, 7:])
+    np.testing.assert_array_equal(values[:, 0], 0.0)
 
 
 def test_rft_trains_only_on_verified_episodes(run_dir, tmp_path):

@@ -134,12 +134,14 @@ def reinforce_loss(logp_t, return_t, baseline_t=None) -> jax.Array:
 def entropy_loss(logits_t) -> jax.Array:
     """−H(π(·|s_t)) per step from logits [..., A]; add with a small coefficient.
 
-    Maximising entropy delays premature collapse of the policy.
+    Maximising entropy delays premature collapse of the policy. Actions masked out with −inf
+    logits count as 0·log 0 = 0 (not NaN), in the value and the gradient.
     Williams & Peng (1991); Mnih et al. (2016), "Asynchronous Methods for Deep RL", arXiv:1602.01783.
     """
     logits_t = check.floating("logits_t", logits_t)
     log_probs = jax.nn.log_softmax(logits_t, axis=-1)
-    return jnp.sum(jnp.exp(log_probs) * log_probs, axis=-1)
+    probs = jnp.exp(log_probs)
+    return jnp.sum(probs * jnp.where(probs > 0, log_probs, 0.0), axis=-1)
 
 
 def clipped_surrogate_loss(ratio_t, adv_t, epsilon: float = 0.2) -> jax.Array:

@@ -17,8 +17,13 @@ DIVERGENCES = ("forward_kl", "reverse_kl", "jsd")
 
 
 def _kl(log_p, log_q):
-    """Σ_v p_v·(log p_v − log q_v) over the last axis."""
-    return jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)
+    """Σ_v p_v·(log p_v − log q_v) over the last axis, with 0·log 0 = 0.
+
+    Entries with p_v = 0 (logits at −inf: a masked or padded vocabulary) are left out of the
+    sum; computed plainly they give 0·(−inf + inf) = NaN, in the value and the gradient.
+    """
+    p = jnp.exp(log_p)
+    return jnp.sum(p * jnp.where(p > 0, log_p - log_q, 0.0), axis=-1)
 
 
 def _output(per_token, mask, aggregation) -> LossOutput:
@@ -63,7 +68,10 @@ def distillation_loss(
         per_token = _kl(log_s, log_t)
     else:
         check.static_range("jsd_beta", jsd_beta, 0.0, 1.0, low_open=True, high_open=True)
-        log_m = jnp.logaddexp(jnp.log(jsd_beta) + log_t, jnp.log1p(-jsd_beta) + log_s)
+        # Floored: logaddexp(−inf, −inf) has a NaN gradient (vocabulary entries masked in both).
+        floor = jnp.finfo(jnp.float32).min
+        log_m = jnp.logaddexp(jnp.maximum(jnp.log(jsd_beta) + log_t, floor),
+                              jnp.maximum(jnp.log1p(-jsd_beta) + log_s, floor))
         per_token = jsd_beta * _kl(log_t, log_m) + (1.0 - jsd_beta) * _kl(log_s, log_m)
     return _output(temperature**2 * per_token, mask, aggregation)
 

@@ -15,11 +15,16 @@ KL_ESTIMATORS = ("k1", "k2", "k3", "abs", "k1+", "k3+")
 
 
 def _k3(x):
-    """e^{−x} − 1 + x without cancellation: ≥ 0 in float32, and > 0 for tiny x ≠ 0."""
-    x_clipped = jnp.clip(x, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    """e^{−x} − 1 + x without cancellation: ≥ 0 in float32, and > 0 for tiny x ≠ 0.
+
+    x is floored at −20 in both terms (e^{−x} overflows below): the value is constant there and
+    the gradient 0. Flooring only the exponential would leave the gradient +1, which pushes
+    log π further below log π_ref, and the value negative below x ≈ −e^20.
+    """
+    x_floored = jnp.maximum(x, -LOG_RATIO_CLAMP)
     small = jnp.abs(x) < 1e-3
     series = jnp.square(x) * (0.5 - x / 6.0 + jnp.square(x) / 24.0)
-    return jnp.where(small, series, jnp.expm1(-x_clipped) + x)
+    return jnp.where(small, series, jnp.expm1(-x_floored) + x_floored)
 
 
 def kl_penalty(logp, ref_logp, kind: str = "k3", *, clamp: float | None = None) -> jax.Array:

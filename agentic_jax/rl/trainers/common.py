@@ -64,12 +64,23 @@ def token_scores(params, config: TransformerConfig, tokens, *, segment_ids=None,
     """Scalar per position ``[B, L]`` from ``params = {"trunk": transformer params, "head": ...}``.
 
     The trunk's final-norm hidden state times the head: a reward model reads it at a sequence's
-    last token, a process reward model at each step's last token, a critic at every token.
+    last token, a process reward model at each step's last token, a critic through `token_values`.
     """
     h = hidden_states(params["trunk"], config, jnp.asarray(tokens), positions=positions,
                       segment_ids=segment_ids)
     return (jnp.einsum("bld,d->bl", h.astype(jnp.float32), params["head"]["w"])
             + params["head"]["b"])
+
+
+def token_values(params, config: TransformerConfig, tokens):
+    """``V[B, L]``: a critic's value of the state each token is drawn from, ``V(tokens[:, :t])``.
+
+    Read at position ``t − 1``, like ``token_logprobs`` (column 0 is 0): the score at ``t`` has
+    already seen ``tokens[:, t]``, so it would value the action rather than the state and GAE
+    would credit every token with its successor's advantage.
+    """
+    scores = token_scores(params, config, tokens)
+    return jnp.concatenate([jnp.zeros_like(scores[:, :1]), scores[:, :-1]], axis=1)
 
 
 def last_index(mask) -> jax.Array:

@@ -42,7 +42,7 @@ from agentic_jax.inference.engine import load_checkpoint
 from agentic_jax.inference.sampling import SamplingParams
 from agentic_jax.models import TransformerConfig
 from agentic_jax.rl.trainers.common import (FullFinetune, init_scalar_head, make_update, next_prompts,
-                                            token_logprobs, token_scores, tree_fingerprint)
+                                            token_logprobs, token_values, tree_fingerprint)
 from agentic_jax.rl.trainers.evaluate import evaluate_policy
 from agentic_jax.rl.trainers.rollout import Rollouts, collect
 from agentic_jax.rl.trainers.runner import TrainerRun
@@ -130,7 +130,7 @@ def _value_loss(config: TransformerConfig, algo: RLConfig):
     """Clipped value loss ½·max((V − R)², (V_old + clip(V − V_old, ±ε) − R)²), token mean."""
     def loss(params, batch, key):
         del key
-        values = token_scores(params, config, batch["tokens"])
+        values = token_values(params, config, batch["tokens"])
         per_token = jax.vmap(rl.ppo_value_loss, in_axes=(0, 0, 0, None))(
             values, batch["old_values"], batch["returns"], algo.value_clip)
         mask = batch["mask"].astype(jnp.float32)
@@ -199,7 +199,7 @@ def train_rl(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec(), algo
     reference_id = tree_fingerprint(base)
     learner, meta, start = run.start(learner, {"init_from": init_from, "reference": reference_id})
     logp_fn = jax.jit(lambda p, t: token_logprobs(p, config, t, temperature=algo.temperature))
-    values_fn = jax.jit(lambda p, t: token_scores(p, config, t))
+    values_fn = jax.jit(lambda p, t: token_values(p, config, t))
     sampling = SamplingParams(temperature=algo.temperature)
     root = jax.random.key(seed)
     last = {}
