@@ -117,3 +117,11 @@ def test_cache_is_laid_out_by_its_logical_axes():
     # cache_batch over (data, fsdp); cache_length whole; one kv head cannot split over tensor.
     want = NamedSharding(mesh, PartitionSpec(None, ("data", "fsdp"), None, None, None))
     assert cache.k.sharding.is_equivalent_to(want, 5) and cache.v.sharding.is_equivalent_to(want, 5)
+
+
+@pytest.mark.parametrize("prompts", [np.array([1, 2, 3]), np.zeros((2, 0), np.int32)],
+                         ids=["one-dimensional", "empty"])
+def test_prompt_arrays_must_be_batches_of_nonempty_rows(prompts):
+    # An empty row would silently read its logits from position -1.
+    with pytest.raises(ValueError, match=r"\[batch, length\]"):
+        PromptBatch.from_array(prompts)

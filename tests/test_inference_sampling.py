@@ -3,6 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 from scipy import stats
 
 from agentic_jax.inference.sampling import (SamplingArrays, SamplingParams, count_tokens,
@@ -89,6 +90,49 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p():
         assert mass.sum() >= p - 1e-6  # reaches p ...
         assert mass.sum() - mass[0] < p  # ... and no smaller set of top tokens does
         assert probs[row][~kept[row]].max(initial=0) <= mass[0]
+
+
+def _kept_by_sorting(z, p: SamplingParams):
+    """Steps 3-7 of ``sampling.py`` the slow way: sort by (-logit, id) and walk the ranking.
+
+    Also says whether rounding could flip the answer (a mass or ratio within 1e-5 of its bound).
+    """
+    s = z / np.float32(p.temperature)
+    order = sorted(range(V), key=lambda t: (-s[t], t))
+    top_k = np.zeros(V, bool)
+    top_k[order[:p.top_k or V]] = True
+    e = np.where(top_k, np.exp(s - s[top_k].max()), 0.0)
+    probs = e / e.sum()
+    top_p, before, close = np.zeros(V, bool), 0.0, False
+    for t in order:
+        top_p[t] = before < p.top_p or p.top_p == 1
+        close |= p.top_p < 1 and abs(before - p.top_p) < 1e-5
+        before += probs[t]
+    close |= p.min_p > 0 and bool(np.any(np.abs(probs / probs.max() - p.min_p) < 1e-5))
+    keep = top_k & top_p & (probs >= p.min_p * probs.max())
+    keep[EOS] = True
+    return keep & np.isfinite(s), close
+
+
+_rows = st.tuples(
+    # Few distinct values, so ties (and ties across the top-k / top-p boundary) are common; 20
+    # leaves the rest so little mass that the float sum before them reaches 1 (top_p = 1).
+    st.lists(st.sampled_from([-np.inf, -1.0, 0.0, 0.5, 1.0, 2.5, 20.0]), min_size=V, max_size=V)
+    .filter(lambda z: np.isfinite(z).any()),
+    st.builds(SamplingParams, temperature=st.sampled_from([0.5, 1.0, 3.0]),
+              top_k=st.integers(0, V + 1), top_p=st.sampled_from([0.2, 0.5, 0.9, 1.0]),
+              min_p=st.sampled_from([0.0, 0.1, 0.5])))
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(_rows, min_size=B, max_size=B))
+def test_truncation_keeps_what_a_sorted_walk_keeps(rows):
+    logits = np.array([z for z, _ in rows], np.float32)
+    kept = _kept(filtered(jnp.asarray(logits), _arrays(*(p for _, p in rows))))
+    for b, (z, p) in enumerate(rows):
+        want, close = _kept_by_sorting(logits[b], p)
+        if not close:
+            np.testing.assert_array_equal(kept[b], want, err_msg=str(p))
 
 
 def test_min_p_threshold_is_relative_to_the_top_token():

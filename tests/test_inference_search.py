@@ -112,3 +112,23 @@ def test_contrastive_search_maximises_the_degeneration_penalised_score(params):
     greedy = contrastive_search(params, CFG, PROMPTS, alpha=0.0, top_k=k, max_new_tokens=n,
                                 eos_id=EOS)
     assert not np.array_equal(greedy.tokens, result.tokens)
+
+
+def test_a_prompt_gets_the_same_beams_alone_and_in_a_batch(params):
+    # [11, 4] has two finished hypotheses after a few steps, [6, 7] runs to the end: a done prompt
+    # must not take the better (longer) hypotheses its alive beams find meanwhile.
+    kwargs = {"width": 2, "max_new_tokens": 6, "eos_id": EOS, "early_stopping": True}
+    alone = beam_search(params, CFG, [[11, 4]], **kwargs)
+    batch = beam_search(params, CFG, [[11, 4], [6, 7]], **kwargs)
+    np.testing.assert_array_equal(alone.tokens[0], batch.tokens[0])
+    np.testing.assert_array_equal(alone.lengths[0], batch.lengths[0])
+    np.testing.assert_allclose(alone.scores[0], batch.scores[0], rtol=1e-5)
+
+
+def test_invalid_arguments_are_named():
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        beam_search(None, CFG, PROMPTS, width=2, max_new_tokens=0)
+    with pytest.raises(ValueError, match="width"):
+        beam_search(None, CFG, PROMPTS, width=0, max_new_tokens=2)
+    with pytest.raises(ValueError, match="vocab_size"):
+        contrastive_search(None, CFG, PROMPTS, top_k=CFG.vocab_size + 1)

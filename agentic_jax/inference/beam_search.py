@@ -13,6 +13,8 @@ Stopping: with ``early_stopping`` a prompt is done as soon as it has ``W`` finis
 (Hugging Face's ``early_stopping=True``); without, when no alive beam can still beat the worst
 finished one.  Log-probabilities only fall as a beam grows, so an alive beam's best reachable
 score is its sum over ``max_len ** penalty`` (penalty > 0) or over its next length (penalty <= 0).
+A done prompt takes no more hypotheses while the rest of the batch runs on, so its result does not
+depend on the batch.
 With ``W`` at least ``V ** (N - 1)`` nothing is ever pruned and the result is the exact n-best list.
 """
 from __future__ import annotations
@@ -67,27 +69,29 @@ def _beam_search(params, config: TransformerConfig, prompts: PromptBatch, *, wid
     fin = (jnp.full((b, w), NEG_INF), jnp.full((b, w), NEG_INF), jnp.full((b, w, n), pad_id, jnp.int32),
            jnp.zeros((b, w), jnp.int32))  # scores, log-probs, tokens, lengths
 
-    def done_after(t, alive_lp, fin_scores):
+    def settled(t, alive_lp, fin_scores):
+        """``[B]``: the prompt's finished set is final (it takes no more hypotheses)."""
         if early_stopping:
-            settled = fin_scores[:, -1] > NEG_INF
+            final = fin_scores[:, -1] > NEG_INF
         else:
             best_alive = _penalised(alive_lp[:, 0], n if length_penalty > 0 else t + 1, length_penalty)
-            settled = fin_scores[:, -1] >= best_alive
-        return (settled | (alive_lp[:, 0] == NEG_INF)).all()
+            final = fin_scores[:, -1] >= best_alive
+        return final | (alive_lp[:, 0] == NEG_INF)
 
     def cond(carry):
-        t, stop = carry[0], carry[1]
-        return (t < n) & ~stop
+        t, done = carry[0], carry[1]
+        return (t < n) & ~done.all()
 
     def body(carry):
-        t, _, cache, write, logits, alive_lp, alive_seq, fin = carry
+        t, done, cache, write, logits, alive_lp, alive_seq, fin = carry
         logp = jax.nn.log_softmax(logits, axis=-1).reshape(b, w, v)
         flat = (alive_lp[:, :, None] + logp).reshape(b, w * v)
         cand_lp, idx = jax.lax.top_k(flat, 2 * w)
         beam, tok = idx // v, (idx % v).astype(jnp.int32)
         seq = jnp.take_along_axis(alive_seq, beam[:, :, None], axis=1).at[:, :, t].set(tok)
         ends = (tok == eos_id) if eos_id is not None else jnp.zeros_like(tok, bool)
-        finishing = ends | (t + 1 == n)
+        # A done prompt's finished set is final, whatever the rest of the batch still does.
+        finishing = (ends | (t + 1 == n)) & ~done[:, None]
         fin_scores = jnp.where(finishing, _penalised(cand_lp, t + 1, length_penalty), NEG_INF)
         fin = _top(jnp.concatenate([fin[0], fin_scores], 1), w,
                    jnp.concatenate([fin[1], cand_lp], 1), jnp.concatenate([fin[2], seq], 1),
@@ -96,10 +100,10 @@ def _beam_search(params, config: TransformerConfig, prompts: PromptBatch, *, wid
         rows = (jnp.arange(b)[:, None] * w + beam).reshape(-1)
         cache = reorder_rows(cache, rows)
         logits, _, cache = extend_logits(params, config, cache, tok.reshape(-1, 1), start, write)
-        stop = done_after(t, alive_lp, fin[0])
-        return t + 1, stop, cache, write + 1, logits[:, 0], alive_lp, alive_seq, fin
+        done = done | settled(t, alive_lp, fin[0])
+        return t + 1, done, cache, write + 1, logits[:, 0], alive_lp, alive_seq, fin
 
-    init = (0, False, cache, write, logits, alive_lp, alive_seq, fin)
+    init = (0, jnp.zeros((b,), bool), cache, write, logits, alive_lp, alive_seq, fin)
     fin = jax.lax.while_loop(cond, body, init)[-1]
     scores, logprobs, tokens, lengths = fin
     return BeamResult(tokens, lengths, scores, logprobs)
@@ -113,6 +117,8 @@ def beam_search(params, config: TransformerConfig, prompts, *, width: int, max_n
 
     ``prompts`` as for ``generate``; ``eos_id`` ends hypotheses (``None``: all run ``max_new_tokens``).
     """
+    if width < 1 or max_new_tokens < 1:
+        raise ValueError(f"need width >= 1 and max_new_tokens >= 1; got {width}, {max_new_tokens}")
     if not 1 <= (num_return or width) <= width:
         raise ValueError(f"num_return={num_return} must be in [1, width={width}]")
     prompts = as_prompt_batch(prompts, padding=padding, pad_id=pad_id)

@@ -85,8 +85,9 @@ def contrastive_search(params, config: TransformerConfig, prompts, *, alpha: flo
                        top_k: int = 4, max_new_tokens: int = 64, eos_id: int | None = None,
                        pad_id: int = 0, padding: str = "left") -> GenerationResult:
     """Contrastive search continuations (``sample_logprobs`` are 0: the decoder is deterministic)."""
-    if not 0 <= alpha <= 1 or top_k < 1:
-        raise ValueError(f"need 0 <= alpha <= 1 and top_k >= 1; got {alpha}, {top_k}")
+    if not 0 <= alpha <= 1 or not 1 <= top_k <= config.vocab_size:
+        raise ValueError(f"need 0 <= alpha <= 1 and 1 <= top_k <= vocab_size={config.vocab_size}; "
+                         f"got {alpha}, {top_k}")
     prompts = as_prompt_batch(prompts, padding=padding, pad_id=pad_id)
     return _contrastive(params, config, prompts, jnp.float32(alpha), top_k=top_k,
                         max_new=max_new_tokens, eos_id=eos_id, pad_id=pad_id)

@@ -48,6 +48,9 @@ class PromptBatch(NamedTuple):
     def from_array(cls, tokens) -> "PromptBatch":
         """Unpadded prompts ``[B, P]``."""
         tokens = jnp.asarray(tokens, jnp.int32)
+        if tokens.ndim != 2 or 0 in tokens.shape:
+            raise ValueError(f"prompts must be a [batch, length] array with at least one row and "
+                             f"one token; got shape {tokens.shape}")
         b, p = tokens.shape
         return cls(tokens, jnp.zeros((b,), jnp.int32), jnp.full((b,), p, jnp.int32))
 
