@@ -1,10 +1,10 @@
 """Agent loops on ScriptedPolicy: answers, loop detection, budgets, retries, gates, re-planning."""
 import pytest
 
-from agentic_jax.agents import (Budget, Evaluation, GenerateVerifyRetry, LoopDetector,
-                                PlanAndExecute, Pricing, ReActAgent, ReflectionMemory, Reflexion,
-                                RetryPolicy, ScriptedPolicy, StopReason, ToolExecutor,
-                                TransientToolError, tool)
+from agentic_jax.agents import (AssistantMessage, Budget, Evaluation, GenerateVerifyRetry,
+                                LoopDetector, PlanAndExecute, Pricing, ReActAgent,
+                                ReflectionMemory, Reflexion, RetryPolicy, ScriptedPolicy,
+                                StopReason, ToolExecutor, TransientToolError, tool)
 from agentic_jax.agents.builtin_tools import calculator
 
 
@@ -45,6 +45,17 @@ def test_a_redirected_agent_that_changes_course_goes_on():
     assert result.ok and result.answer == "40"
 
 
+def test_a_reply_cut_off_by_the_token_limit_is_not_the_answer():
+    cut = AssistantMessage("Let me compute 17 * 23 first with", finish_reason="length")
+    policy = ScriptedPolicy([cut, "391"])
+    result = ReActAgent(policy).run("What is 17 * 23?")
+    assert result.ok and result.answer == "391" and result.steps == 2
+    assert "cut off at the token limit" in policy.calls[1][0][-1].content
+    # Cut off with the token budget spent: the run stops for the budget, with no answer.
+    result = ReActAgent(ScriptedPolicy([cut, "391"]), budget=Budget(max_tokens=60)).run("x")
+    assert result.stop_reason is StopReason.TOKEN_BUDGET and result.answer is None
+
+
 def test_steps_without_progress_stop_the_run():
     policy = ScriptedPolicy([call(f"1 / 0{' ' * i}") for i in range(6)])
     result = ReActAgent(policy, [calculator], loop_detector=LoopDetector(patience=2)).run("x")
@@ -73,6 +84,13 @@ def test_budgets_stop_the_loop_with_the_right_reason(budget, reason):
     if reason is StopReason.COST_BUDGET:
         assert result.cost >= 0.05
         assert result.cost == pytest.approx(result.usage.total_tokens / 1000)
+
+
+def test_the_token_budget_caps_max_tokens_even_when_the_sampling_sets_none():
+    policy = ScriptedPolicy(["done"])
+    result = ReActAgent(policy, budget=Budget(max_tokens=500),
+                        sampling={"max_tokens": None}).run("x")
+    assert result.ok and policy.calls[0][2]["max_tokens"] == 500
 
 
 def test_a_tool_that_fails_twice_then_succeeds_is_retried():

@@ -30,6 +30,7 @@ from agentic_jax.agents import (
     ScriptedPolicy,
     StopReason,
     ToolExecutor,
+    tool,
 )
 from agentic_jax.agents.executor import RetryPolicy
 from agentic_jax.agents.mcp_client import (
@@ -164,6 +165,17 @@ def test_calculator_over_mcp_matches_python(local, a, b, c):
     assert result.content[0].text == str((a + b) * c - b // c)
 
 
+def test_a_tool_that_exits_is_an_error_result_not_the_end_of_the_server():
+    @tool
+    def exits(x: int) -> int:
+        """Exits, as argparse does on bad input."""
+        raise SystemExit(2)
+    with MCPSession(AgentMCPServer(agent_tools=[exits]), name="exits") as session:
+        result = session.call_tool("exits", {"x": 1})
+        assert result.is_error and result.content[0].text == "exits failed: SystemExit: 2"
+        assert session.call_tool("exits", {"x": 2}).is_error and session.connects == 1
+
+
 def test_generate_streams_its_text_as_progress(run_dir):
     from agentic_jax.agents.chat_model import ChatModel
 
@@ -200,6 +212,21 @@ def test_mcp_tools_validate_against_the_servers_schema_before_calling():
         assert "'n' is a required property" in missing.content
         done = executor.execute(ToolCall("count", {"n": 2}))
         assert (done.status, done.content, seen["calls"]) == ("ok", "counted to 2", 1)
+
+
+def test_mcp_tool_parameters_may_share_names_with_the_clients_own():
+    server = MCPServer("tasks")
+
+    @server.tool()
+    def update(progress: int, remote_name: str, self: str) -> str:
+        """Records a task's progress."""
+        return f"{remote_name}/{self} at {progress}%"
+    with MCPSession(server, name="tasks") as session:
+        (update_tool,) = session.tools()
+        arguments = {"progress": 50, "remote_name": "build", "self": "me"}
+        done = ToolExecutor([update_tool]).execute(ToolCall("update", arguments))
+        assert (done.status, done.content) == ("ok", "build/me at 50%")
+        assert update_tool(**arguments) == "build/me at 50%"
 
 
 def test_invalid_schemas_are_left_out_and_destructive_tools_need_approval(caplog):

@@ -38,6 +38,31 @@ def test_writes_outside_the_sandbox_are_blocked(tmp_path):
     assert "outside the sandbox is blocked" in removed.stderr and tmp_path.exists()
 
 
+def test_files_cannot_be_moved_out_or_hard_linked_in(tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("original")
+    moved = run_python(f"import os\nopen('x', 'w').write('evil')\n"
+                       f"os.rename('x', {str(tmp_path / 'moved.txt')!r})")
+    assert "os.rename outside the sandbox is blocked" in moved.stderr
+    linked = run_python(f"import os\nos.link({str(outside)!r}, 'h')\nopen('h', 'w').write('evil')")
+    assert "os.link outside the sandbox is blocked" in linked.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outside.txt"]
+    assert outside.read_text() == "original"
+
+
+def test_output_is_bounded_by_the_file_size_limit():
+    flood = run_python("import sys\nfor _ in range(4):\n    sys.stdout.write('x' * 2 ** 20)",
+                       max_file_mb=1, max_output_chars=100)
+    assert not flood.ok and "File too large" in flood.stderr
+    assert flood.stdout.startswith("x" * 100) and "chars cut" in flood.stdout
+
+
+def test_long_stderr_keeps_its_tail_where_the_error_is():
+    noisy = run_python("import sys\nsys.stderr.write('warning\\n' * 100)\n1/0",
+                       max_output_chars=200)
+    assert noisy.stderr.startswith("... [") and "ZeroDivisionError" in noisy.stderr
+
+
 def test_network_and_processes_are_blocked():
     sock = run_python("import socket\nsocket.create_connection(('127.0.0.1', 9))")
     assert not sock.ok and "network access is blocked" in sock.stderr

@@ -139,10 +139,17 @@ def test_a_crashing_tool_is_reported_once_and_refusals_verbatim():
         """Refuses."""
         raise ToolError("not today")
 
-    executor = ToolExecutor([broken, refuses], sleep=lambda s: None)
+    @tool
+    def exits(x: int) -> int:
+        """Exits, as argparse does on bad input."""
+        raise SystemExit(2)
+
+    executor = ToolExecutor([broken, refuses, exits], sleep=lambda s: None)
     result = executor.execute(ToolCall("broken", {"x": 1}))
     assert result.status == "failed" and result.attempts == 1 and "KeyError" in result.content
     assert executor.execute(ToolCall("refuses", {"x": 1})).content == "error: not today"
+    exited = executor.execute(ToolCall("exits", {"x": 1}))
+    assert exited.status == "failed" and exited.content == "error: exits failed: SystemExit: 2"
 
 
 def flaky_tool(failures: int):

@@ -98,7 +98,8 @@ class Run:
             raise BudgetExceeded(*exceeded)
         remaining = self.tracker.remaining_tokens()
         if remaining is not None:
-            sampling["max_tokens"] = max(1, min(sampling.get("max_tokens", remaining), remaining))
+            asked = sampling.get("max_tokens") or remaining  # None: no limit of its own
+            sampling["max_tokens"] = max(1, min(asked, remaining))
         start = time.perf_counter()
         reply = policy.respond(list(messages), list(tools), **sampling)
         self.tracker.charge(reply.usage)

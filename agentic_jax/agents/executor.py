@@ -158,7 +158,9 @@ class ToolExecutor:
                 return "failed", f"error: {e}", attempt + 1
             except TRANSIENT as e:
                 status, error = "failed", f"{type(e).__name__}: {e}"
-            except Exception as e:  # a bug or a permanent failure: retrying will not help
+            # A bug or a permanent failure: retrying will not help.  SystemExit too (a wrapped
+            # command-line tool's argparse exits on bad input): it must not end the agent.
+            except (Exception, SystemExit) as e:
                 return "failed", f"error: {tool.name} failed: {type(e).__name__}: {e}", attempt + 1
             if attempt + 1 < self.retry.max_attempts:
                 self.sleep(self.retry.delay(attempt, self.rng))

@@ -345,7 +345,8 @@ class MCPSession:
         return _wait(self.start_call(name, arguments, timeout_s=timeout_s, progress=progress))
 
     # ------------------------------------------------------------------------- as agent tools
-    def _run_tool(self, remote_name: str, progress: ProgressFn | None, **arguments) -> str:
+    def _run_tool(self, remote_name: str, progress: ProgressFn | None, /, **arguments) -> str:
+        # Positional-only, so a tool may have parameters called remote_name or progress.
         try:
             result = self.call_tool(remote_name, arguments, progress=progress)
         except MCPError as e:  # the server refused the request itself

@@ -80,7 +80,9 @@ async def _call(tool: Tool, arguments: dict[str, Any], context) -> mcp_types.Cal
             value = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
     except ToolError as e:
         return _error(str(e))
-    except Exception as e:  # noqa: BLE001 - the model reads what went wrong
+    # The model reads what went wrong; SystemExit (argparse's on bad input) must not end the
+    # server either.
+    except (Exception, SystemExit) as e:  # noqa: BLE001
         return _error(f"{tool.name} failed: {type(e).__name__}: {e}")
     if scope.cancelled_caught:
         return _error(f"{tool.name} timed out after {tool.timeout_s}s")

@@ -2,7 +2,8 @@
 
 The model interleaves reasoning (its turn's text) with actions (tool calls); each action's
 observation (the tool result) is appended and the model goes on, until it replies without a tool
-call: that reply is the answer.  Around that core the loop enforces
+call: that reply is the answer, unless the token limit cut it off (then the model is told so and
+goes on).  Around that core the loop enforces
 
 * termination: the :class:`Budget` (steps, tokens, cost, wall time) before every model call;
 * loop detection (``loop_detection.py``): a repeated identical call is not run but redirected, and
@@ -29,6 +30,8 @@ from agentic_jax.data.chat import Message
 SYSTEM_PROMPT = ("You are a careful assistant that solves tasks step by step. Call a tool whenever "
                  "it helps; when you know the answer, reply with it and call no tool. " + DATA_RULE)
 HARNESS_NOTE = "Note from the agent harness: "
+CUT_OFF = ("your last reply was cut off at the token limit, so it is not taken as your answer; "
+           "give the final answer more briefly, or call a tool")
 
 
 class ReActAgent:
@@ -89,6 +92,11 @@ class ReActAgent:
                 run.decide("stop", str(e), reason=StopReason.POLICY_ERROR.value)
                 return Outcome(None, StopReason.POLICY_ERROR, str(e), history)
             history.append(reply.to_message())
+            if not reply.tool_calls and reply.finish_reason == "length":
+                # A truncated reply (perhaps a tool call cut off mid-JSON) is no answer.
+                run.decide("redirect", "the reply was cut off at the token limit")
+                history.append(Message("user", HARNESS_NOTE + CUT_OFF))
+                continue
             if not reply.tool_calls:
                 run.decide("answer", "the model replied without a tool call")
                 return Outcome(reply.text, StopReason.ANSWER, "the model gave its answer", history)

@@ -7,7 +7,7 @@ lowers its own resource limits (soft and hard, so the code cannot raise them aga
 * ``RLIMIT_CPU``: CPU seconds, one more than the wall-clock limit (a backstop for a parent too
   starved to kill in time; its soft limit ends the child with SIGXCPU, which counts as reaching
   the time limit, and the hard one a second later with SIGKILL);
-* ``RLIMIT_AS``: address space; ``RLIMIT_FSIZE``: bytes per file;
+* ``RLIMIT_AS``: address space; ``RLIMIT_FSIZE``: bytes per file, stdout and stderr included;
 
 and installs an audit hook (PEP 578, ``sys.addaudithook``) that raises ``PermissionError`` for
 opening a file for writing outside the sandbox directory, for every ``socket.*`` event (no network),
@@ -39,9 +39,13 @@ for name, (soft, hard) in limits.items():
     resource.setrlimit(getattr(resource, name), (soft, hard))
 ROOT = os.path.realpath(os.getcwd())
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-PATH_EVENTS = {{"os.remove": 0, "os.rename": 0, "os.replace": 0, "os.rmdir": 0, "os.mkdir": 0,
-                "os.chmod": 0, "os.chown": 0, "os.link": 1, "os.symlink": 1, "os.truncate": 0,
-                "os.utime": 0, "shutil.rmtree": 0, "shutil.copyfile": 1, "shutil.move": 1}}
+# The path arguments each event changes: both ends of a move or hard link (moving a file out
+# writes outside; a hard link to an outside file makes it writable from inside).  A symlink's
+# target may point anywhere: writes through it are checked on their resolved path.
+PATH_EVENTS = {{"os.remove": (0,), "os.rename": (0, 1), "os.replace": (0, 1), "os.rmdir": (0,),
+                "os.mkdir": (0,), "os.chmod": (0,), "os.chown": (0,), "os.link": (0, 1),
+                "os.symlink": (1,), "os.truncate": (0,), "os.utime": (0,),
+                "shutil.rmtree": (0,), "shutil.copyfile": (1,), "shutil.move": (0, 1)}}
 BLOCKED = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
            "os.forkpty", "ctypes.dlopen", "sys.addaudithook", "os.chdir")
 
@@ -63,7 +67,7 @@ def hook(event, args):
             isinstance(flags, int) and flags & WRITE_FLAGS)
         if writing and path is not None and not inside(path):
             raise PermissionError(f"sandbox: writing outside the sandbox is blocked ({{path}})")
-    elif event in PATH_EVENTS and args and not inside(args[PATH_EVENTS[event]]):
+    elif event in PATH_EVENTS and not all(inside(args[i]) for i in PATH_EVENTS[event]):
         raise PermissionError(f"sandbox: {{event}} outside the sandbox is blocked")
 
 source = open("main.py", encoding="utf-8").read()
@@ -97,9 +101,15 @@ class SandboxResult:
         return "\n".join(parts) or "(no output)"
 
 
-def _clip(data: bytes, limit: int) -> str:
-    text = data.decode("utf-8", errors="replace")
-    return text if len(text) <= limit else text[:limit] + f"\n... [{len(text) - limit} chars cut]"
+def _clip(file, limit: int, *, tail: bool = False) -> str:
+    """The file's text cut to ``limit`` characters: its head, or its ``tail`` (where a traceback
+    ends with the error itself)."""
+    file.seek(0)
+    text = file.read().decode("utf-8", errors="replace")
+    if len(text) <= limit:
+        return text
+    marker = f"... [{len(text) - limit} chars cut]"
+    return f"{marker}\n{text[len(text) - limit:]}" if tail else f"{text[:limit]}\n{marker}"
 
 
 def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
@@ -114,23 +124,26 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
         limits = {"RLIMIT_CPU": (cpu_s, cpu_s + 1), "RLIMIT_AS": (memory, memory),
                   "RLIMIT_FSIZE": (file_size, file_size)}
         env = {"PATH": os.defpath, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
-        proc = subprocess.Popen([sys.executable, "-I", "-c", _BOOTSTRAP.format(limits=limits)],
-                                cwd=root, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=timeout_s)
-            timed_out = False
-        except subprocess.TimeoutExpired:
+        # Output goes to files, not pipes, so that RLIMIT_FSIZE bounds it as well: a program
+        # printing in a loop gets "File too large" instead of filling the parent's memory.
+        with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-c", _BOOTSTRAP.format(limits=limits)], cwd=root,
+                env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                start_new_session=True)
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:  # it ended on its own just now
-                pass
-            out, err = proc.communicate()
-            timed_out = True
-        timed_out = timed_out or proc.returncode == -signal.SIGXCPU
-    return SandboxResult(_clip(out, max_output_chars), _clip(err, max_output_chars),
-                         proc.returncode, timed_out)
+                proc.wait(timeout=timeout_s)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:  # it ended on its own just now
+                    pass
+                proc.wait()
+                timed_out = True
+            timed_out = timed_out or proc.returncode == -signal.SIGXCPU
+            out, err = _clip(stdout, max_output_chars), _clip(stderr, max_output_chars, tail=True)
+    return SandboxResult(out, err, proc.returncode, timed_out)
 
 
 def python_tool(timeout_s: float = 5.0, memory_mb: int = 512) -> Tool:

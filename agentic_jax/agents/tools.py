@@ -178,7 +178,7 @@ class Tool:
                 f"invalid arguments for {self.name}: {_error_text(e)}") from None
         return {field: getattr(model, field) for field in type(model).model_fields}
 
-    def __call__(self, **arguments) -> Any:
+    def __call__(self, /, **arguments) -> Any:  # a tool may have a parameter called self
         return self.fn(**self.validate(arguments))
 
 
