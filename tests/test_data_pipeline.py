@@ -197,6 +197,13 @@ def test_loss_mask_follows_the_trained_targets():
     assert (batch["segment_ids"][1] == 0).all()  # the padding row of the last batch.
 
 
+@pytest.mark.parametrize("trained", [[1] * 9, [1] * 7])
+def test_a_mask_of_another_length_than_the_ids_is_rejected(trained):
+    # Packed as is, it would slide onto the next document's tokens and the padding.
+    with pytest.raises(ValueError, match="trained has shape"):
+        next_token_example(np.arange(1, 9), trained)
+
+
 def test_gin_names_configure_the_pipeline(tokenizer, text_file):
     gin.parse_config(["train_data.batch_size = 2", "heldout_data.batch_size = 3",
                       "train_tokenizer.vocab_size = 300"])

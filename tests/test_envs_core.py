@@ -180,6 +180,9 @@ def test_transform_wrappers():
     assert env.unwrapped.goal == 2
     with pytest.raises(TypeError, match="outside"):
         envs.TimeLimit(envs.EpisodeStatistics(Counter()), 5).reset(jax.random.key(0))
+    # Statistics of a batch would start as scalars and come back as [N] arrays (a scan carry mismatch).
+    with pytest.raises(TypeError, match="Vectorized\\(EpisodeStatistics"):
+        envs.EpisodeStatistics(envs.Vectorized(Counter()))
 
 
 SPACES = [

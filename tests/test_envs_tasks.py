@@ -8,6 +8,7 @@ from agentic_jax.envs.text import (
     Arithmetic,
     Countdown,
     MultiHop,
+    calculator,
     demonstration_actions,
     demonstration_batch,
     task_env,
@@ -122,3 +123,12 @@ def test_arithmetic_without_partial_credit_pays_only_for_exact_answers():
     assert with_credit.host(close, task) == pytest.approx(0.1 + 0.1 * 0.5)
     assert exact_only.host(close, task) == pytest.approx(0.1)
     assert with_credit.host(exact, task) == exact_only.host(exact, task) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("generator, seeds", [(Arithmetic(8), [13, 42]), (Countdown(10), range(3))])
+def test_hard_tasks_stay_within_the_calculator_and_their_demonstrations_earn_the_full_reward(generator, seeds):
+    # Long products leave int32 (the bank's value, the tool's arithmetic); long solutions the tool's 48 bytes.
+    for task in generator.tasks(seeds):
+        assert abs(task.value) <= calculator.INT_MAX
+        assert not [m.content for m in task.demonstration if m.role == "tool" and m.content.startswith("error")]
+        assert generator.reward.host(task.demonstration[-1].content, task) == pytest.approx(generator.reward.max_value)

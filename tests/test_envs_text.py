@@ -1,4 +1,6 @@
 """Text environments: token tables, the in-jit calculator, tool-call parsing, masks and budgets."""
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +14,9 @@ from agentic_jax.envs.text import (
     Arithmetic,
     Calculator,
     Lookup,
+    NumericCloseness,
     Search,
+    Task,
     Text,
     Vocab,
     calculator,
@@ -198,6 +202,23 @@ def test_calculator_conventions():
     assert got[11].literals == (2, 3, 4)
 
 
+_closeness = jax.jit(jax.vmap(lambda data, length, value: NumericCloseness()(Text(data, length),
+                                                                             SimpleNamespace(value=value))))
+
+
+@given(st.lists(st.tuples(st.integers(-INT32_MAX, INT32_MAX), st.integers(-3, 3) | st.integers(-INT32_MAX, INT32_MAX)),
+                min_size=16, max_size=16))
+def test_numeric_closeness_in_jit_is_the_hosts_partial_credit(pairs):
+    """Exact for large values too, where float32 cannot tell neighbouring integers apart."""
+    pairs = [(value, int(np.clip(value + offset, -INT32_MAX, INT32_MAX))) for value, offset in pairs]
+    contents = [f"<answer>{answer}</answer>" for _, answer in pairs]
+    texts = [Text.from_bytes(c.encode(), 32) for c in contents]
+    got = _closeness(np.stack([t.data for t in texts]), np.stack([t.length for t in texts]),
+                     np.asarray([value for value, _ in pairs], np.int32))
+    want = [NumericCloseness().host(c, Task((), "", value)) for c, (value, _) in zip(contents, pairs)]
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+
+
 # --- tool calls ---------------------------------------------------------------------------------
 
 TOOLS = (Calculator(), Lookup(), Search())
@@ -323,3 +344,13 @@ def test_render_ids_prompt_is_the_env_prompt(tokenizer, arithmetic):
     assert np.asarray(obs["tokens"][:int(obs["length"])]).tolist() == prompt.tolist()
     assert bool(env.observation_space().contains(obs)) and int(obs["loss_mask"].sum()) == 0
     assert bool(env.action_space().contains(_action(tokenizer, "<answer>1</answer>")))
+
+
+def test_a_long_answering_turn_is_scored_in_full_as_on_the_host(tokenizer, arithmetic):
+    generator, env, _, step = arithmetic
+    task = generator.sample(1)
+    content = f"<think>{' inside' * 38}</think><answer>{task.answer}</answer>"
+    assert len(content.encode()) > 280  # longer than a fixed verifier buffer of 256 bytes
+    _, state = env.reset_task(1, env.default_params)
+    _, _, reward, terminated, _, _ = step(jax.random.key(0), state, _action(tokenizer, content), env.default_params)
+    assert bool(terminated) and float(reward) == pytest.approx(generator.reward.host(content, task)) == 1.0

@@ -33,6 +33,10 @@ def next_token_example(ids: Sequence[int] | np.ndarray,
     """
     ids = np.asarray(ids, np.int32)
     targets = ids[1:]
+    if trained is not None and np.shape(trained) != ids.shape:
+        # The packer lays out each feature by its own length: a mismatch would shift the mask
+        # onto other documents' tokens and padding without any error.
+        raise ValueError(f"trained has shape {np.shape(trained)}, but ids have shape {ids.shape}")
     loss_mask = (np.ones_like(targets) if trained is None
                  else np.asarray(trained, np.int32)[1:])
     return {"tokens": ids[:-1], "targets": targets, "loss_mask": loss_mask}

@@ -143,6 +143,12 @@ class EpisodeStatistics(OuterWrapper):
     finished episodes with `where=info["episode_done"]`.
     """
 
+    def __init__(self, env: Env):
+        if isinstance(env, Vectorized):  # its scalar counters would turn into [N] ones after a step
+            raise TypeError("EpisodeStatistics counts one environment's episodes: "
+                            "use Vectorized(EpisodeStatistics(env))")
+        super().__init__(env)
+
     def reset(self, key, params=None):
         obs, state = self.env.reset(key, params)
         zero_f, zero_i = jnp.float32(0.0), jnp.int32(0)

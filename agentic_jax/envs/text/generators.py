@@ -137,17 +137,20 @@ class Arithmetic(Generator):
     def sample(self, seed):
         rng = np.random.default_rng(seed)
         high = 10 + 5 * self.difficulty
-        value = int(rng.integers(1, high))
-        text, precedence, steps = str(value), 3, []
-        for _ in range(self.difficulty):
-            op, operand = str(rng.choice(["+", "-", "*"])), int(rng.integers(1, high))
-            pair = [(text, precedence, value), (str(operand), 3, operand)]
-            if rng.random() < 0.5:
-                pair.reverse()
-            (a_text, a_prec, a), (b_text, b_prec, b) = pair
-            result = {"+": a + b, "-": a - b, "*": a * b}[op]
-            steps.append((f"{a} {op} {b}", result))
-            text, precedence, value = _combine((a_text, a_prec), op, (b_text, b_prec)), _PRECEDENCE[op], result
+        while True:
+            value = int(rng.integers(1, high))
+            text, precedence, steps = str(value), 3, []
+            for _ in range(self.difficulty):
+                op, operand = str(rng.choice(["+", "-", "*"])), int(rng.integers(1, high))
+                pair = [(text, precedence, value), (str(operand), 3, operand)]
+                if rng.random() < 0.5:
+                    pair.reverse()
+                (a_text, a_prec, a), (b_text, b_prec, b) = pair
+                result = {"+": a + b, "-": a - b, "*": a * b}[op]
+                steps.append((f"{a} {op} {b}", result))
+                text, precedence, value = _combine((a_text, a_prec), op, (b_text, b_prec)), _PRECEDENCE[op], result
+            if all(abs(result) <= calculator.INT_MAX for _, result in steps):
+                break  # else redraw: the int32 calculator (tool and verifier) cannot evaluate it
         prompt = (Message("system", FORMAT), Message("user", f"What is {text}?"))
         task = Task(prompt, str(value), value=value, seed=seed, difficulty=self.difficulty, family=self.family)
         thought = "; ".join(f"{step} = {result}" for step, result in steps)
@@ -170,8 +173,11 @@ class Countdown(Generator):
     def __init__(self, difficulty: int, use_tools: bool = True, max_number: int = 25):
         super().__init__(difficulty)
         self.max_number = max_number
-        self.tools = (Calculator(),) if use_tools else ()
-        self.reward = Weighted((0.9, CountdownAnswer()), (0.1, ThinkAnswerFormat()))
+        # The calculator and verifier read expressions of up to `max_bytes` (48 by default); leave room for
+        # the longest solution: every number, " op " and one pair of parentheses per operator.
+        self.max_bytes = max(48, (difficulty + 1) * len(str(max_number)) + 5 * difficulty)
+        self.tools = (Calculator(self.max_bytes),) if use_tools else ()
+        self.reward = Weighted((0.9, CountdownAnswer(self.max_bytes)), (0.1, ThinkAnswerFormat()))
 
     @property
     def max_turns(self):
@@ -197,13 +203,16 @@ class Countdown(Generator):
 
     def sample(self, seed):
         rng = np.random.default_rng(seed)
-        numbers = tuple(int(n) for n in rng.integers(1, self.max_number + 1, size=self.difficulty + 1))
-        solution, target = self._solution(rng, [numbers[i] for i in rng.permutation(len(numbers))])
+        while True:
+            numbers = tuple(int(n) for n in rng.integers(1, self.max_number + 1, size=self.difficulty + 1))
+            solution, target = self._solution(rng, [numbers[i] for i in rng.permutation(len(numbers))])
+            if calculator.evaluate_text(solution, len(solution.encode())).error == calculator.OK:
+                break  # else redraw: an intermediate value overflows the int32 calculator
         return self._task(numbers, target, solution, seed)
 
     def relabel(self, task: Task, answer: str) -> Task | None:
         """Hindsight relabelling: the task whose target is what ``answer`` achieved, if it is legal."""
-        result = calculator.evaluate_text(answer, CountdownAnswer().max_bytes)
+        result = calculator.evaluate_text(answer, self.max_bytes)
         if result.error != calculator.OK or result.inexact or result.value < 1:
             return None
         relabelled = self._task(task.numbers, result.value, answer, task.seed)

@@ -102,7 +102,13 @@ class NumericCloseness(Reward):
     def __call__(self, content, task):
         found, answer = _answer(content, self.max_bytes)
         result = calculator.evaluate(answer.data, answer.length)
-        distance = jnp.abs(result.value.astype(jnp.float32) - task.value.astype(jnp.float32))
+        # Subtract in int32: float32 operands are rounded beyond 2**24 (an answer off by one would score as
+        # off by 0 or 8); only a difference that overflows int32 is taken in float32, where it is huge anyway.
+        value, target = result.value, jnp.asarray(task.value, jnp.int32)
+        difference = value - target
+        overflow = ((value ^ target) & (value ^ difference)) < 0
+        distance = jnp.where(overflow, jnp.abs(value.astype(jnp.float32) - target.astype(jnp.float32)),
+                             jnp.abs(difference.astype(jnp.float32)))
         return jnp.where(found & (result.error == calculator.OK), 1.0 / (1.0 + distance), 0.0)
 
     def host(self, content, task):
