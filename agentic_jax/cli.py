@@ -307,8 +307,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.verb == "trace":
         return _trace(args)
-    if args.verb == "generate":
-        import agentic_jax.inference.engine  # noqa: F401  (its configurables, before gin parses)
     workdir = _setup(args)
     try:
         if args.verb == "train":

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import tokenize
 from importlib import resources
 from pathlib import Path
 
@@ -16,10 +17,15 @@ def config_dir() -> Path:
 
 
 def resolve_config(name: str) -> str:
-    """A path as given, else a file of that name in the shipped configs (``.gin`` optional)."""
+    """A path as given, else a file of that name in the shipped configs (``.gin`` optional).
+
+    Only a bare name or one under a ``configs/`` directory falls back to the shipped configs:
+    a mistyped ``my_runs/tiny.gin`` must not silently run the shipped ``tiny.gin``."""
     if os.path.exists(name):
         return name
-    base = os.path.basename(name)  # "configs/x.gin" also finds the shipped x.gin from anywhere
+    folder, base = os.path.split(os.path.normpath(name))
+    if folder and os.path.basename(folder) != "configs":
+        raise FileNotFoundError(f"gin file {name!r} not found")
     for candidate in (base, f"{base}.gin"):
         path = config_dir() / candidate
         if path.exists():
@@ -53,8 +59,18 @@ def parse(gin_files: list[str], gin_params: list[str]) -> None:
     gin.clear_config()
     gin.add_config_file_search_path(str(config_dir()))
     with _quiet_search():
-        gin.parse_config_files_and_bindings([resolve_config(f) for f in gin_files], gin_params,
-                                            finalize_config=False)
+        for path in [resolve_config(f) for f in gin_files]:
+            _parse_one(gin.parse_config_file, path, f"gin file {path!r}")
+        for binding in gin_params:  # one at a time, so an error names the binding
+            _parse_one(gin.parse_config, binding, f"--gin_param {binding!r}")
+
+
+def _parse_one(parse_fn, source: str, what: str) -> None:
+    """gin leaves an unclosed bracket or quote to the tokenizer, whose error names no source."""
+    try:
+        parse_fn(source)
+    except tokenize.TokenError as e:
+        raise ValueError(f"{what}: {e.args[0]} (an unclosed bracket or quote?)") from e
 
 
 def save_config(workdir: str, operative: bool) -> str:

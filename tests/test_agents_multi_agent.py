@@ -1,6 +1,7 @@
 """Multi-agent patterns on scripted agents: answers, message counts, budgets, termination,
 failures, Contract-Net awards, vote tie-breaks, and the research example through the CLI."""
 import json
+import time
 
 import pytest
 from hypothesis import given
@@ -114,6 +115,20 @@ def test_hierarchical_teams_delegate_through_their_leads():
     assert prompt_of(team_b.orchestrator, 0).startswith("Task: part b")
     with pytest.raises(ValueError, match="two team members are called 'a1'"):
         OrchestratorWorkers(root, [team_a, agent("a1")]).run("x")
+
+
+def test_a_sub_team_given_two_subtasks_synthesises_each_from_its_own_results():
+    # Three subtasks over two sub-teams: round robin gives part a and part c to team_a.
+    team_a = OrchestratorWorkers(agent("lead_a", "1. a1", "A", "1. c1", "C"),
+                                 [agent("a1", "x1", "z1")])
+    team_b = OrchestratorWorkers(agent("lead_b", "1. b1", "B"), [agent("b1", "y1")])
+    root = agent("root", "1. part a\n2. part b\n3. part c", "ABC")
+    result = OrchestratorWorkers(root, [team_a, team_b]).run("everything")
+    assert result.ok and "1. part a: A\n2. part b: B\n3. part c: C" in prompt_of(root)
+    synthesis = prompt_of(team_a.orchestrator)
+    assert synthesis.startswith("Task: part c") and "1. c1: z1\n\n" in synthesis
+    assert "x1" not in synthesis
+    assert [r["subtask"] for r in result.artifacts["lead_a"]] == ["a1", "c1"]
 
 
 # ---------------------------------------------------------------------------- peer network
@@ -239,6 +254,19 @@ def test_majority_and_confidence_weighted_votes_differ_and_failures_are_left_out
     assert Vote([TeamMember("d", Broken())]).run("x").stop_reason is StopReason.AGENTS_FAILED
 
 
+class Slow(ScriptedPolicy):
+    def respond(self, messages, tools=(), **sampling):
+        time.sleep(0.4)
+        return super().respond(messages, tools, **sampling)
+
+
+def test_a_members_wall_time_budget_counts_only_its_own_turns():
+    slow = TeamMember("slow", Slow(["ANSWER: 4"]))
+    quick = agent("quick", "ANSWER: 4", budget=Budget(max_wall_s=0.3))  # a turn takes ~1 ms
+    result = Vote([slow, quick]).run("2 + 2?")
+    assert result.ok and not result.failures and result.artifacts["tally"] == {"4": 2.0}
+
+
 # ---------------------------------------------------------------------------------- debate
 def rotating(n, rounds):
     """n debaters whose answers are a different rotation each round: never equal, always new."""
@@ -269,6 +297,14 @@ def test_debate_ends_on_agreement_and_a_judge_settles_a_deadlock():
     stuck = [agent("a", "ANSWER: 1", "ANSWER: 1"), agent("b", "ANSWER: 2", "ANSWER: 2")]
     unjudged = Debate(stuck, limits=TeamLimits(patience=1)).run("x")
     assert unjudged.stop_reason is StopReason.NO_PROGRESS and unjudged.answer == "1"
+
+
+def test_a_failed_debater_is_left_out_of_the_broadcasts():
+    result = Debate([TeamMember("c", Broken()), agent("a", "ANSWER: 4"),
+                     agent("b", "ANSWER: 4")]).run("2 + 2?")
+    assert result.ok and result.answer == "4" and [f.agent for f in result.failures] == ["c"]
+    assert [m.recipients for m in result.messages] == [("b",), ("a",)]
+    assert result.agents["c"].received == 0
 
 
 def test_team_token_budget_stops_a_debate_that_never_ends():

@@ -50,6 +50,18 @@ def test_misspelt_binding_fails_before_any_work(tmp_path):
         main(["train", "--gin_file", "no_such_config", "--workdir", str(workdir)])
 
 
+def test_unclosed_bracket_and_mistyped_config_path_are_named(tmp_path):
+    workdir = tmp_path / "never"
+    with pytest.raises(ValueError, match=r"--gin_param 'train.steps=\[1'"):
+        main(["train", "--gin_file", "tiny", "--workdir", str(workdir),
+              "--gin_param", "train.steps=[1"])
+    # A path whose folder is not configs/ never falls back to the shipped file of that name.
+    with pytest.raises(FileNotFoundError, match="no_such_dir"):
+        main(["train", "--gin_file", str(tmp_path / "no_such_dir" / "tiny.gin"),
+              "--workdir", str(workdir)])
+    assert not workdir.exists()
+
+
 def _train_losses(workdir):
     return [(r["step"], r["loss"], r["grad_norm"]) for r in read_metrics(os.path.join(workdir, "metrics.jsonl"))
             if "loss" in r]

@@ -2,8 +2,9 @@
 
 Du et al. 2023, *Improving Factuality and Reasoning in Language Models through Multiagent
 Debate*: in round 1 every debater answers alone; in each later round it sees the others'
-previous answers and gives an updated one.  Every answer is broadcast to the other debaters, so
-n debaters and r rounds send n·r ``answer`` messages.
+previous answers and gives an updated one.  Every answer is broadcast to the other debaters
+still in (not to those excluded after a failure), so n debaters and r rounds send n·r ``answer``
+messages.
 
 The debate ends
 
@@ -67,7 +68,8 @@ class Debate(Pattern):
                 reply = team.turn(name, prompt)
                 replies.pop(name, None)
                 if reply is not None:
-                    team.send(name, [d for d in debaters if d != name], "answer", reply)
+                    team.send(name, [d for d in team.available(debaters) if d != name], "answer",
+                              reply)
                     replies[name] = reply
             if not replies:
                 return None, StopReason.AGENTS_FAILED, "every debater failed"

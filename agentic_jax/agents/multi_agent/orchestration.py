@@ -78,16 +78,18 @@ class OrchestratorWorkers(Pattern):
 
     def solve(self, team: Team, task: str, artifacts: dict[str, Any]) -> str | None:
         """Decompose, delegate, synthesise; ``None`` if the lead failed or no subtask was done.
-        Records ``[{subtask, worker, result}]`` under the lead's name in ``artifacts``."""
+        Appends ``{subtask, worker, result}`` per subtask under the lead's name in ``artifacts``."""
         names = ", ".join(w.lead if isinstance(w, OrchestratorWorkers) else w.name
                           for w in self.workers)
         plan = team.turn(self.lead, DECOMPOSE.format(task=task, workers=names))
         if plan is None:
             return None
-        records = artifacts.setdefault(self.lead, [])
+        # A sub-team may solve several subtasks: each synthesis reads only this call's records.
+        log, records = artifacts.setdefault(self.lead, []), []
         for i, subtask in enumerate(parse_plan(plan) or [task]):
             worker, result = self._delegate(team, task, subtask, i, artifacts)
             records.append({"subtask": subtask, "worker": worker, "result": result})
+            log.append(records[-1])
         if all(r["worker"] is None for r in records):
             return None
         results = "\n".join(f"{i}. {r['subtask']}: {r['result'] if r['worker'] else FAILED}"

@@ -27,6 +27,7 @@ to (``agentic-jax trace show`` renders them).
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -156,11 +157,30 @@ class TeamStop(Exception):
 
 
 class MemberTracker(BudgetTracker):
-    """A member's spend, charged to the team's tracker too: a call starts only if both allow."""
+    """A member's spend, charged to the team's tracker too: a call starts only if both allow.
+
+    Its wall time is that of its own turns: turns run one at a time, so the time since the team
+    started would charge a member for everyone else's turns too."""
 
     def __init__(self, budget: Budget, pricing: Pricing, team: BudgetTracker):
         super().__init__(budget, pricing, team.clock)
         self.team = team
+        self.spent_s, self.turn_start = 0.0, None
+
+    @property
+    def elapsed(self) -> float:
+        running = 0.0 if self.turn_start is None else self.clock() - self.turn_start
+        return self.spent_s + running
+
+    @contextlib.contextmanager
+    def timing(self):
+        """Counts the wall time of one turn."""
+        self.turn_start = self.clock()
+        try:
+            yield
+        finally:
+            self.spent_s += self.clock() - self.turn_start
+            self.turn_start = None
 
     def charge(self, usage: Usage) -> None:
         super().charge(usage)
@@ -226,7 +246,8 @@ class Team:
         run = Run(self.trackers[name], self.tracer.scoped(agent=name))
         agent = ReActAgent(member.policy, [*member.tools, *tools], sampling=dict(member.sampling))
         try:
-            outcome = agent.loop(run, prompt, system_prompt=member.system_prompt)
+            with self.trackers[name].timing():
+                outcome = agent.loop(run, prompt, system_prompt=member.system_prompt)
         except Exception as e:  # noqa: BLE001 - a broken member must not bring the team down
             outcome = Outcome(None, StopReason.POLICY_ERROR, f"{type(e).__name__}: {e}", [])
         if outcome.reason is StopReason.ANSWER:

@@ -1,0 +1,50 @@
+"""pass@k against the binomial closed form, bootstrap intervals against normal theory."""
+from fractions import Fraction
+from math import comb
+
+import numpy as np
+import pytest
+import scipy.stats
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentic_jax.eval import bootstrap_ci, pass_at_k
+
+
+@st.composite
+def counts(draw):
+    n = draw(st.integers(1, 60))
+    return n, draw(st.integers(0, n)), draw(st.integers(1, n))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(counts(), min_size=1, max_size=4))
+def test_pass_at_k_is_one_minus_the_binomial_ratio(problems):
+    # Chen et al. 2021, eq. 1, in exact arithmetic: 1 - C(n-c, k) / C(n, k).
+    for n, c, k in problems:
+        exact = 1 - Fraction(comb(n - c, k), comb(n, k))
+        assert pass_at_k(n, c, k) == pytest.approx(float(exact), abs=1e-12)
+    n, c, _ = map(np.array, zip(*problems))
+    k = int(n.min())
+    expected = [float(1 - Fraction(comb(a - b, k), comb(a, k))) for a, b in zip(n, c)]
+    np.testing.assert_allclose(pass_at_k(n, c, k), expected, atol=1e-12)
+    np.testing.assert_allclose(pass_at_k(n, c, 1), c / n, atol=1e-12)
+
+
+def test_pass_at_k_rejects_impossible_counts():
+    with pytest.raises(ValueError, match="0 <= c <= n"):
+        pass_at_k(5, 6, 1)
+    with pytest.raises(ValueError, match="at least k=3"):
+        pass_at_k([2, 10], [0, 1], 3)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        pass_at_k(5, 1, 0)
+
+
+def test_bootstrap_ci_matches_the_normal_interval_on_a_large_sample():
+    values = np.random.default_rng(1).normal(0.3, 1.0, 400)
+    half = scipy.stats.norm.ppf(0.975) * values.std(ddof=1) / np.sqrt(values.size)
+    mean, low, high = bootstrap_ci(values)
+    assert mean == pytest.approx(values.mean())
+    assert (low, high) == pytest.approx((mean - half, mean + half), abs=0.01)
+    # A constant difference has a zero-width interval (BCa is undefined there).
+    assert bootstrap_ci(np.arange(10) + 1, paired_with=np.arange(10)) == (1.0, 1.0, 1.0)
