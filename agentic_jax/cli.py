@@ -3,7 +3,7 @@
     agentic-jax train [--gin_file F]... [--gin_param P]... [--workdir DIR]
                       [--coordinator_address HOST:PORT --num_processes N --process_id I]
                       [--distributed]
-    agentic-jax tokenizer --workdir DIR [--gin_param train_tokenizer.vocab_size=4096]
+    agentic-jax tokenizer [--workdir DIR] [--files F...] [--gin_param train_tokenizer.vocab_size=4096]
     agentic-jax convert SRC DST --to native|hf
     agentic-jax generate --checkpoint DIR --prompt TEXT [--chat | --no-chat] [--temperature T]
                          [--top_p P] [--top_k K] [--max_tokens N] [--seed S] [--gin_param P]...

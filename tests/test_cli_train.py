@@ -1,4 +1,5 @@
 """`agentic-jax train` end to end: outputs, fail-fast config errors, exact kill-and-resume."""
+import contextlib
 import json
 import os
 import signal
@@ -74,24 +75,36 @@ def test_sigkill_and_resume_reproduces_the_uninterrupted_losses(tmp_path):
     straight, killed = str(tmp_path / "straight"), str(tmp_path / "killed")
     assert main(["train", "--gin_file", "tiny", "--workdir", straight, *_params(*extra)]) == 0
 
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     cmd = [sys.executable, "-m", "agentic_jax.cli", "train", "--gin_file", "tiny", "--workdir", killed,
            *_params(*extra)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics = os.path.join(killed, "metrics.jsonl")
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if len(read_metrics_safe(metrics)) >= 10:
-            break
-        time.sleep(0.01)
-    assert proc.poll() is None, "the run finished before it could be killed"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    with _running(cmd) as proc:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            if len(read_metrics_safe(metrics)) >= 10:
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, "the run finished before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
     killed_at = len(read_metrics_safe(metrics))
     assert killed_at < steps
 
     assert main(["train", "--gin_file", "tiny", "--workdir", killed, *_params(*extra)]) == 0
     assert _train_losses(killed) == _train_losses(straight)
+
+
+@contextlib.contextmanager
+def _running(cmd):
+    """A training subprocess, killed on the way out if a failed assertion left it running."""
+    proc = subprocess.Popen(cmd, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def read_metrics_safe(path):
@@ -110,15 +123,14 @@ def test_sigterm_stops_at_a_step_boundary_with_a_checkpoint(tmp_path):
              "train.eval_every=1000", "train.progress=False"]
     cmd = [sys.executable, "-m", "agentic_jax.cli", "train", "--gin_file", "tiny", "--workdir",
            workdir, *_params(*extra)]
-    proc = subprocess.Popen(cmd, env={**os.environ, "JAX_PLATFORMS": "cpu"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics = os.path.join(workdir, "metrics.jsonl")
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None and len(read_metrics_safe(metrics)) < 5:
-        time.sleep(0.01)
-    assert proc.poll() is None, "the run finished before it could be stopped"
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 130
+    with _running(cmd) as proc:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None and len(read_metrics_safe(metrics)) < 5:
+            time.sleep(0.01)
+        assert proc.poll() is None, "the run finished before it could be stopped"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 130
     logged = [r["step"] for r in read_metrics(metrics) if "loss" in r]
     saved = [int(s) for s in os.listdir(os.path.join(workdir, "checkpoints")) if s.isdigit()]
     # No periodic checkpoint was due: the one saved is the stop's, at the last step taken,

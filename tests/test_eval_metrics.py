@@ -38,6 +38,8 @@ def test_pass_at_k_rejects_impossible_counts():
         pass_at_k([2, 10], [0, 1], 3)
     with pytest.raises(ValueError, match="k must be >= 1"):
         pass_at_k(5, 1, 0)
+    with pytest.raises(ValueError, match="must be integers"):
+        pass_at_k(10, 2.5, 2)
 
 
 def test_bootstrap_ci_matches_the_normal_interval_on_a_large_sample():

@@ -12,6 +12,9 @@ def pass_at_k(n, c, k: int):
     ``1 - Π_{i=n-c+1}^{n} (1 - k/i)``, which never forms the huge binomials.
     """
     n, c = np.asarray(n), np.asarray(c)
+    if not all(np.issubdtype(a.dtype, np.integer) for a in (n, c, np.asarray(k))):
+        raise ValueError(f"n, c and k must be integers (counts of samples); got {n.dtype}, "
+                         f"{c.dtype} and {np.asarray(k).dtype}")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if np.any(c < 0) or np.any(c > n):
