@@ -145,15 +145,20 @@ def test_heldout_is_finite_ordered_and_complete(tokenizer, text_file, reference)
         np.testing.assert_array_equal(a["tokens"], b["tokens"])
 
 
-def test_shards_partition_the_pieces(tokenizer, text_file, reference):
-    packed = []
-    for shard in range(2):
-        ds = heldout_data(tokenizer, [text_file], seq_len=SEQ_LEN, batch_size=BATCH,
-                          shard_index=shard, shard_count=2)
-        shard_pieces = [p for b in ds for p in check_rows(b)]
+@pytest.mark.parametrize("shard_count", [2, 5])
+def test_shards_partition_the_pieces_into_equally_many_batches(tokenizer, text_file, reference,
+                                                              shard_count):
+    """Every host runs the same number of eval steps (a collective step would hang otherwise);
+    with 5 hosts the shares pack into 8 or 9 batches, so the short ones end in padding."""
+    packed, lengths = [], set()
+    for shard in range(shard_count):
+        batches = list(heldout_data(tokenizer, [text_file], seq_len=SEQ_LEN, batch_size=BATCH,
+                                    shard_index=shard, shard_count=shard_count))
+        shard_pieces = [p for b in batches for p in check_rows(b)]
         assert 0 < len(shard_pieces) < len(reference)
         packed += shard_pieces
-    assert sorted(packed) == reference
+        lengths.add(len(batches))
+    assert sorted(packed) == reference and len(lengths) == 1
 
 
 def test_tokenized_corpus_cache(tokenizer, text_file, tmp_path):
@@ -195,6 +200,21 @@ def test_loss_mask_follows_the_trained_targets():
     row = batch["loss_mask"][0]
     np.testing.assert_array_equal(row, np.r_[trained[1:], 1, 1, np.zeros(7, int)])
     assert (batch["segment_ids"][1] == 0).all()  # the padding row of the last batch.
+
+
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=12))
+def test_segment_ids_count_up_with_no_gaps(lengths):
+    """Examples of one id (no target) take no segment id; every other target is packed once."""
+    examples = [next_token_example(np.arange(1, n + 1) * 10 + i) for i, n in enumerate(lengths)]
+    batches = list(pack_batches(grain.MapDataset.source(examples).to_iter_dataset(), seq_len=8,
+                                batch_size=2, num_packing_bins=2, shuffle_bins=False))
+    segments = 0
+    for segment_ids in (row for b in batches for row in b["segment_ids"]):
+        ids = segment_ids[segment_ids > 0]
+        assert set(ids) == set(range(1, len(set(ids)) + 1)) and (np.diff(ids) >= 0).all()
+        segments += len(set(ids))
+    assert segments == sum(n > 1 for n in lengths)
+    assert sum(int(b["loss_mask"].sum()) for b in batches) == sum(n - 1 for n in lengths)
 
 
 @pytest.mark.parametrize("trained", [[1] * 9, [1] * 7])

@@ -82,6 +82,41 @@ def test_cartpole_physics():
     np.testing.assert_allclose(mirrored, -obs, atol=1e-7)
 
 
+def _cartpole_reference_step(physics, action):
+    """One Euler step of Barto, Sutton & Anderson (1983), eqs. (frictionless), in float64 with
+    Gym's CartPole-v1 constants; ``length`` is the pole's half-length, as in the paper."""
+    gravity, mass_cart, mass_pole, length, force_mag, tau = 9.8, 1.0, 0.1, 0.5, 10.0, 0.02
+    x, x_dot, theta, theta_dot = physics
+    force = force_mag if action == 1 else -force_mag
+    total = mass_cart + mass_pole
+    theta_acc = (gravity * np.sin(theta) + np.cos(theta) * (
+        (-force - mass_pole * length * theta_dot**2 * np.sin(theta)) / total)) / (
+        length * (4 / 3 - mass_pole * np.cos(theta)**2 / total))
+    x_acc = (force + mass_pole * length * (theta_dot**2 * np.sin(theta) - theta_acc * np.cos(theta))) / total
+    physics = np.array([x + tau * x_dot, x_dot + tau * x_acc, theta + tau * theta_dot, theta_dot + tau * theta_acc])
+    terminated = abs(physics[0]) > 2.4 or abs(physics[2]) > 12 * 2 * np.pi / 360
+    return physics, terminated
+
+
+def test_cartpole_follows_the_classic_equations_under_random_actions():
+    env = CartPole()
+    step = jax.jit(env.step_env)
+    rng = np.random.default_rng(0)
+    for episode in range(6):
+        obs, state = env.reset(jax.random.key(episode))
+        physics, steps = np.asarray(obs, np.float64), 0
+        while True:
+            action = int(rng.integers(2))
+            obs, state, reward, terminated, _, _ = step(jax.random.key(0), state, action, env.default_params)
+            physics, done = _cartpole_reference_step(physics, action)
+            np.testing.assert_allclose(obs, physics, rtol=1e-4, atol=1e-5)
+            assert bool(terminated) == done and float(reward) == 1.0
+            steps += 1
+            if done:
+                break
+        assert steps > 5
+
+
 def test_cartpole_random_policy_episode_length_and_time_limit():
     env = envs.EpisodeStatistics(CartPole())
     tr = jax.jit(envs.rollout, static_argnums=(0, 1, 4, 5))(

@@ -45,3 +45,11 @@ def test_pgx_tic_tac_toe_self_play_view():
     assert float(info["rewards"][1 - first]) == -1.0
     assert int(info["final_observation"].sum()) == 5 and int(obs.sum()) == 0  # auto-reset to an empty board
     assert bool(info["legal_action_mask"].shape == (9,))
+
+
+def test_pgx_board_observations_are_a_bounded_space_of_zeros_and_ones():
+    pytest.importorskip("pgx")
+    space = envs.PgxEnv("tic_tac_toe").observation_space()
+    assert space.dtype == jnp.bool_ and (space.low == 0).all() and (space.high == 1).all()
+    samples = jax.vmap(space.sample)(jax.random.split(jax.random.key(0), 64))
+    assert samples.dtype == jnp.bool_ and 0.3 < float(samples.mean()) < 0.7  # not all True

@@ -132,3 +132,17 @@ def test_hard_tasks_stay_within_the_calculator_and_their_demonstrations_earn_the
         assert abs(task.value) <= calculator.INT_MAX
         assert not [m.content for m in task.demonstration if m.role == "tool" and m.content.startswith("error")]
         assert generator.reward.host(task.demonstration[-1].content, task) == pytest.approx(generator.reward.max_value)
+
+
+@pytest.mark.parametrize("order", [1, -1])
+def test_a_mixed_env_keeps_the_calculator_every_family_needs(tokenizer, order):
+    """Countdown(10)'s solutions pass the 48 bytes of Arithmetic's calculator: the merged tool still runs them."""
+    generators = [Arithmetic(1), Countdown(10)][::order]
+    env = task_env(tokenizer, generators, range(2), max_length=640, action_length=ACTION)
+    (tool,) = env.tools
+    calls = [(m.tool_calls[0].arguments["expression"], result.content, task) for task in Countdown(10).tasks(range(2))
+             for m, result in zip(task.demonstration, task.demonstration[1:]) if m.tool_calls]
+    assert max(len(expression) for expression, _, _ in calls) > 48
+    assert all(tool.run_host(expression, task) == content for expression, content, task in calls)
+    with pytest.raises(ValueError, match="differently"):
+        task_env(tokenizer, [MultiHop(1, tool="search"), MultiHop(1, tool="search", top_k=3)], range(1))

@@ -48,6 +48,17 @@ def test_special_tokens_are_single_ids(tokenizer, text, special):
     assert tokenizer.decode(ids) == text + special + text
 
 
+@given(st.lists(st.text(st.characters(codec="utf-8"), max_size=10) | st.sampled_from(SPECIAL_TOKENS),
+                max_size=6))
+def test_plain_encoding_spells_special_token_strings_as_text(tokenizer, pieces):
+    """Text from outside the template (tool output) cannot forge a turn boundary or a tool call."""
+    text = "".join(pieces)
+    ids = tokenizer.encode(text, special=False)
+    assert not set(ids) & set(tokenizer.special_ids.values())
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.encode(text) == tokenizer.backend.encode(text, add_special_tokens=False).ids
+
+
 def test_special_ids_bos_eos_pad(tokenizer):
     assert tokenizer.special_ids == {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     assert (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id) == (0, 1, 2)

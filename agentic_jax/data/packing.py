@@ -9,7 +9,7 @@ that for text; the SFT trainer truncates or drops long conversations).
 Batch features, all int32 ``[batch_size, seq_len]``:
 
 * ``tokens``, ``targets``: model input and next-token labels, 0 on padding;
-* ``segment_ids``: 1, 2, ... for the examples packed in a row, 0 on padding;
+* ``segment_ids``: 1, 2, ... (consecutive) for the examples packed in a row, 0 on padding;
 * ``positions``: position within the example, restarting at 0 in each segment;
 * ``loss_mask``: 1 where the target is trained on (0 on padding and masked-out targets).
 """
@@ -49,15 +49,24 @@ def _batch_features(row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return features
 
 
+def padding_batch(batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
+    """A batch of padding rows only: every feature 0, as ``pack_batches`` fills its last batch."""
+    return {name: np.zeros((batch_size, seq_len), np.int32)
+            for name in _PACKED + ("segment_ids", "positions")}
+
+
 def pack_batches(examples: grain.IterDataset, *, seq_len: int, batch_size: int,
                  num_packing_bins: int, seed: int = 0,
                  shuffle_bins: bool = True) -> grain.IterDataset:
     """First-fit packs ``next_token_example`` dicts into rows, then batches the rows.
 
     ``num_packing_bins`` rows are filled at once (more bins, less padding).  If the stream ends,
-    its last batch is filled up with all-padding rows: no example is dropped and every batch
-    has the same shape (no recompilation).
+    its last batch is filled up with all-padding rows: no target is dropped and every batch
+    has the same shape (no recompilation).  Examples without targets (from fewer than two ids)
+    are skipped: packed, they would take a segment id but no position, and the ids of the row
+    would skip a number.
     """
+    examples = examples.filter(lambda example: len(example["targets"]) > 0)
     rows = grain.experimental.FirstFitPackIterDataset(
         examples, length_struct={name: seq_len for name in _PACKED},
         num_packing_bins=num_packing_bins, seed=seed, shuffle_bins=shuffle_bins)

@@ -25,7 +25,7 @@ import grain
 import numpy as np
 
 from agentic_jax.data.corpus import corpus_files
-from agentic_jax.data.packing import next_token_example, pack_batches
+from agentic_jax.data.packing import next_token_example, pack_batches, padding_batch
 from agentic_jax.data.tokenized_corpus import TokenizedCorpus, tokenize_files
 from agentic_jax.data.tokenizer import Tokenizer, load_tokenizer
 
@@ -49,13 +49,12 @@ class _Pieces:
 
 
 def _pieces(tokenizer: Tokenizer | str | os.PathLike, files: Sequence[str] | None, split: str,
-            seq_len: int, cache_dir: str | os.PathLike | None, shard_index: int,
-            shard_count: int) -> grain.MapDataset:
+            seq_len: int, cache_dir: str | os.PathLike | None) -> grain.MapDataset:
     if not isinstance(tokenizer, Tokenizer):
         tokenizer = load_tokenizer(tokenizer)
     files = corpus_files(split) if files is None else list(files)
     corpus = tokenize_files(tokenizer, files, cache_dir=cache_dir)
-    return grain.MapDataset.source(_Pieces(corpus, seq_len))[shard_index::shard_count]
+    return grain.MapDataset.source(_Pieces(corpus, seq_len))
 
 
 @gin.configurable("train_data")
@@ -72,7 +71,7 @@ def train_data(tokenizer: Tokenizer | str | os.PathLike, files: Sequence[str] | 
     ``shard_index`` of ``shard_count`` reads a disjoint share of the pieces.  A background thread
     keeps ``prefetch`` batches ready (0 disables it).
     """
-    pieces = _pieces(tokenizer, files, "train", seq_len, cache_dir, shard_index, shard_count)
+    pieces = _pieces(tokenizer, files, "train", seq_len, cache_dir)[shard_index::shard_count]
     examples = pieces.shuffle(seed).repeat(num_epochs).to_iter_dataset(_IN_MEMORY)
     batches = pack_batches(examples, seq_len=seq_len, batch_size=batch_size, seed=seed,
                            num_packing_bins=num_packing_bins or 4 * batch_size)
@@ -90,9 +89,22 @@ def heldout_data(tokenizer: Tokenizer | str | os.PathLike, files: Sequence[str] 
     """One pass over the held-out documents in a fixed order; re-iterable for every evaluation.
 
     Every held-out target is in exactly one batch; the last batch is filled up with padding
-    rows (``loss_mask`` 0) so all batches share one shape.
+    rows (``loss_mask`` 0) so all batches share one shape.  With several hosts, host
+    ``shard_index`` packs its share of the pieces, and hosts whose shares pack into fewer batches
+    than the largest end with all-padding batches: every host runs the same number of eval
+    steps, as a collective eval step needs.  (Each host packs every share once here to count.)
     """
-    pieces = _pieces(tokenizer, files, "heldout", seq_len, cache_dir, shard_index, shard_count)
-    return pack_batches(pieces.to_iter_dataset(_IN_MEMORY), seq_len=seq_len,
-                        batch_size=batch_size, num_packing_bins=num_packing_bins or 4 * batch_size,
-                        shuffle_bins=False)
+    pieces = _pieces(tokenizer, files, "heldout", seq_len, cache_dir)
+
+    def packed(shard: int) -> grain.IterDataset:
+        return pack_batches(pieces[shard::shard_count].to_iter_dataset(_IN_MEMORY), seq_len=seq_len,
+                            batch_size=batch_size,
+                            num_packing_bins=num_packing_bins or 4 * batch_size, shuffle_bins=False)
+
+    batches = packed(shard_index)
+    if shard_count == 1:
+        return batches
+    counts = [sum(1 for _ in packed(shard)) for shard in range(shard_count)]
+    padding = grain.MapDataset.source(
+        [padding_batch(batch_size, seq_len)] * (max(counts) - counts[shard_index])).to_iter_dataset()
+    return grain.experimental.InterleaveIterDataset([batches, padding], cycle_length=1)  # chained

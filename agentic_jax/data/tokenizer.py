@@ -6,6 +6,7 @@ token and decodes back exactly.  The special tokens cover sequence boundaries, C
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -86,10 +87,24 @@ class Tokenizer:
                 raise ValueError(f"this tokenizer has no {name} token")
         return [self.bos_id] * add_bos + ids + [self.eos_id] * add_eos
 
-    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
-        """Token ids of ``text``; special-token strings in it become their special ids."""
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False,
+               special: bool = True) -> list[int]:
+        """Token ids of ``text``; special-token strings in it become their special ids.
+
+        ``special=False`` spells them as plain text instead: for text from outside the template
+        (a tool's output), where a ``<|im_end|>`` must not forge a turn boundary.
+        """
+        backend = self.backend if special else self._plain_backend
+        ids = backend.encode(text, add_special_tokens=False).ids
         return self._wrap(ids, add_bos, add_eos)
+
+    @functools.cached_property
+    def _plain_backend(self) -> tokenizers.Tokenizer:
+        """A copy of the backend that encodes special-token strings as text (a copy: flipping the
+        shared backend's setting would race with ``encode`` calls on other threads)."""
+        plain = tokenizers.Tokenizer.from_str(self.backend.to_str())
+        plain.encode_special_tokens = True
+        return plain
 
     def encode_batch(self, texts: Sequence[str], *, add_bos: bool = False,
                      add_eos: bool = False) -> list[list[int]]:

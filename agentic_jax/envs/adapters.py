@@ -105,6 +105,8 @@ class PgxEnv(Env):
 
     def observation_space(self, params=None):
         obs = jax.eval_shape(self.env.init, jax.random.key(0)).observation
+        if obs.dtype == jnp.bool_:  # board planes (most pgx games): samples must be boards of 0s and 1s
+            return spaces.Box(0, 1, obs.shape, obs.dtype)
         return spaces.Box(-jnp.inf, jnp.inf, obs.shape, obs.dtype)
 
     def action_space(self, params=None):

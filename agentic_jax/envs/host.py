@@ -192,7 +192,7 @@ class HostTextEnv:
                 reward[i] = self.reward.host(content, self.tasks[state.task[i]])
                 continue
             closing = [] if actions[i, length - 1] == self.im_end_id else [self.im_end_id]
-            message = closing + self.head + self.tokenizer.encode(result_of[i]) + self.tail
+            message = closing + self.head + self.tokenizer.encode(result_of[i], special=False) + self.tail
             fits = state.length[i] + len(message) + self.action_length <= self.max_length
             if fits:
                 state.tokens[i, state.length[i]:state.length[i] + len(message)] = message

@@ -104,7 +104,8 @@ class Box(Space):
                                      jnp.where(bounded, high, 1.0))
         normal = jax.random.normal(key_normal, self.shape, jnp.float32)
         x = jnp.where(bounded, uniform, jnp.clip(normal, low, high))
-        return (jnp.round(x) if jnp.issubdtype(self.dtype, jnp.integer) else x).astype(self.dtype)
+        discrete = jnp.issubdtype(self.dtype, jnp.integer) or self.dtype == jnp.bool_
+        return (jnp.round(x) if discrete else x).astype(self.dtype)
 
     def contains(self, x):
         x = jnp.asarray(x)

@@ -109,12 +109,11 @@ class TextEnv(Env):
 
     def __init__(self, tokenizer: Tokenizer, tasks: Sequence[Task] | TaskBank, reward: Reward, *,
                  tools: Sequence[Tool] = (), max_length: int = 512, action_length: int = 96, max_turns: int = 4,
-                 payload_bytes: int = 192, answer_bytes: int | None = None, bank_sizes: dict | None = None):
+                 payload_bytes: int | None = None, answer_bytes: int | None = None, bank_sizes: dict | None = None):
         if len({t.name for t in tools}) != len(tools):
             raise ValueError("tool names must be unique")
         self.tokenizer, self.reward, self.tools = tokenizer, reward, tuple(tools)
         self.max_length, self.action_length, self.max_turns = max_length, action_length, max_turns
-        self.payload_bytes = payload_bytes
         self.bank_sizes = dict(bank_sizes or {})
         search = [t for t in self.tools if isinstance(t, Search)]
         if search:
@@ -124,7 +123,11 @@ class TextEnv(Env):
         self.vocab = Vocab.build(tokenizer)
         # The verifier sees only the first `answer_bytes` of a turn; by default every turn fits, so a
         # long turn (thinking, then the answer) is scored as on the host, not cut to a zero reward.
-        self.answer_bytes = action_length * self.vocab.token_bytes.shape[1] if answer_bytes is None else answer_bytes
+        turn_bytes = action_length * self.vocab.token_bytes.shape[1]
+        self.answer_bytes = turn_bytes if answer_bytes is None else answer_bytes
+        # Likewise every call payload fits by default: a call that did not would be malformed here but
+        # parsed on the host; an argument past the tool's own `argument_bytes` is the tool's error in both.
+        self.payload_bytes = turn_bytes if payload_bytes is None else payload_bytes
         self.im_end_id = tokenizer.token_id(IM_END)
         self.head, self.tail = tool_message_template(tokenizer)
         self.malformed = tokenizer.encode(MALFORMED)

@@ -98,14 +98,20 @@ def task_env(tokenizer: Tokenizer, generators: Generator | Sequence[Generator], 
 
     Several generators make one multi-task env: the union of their tools
     (by name) and a `ByFamily` reward that scores each task with its own
-    family's verifier.
+    family's verifier.  Tools of one name may differ only in
+    ``argument_bytes``; the longest limit is kept, so that every family's
+    demonstrations still fit (a hard `Countdown` needs a longer calculator
+    input than `Arithmetic`).
     """
     generators = [generators] if isinstance(generators, Generator) else list(generators)
     seeds = list(seeds)
     tools = {}
-    for g in generators:
-        for tool in g.tools:
-            tools.setdefault(tool.name, tool)
+    for tool in (t for g in generators for t in g.tools):
+        kept = tools.setdefault(tool.name, tool)
+        if type(kept) is not type(tool) or {**vars(kept), "argument_bytes": 0} != {**vars(tool), "argument_bytes": 0}:
+            raise ValueError(f"generators define the tool {tool.name!r} differently")
+        if tool.argument_bytes > kept.argument_bytes:
+            tools[tool.name] = tool
     rewards = {g.family: g.reward for g in generators}
     kwargs.setdefault("max_turns", max(g.max_turns for g in generators))
     return TextEnv(tokenizer, [t for g in generators for t in g.tasks(seeds)],

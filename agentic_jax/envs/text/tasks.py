@@ -184,10 +184,11 @@ def build_bank(tasks: Sequence[Task], tokenizer: Tokenizer, *, prompt_tokens: in
     answers = [list(t.answer.encode()) for t in tasks]
     keys, key_length = _pad_groups([[list(k.encode()) for k, _ in t.facts] for t in tasks], max_facts, key_bytes,
                                    np.uint8, "fact keys")
-    values, value_length = _pad_groups([[tokenizer.encode(v) for _, v in t.facts] for t in tasks], max_facts,
-                                       value_tokens, np.int32, "fact values")
-    docs, doc_length = _pad_groups([[tokenizer.encode(d) for d in t.documents] for t in tasks], max_documents,
-                                   doc_tokens, np.int32, "documents")
+    # Fact values and documents are tool output: plain text, as the host env encodes it.
+    values, value_length = _pad_groups([[tokenizer.encode(v, special=False) for _, v in t.facts] for t in tasks],
+                                       max_facts, value_tokens, np.int32, "fact values")
+    docs, doc_length = _pad_groups([[tokenizer.encode(d, special=False) for d in t.documents] for t in tasks],
+                                   max_documents, doc_tokens, np.int32, "documents")
     return TaskBank(
         prompt=_pad(prompts, prompt_tokens, np.int32, "prompt"),
         prompt_length=np.asarray([len(p) for p in prompts], np.int32),
