@@ -2,7 +2,7 @@
 import pytest
 
 from agentic_jax.agents import (AssistantMessage, Budget, Evaluation, GenerateVerifyRetry,
-                                LoopDetector, PlanAndExecute, Pricing, ReActAgent,
+                                HTTPPolicy, LoopDetector, PlanAndExecute, Pricing, ReActAgent,
                                 ReflectionMemory, Reflexion, RetryPolicy, ScriptedPolicy,
                                 StopReason, ToolExecutor, TransientToolError, tool)
 from agentic_jax.agents.builtin_tools import calculator
@@ -37,6 +37,19 @@ def test_a_repeated_identical_call_is_redirected_then_stopped():
     assert len(policy.calls) == 3
     decisions = [e["decision"] for e in result.trace if e["kind"] == "decision"]
     assert decisions == ["redirect", "stop"]
+
+
+def test_a_stop_midway_through_a_turn_still_answers_every_call():
+    turn = {"tool_calls": [{"name": "calculator", "arguments": {"expression": e}}
+                           for e in ("1 + 1", "1 + 1", "2 + 2")]}
+    result = ReActAgent(ScriptedPolicy([turn]), [calculator],
+                        loop_detector=LoopDetector(redirects=0)).run("add")
+    assert result.stop_reason is StopReason.REPEATED_CALL
+    # A valid history to continue from: each call is followed by its result.
+    assert [m.role for m in result.messages] == ["user", "assistant", "tool", "tool", "tool"]
+    assert result.messages[2].content == "2"
+    assert [e["kind"] for e in result.trace].count("tool_call") == 1  # only the first ran
+    assert all(m.content.startswith("error: not run") for m in result.messages[3:])
 
 
 def test_a_redirected_agent_that_changes_course_goes_on():
@@ -132,6 +145,25 @@ def test_approval_gates_block_dangerous_tools():
     assert [m.content for m in result.messages if m.role == "tool"] == [
         "error: the call to 'send_money' was not approved"]
     assert result.ok  # the model heard "no" and answered
+
+
+def test_malformed_tool_call_json_from_a_server_is_an_error_the_model_sees():
+    cut_off = '{"expression": "17 * 2'  # a call cut off at the token limit: not JSON
+    replies = [{"tool_calls": [{"id": "a", "type": "function", "function": {
+        "name": "calculator", "arguments": cut_off}}]}, {"content": "34"}]
+    bodies = []
+    policy = HTTPPolicy("http://unused/v1", "m")
+    policy._post = lambda body: bodies.append(body) or {
+        "choices": [{"message": replies[len(bodies) - 1], "finish_reason": "stop"}]}
+    result = ReActAgent(policy, [calculator]).run("What is 17 * 2?")
+    assert result.ok and result.answer == "34"
+    [event] = [e for e in result.trace if e["kind"] == "tool_call"]
+    assert event["status"] == "invalid_arguments" and event["arguments"] == cut_off
+    assert result.messages[2].content.startswith("error: arguments must be a JSON object")
+    # The model's own call goes back as it wrote it, answered by the error.
+    call, answer = bodies[1]["messages"][-2:]
+    assert call["tool_calls"][0]["function"]["arguments"] == cut_off
+    assert answer["tool_call_id"] == call["tool_calls"][0]["id"]
 
 
 def test_a_policy_failure_stops_with_its_reason():

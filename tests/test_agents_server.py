@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -16,9 +17,10 @@ import jsonschema
 import pytest
 
 from agentic_jax.agents import Budget, HTTPPolicy, PolicyError, ReActAgent, StopReason, tool
-from agentic_jax.agents.chat_model import ChatModel, EngineLoop, TextStream
+from agentic_jax.agents.chat_model import (ChatModel, EngineLoop, Generation, RequestError,
+                                            TextStream)
 from agentic_jax.agents.jax_policy import JaxPolicy
-from agentic_jax.agents.server import OpenAIServer
+from agentic_jax.agents.server import PROMPT_THREADS, OpenAIServer
 from agentic_jax.cli import main
 from agentic_jax.data.chat import Message
 from agentic_jax.inference.engine import Engine, EngineConfig
@@ -84,6 +86,9 @@ def test_jax_policy_tool_calls_always_parse_and_fit_the_schema(model):
         assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 2
     free = policy.respond([Message("user", "Hi")], [weather], max_tokens=4)
     assert free.finish_reason in ("stop", "length", "tool_calls") and free.usage.prompt_tokens > 0
+    # No tools left to require (all cut off, say): a plain turn, as HTTPPolicy asks for one.
+    reply = policy.respond([Message("user", "Hi")], tool_choice="required", max_tokens=2)
+    assert reply.finish_reason in ("stop", "length") and not reply.tool_calls
     with pytest.raises(PolicyError, match="max_model_len"):
         policy.respond([Message("user", "word " * 1200)])
 
@@ -127,6 +132,11 @@ def test_models_and_api_errors(server, client):
         client.chat.completions.create(
             model=MODEL, messages=MESSAGES, tools=[weather.spec.openai()],
             tool_choice={"type": "function", "function": {"name": "nope"}})
+    for tools, choice in [([weather.spec.openai()], {"type": "function", "function": "weather"}),
+                          (None, "required")]:  # malformed; nothing to call
+        with pytest.raises(openai.BadRequestError, match="tool_choice"):
+            client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=tools,
+                                           tool_choice=choice)
     for path, body, status in [("/chat/completions", b"{not json", 400),
                                ("/chat/completions", b'{"model": "tiny"}', 400),
                                ("/nowhere", b"{}", 404), ("/models", b"{}", 405)]:
@@ -135,6 +145,67 @@ def test_models_and_api_errors(server, client):
             urllib.request.urlopen(request, timeout=30)
         assert error.value.code == status
         assert set(json.loads(error.value.read())["error"]) == {"message", "type", "param", "code"}
+
+
+class _Completer:
+    """A stand-in for ChatModel where only the HTTP layer is tested: ``complete`` echoes the
+    prompt, or raises what ``errors`` maps it to."""
+
+    def __init__(self, errors=None, delay_s=0.0):
+        self.errors, self.delay_s = errors or {}, delay_s
+        self.running = self.peak = 0
+        self.lock = threading.Lock()
+
+    def complete(self, prompt, params, on_text=None):
+        with self.lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        time.sleep(self.delay_s)
+        with self.lock:
+            self.running -= 1
+        if prompt in self.errors:
+            raise self.errors[prompt]
+        return Generation(prompt, (), "stop", 1, 1)
+
+
+def _post(server, body: dict):
+    request = urllib.request.Request(server.url + "/completions", json.dumps(body).encode(),
+                                     method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_a_long_prompt_list_runs_on_a_bounded_pool():
+    model = _Completer(delay_s=0.02)
+    prompts = [f"p{i}" for i in range(3 * PROMPT_THREADS)]
+    with OpenAIServer(model, model_name=MODEL) as server:
+        status, body = _post(server, {"model": MODEL, "prompt": prompts})
+    assert status == 200 and [c["text"] for c in body["choices"]] == prompts
+    assert 1 < model.peak <= PROMPT_THREADS
+
+
+def test_request_errors_are_400s_and_internal_errors_500s():
+    model = _Completer({"bad": RequestError("too long"), "bug": ValueError("an internal bug")})
+    with OpenAIServer(model, model_name=MODEL) as server:
+        assert _post(server, {"model": MODEL, "prompt": "bad"})[0] == 400
+        status, body = _post(server, {"model": MODEL, "prompt": "bug"})
+        assert status == 500 and body["error"]["type"] == "server_error"
+        assert _post(server, {"model": MODEL, "prompt": "ok", "stop": [""]})[0] == 400
+
+
+@pytest.mark.parametrize("length", ["-1", "ten"])
+def test_an_invalid_content_length_is_a_400_that_closes_the_connection(length):
+    with OpenAIServer(_Completer(), model_name=MODEL) as server:
+        with socket.create_connection(server.httpd.server_address[:2], timeout=10) as s:
+            s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {length}"
+                      f"\r\n\r\n".encode())
+            response = b""
+            while chunk := s.recv(4096):  # ends when the server closes the connection
+                response += chunk
+    assert response.startswith(b"HTTP/1.1 400") and b"Connection: close" in response
 
 
 def test_chat_with_tools_then_a_tool_result(client):

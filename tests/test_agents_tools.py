@@ -192,6 +192,24 @@ def test_a_tool_that_stays_down_is_cut_off_and_no_longer_advertised():
     assert executor.execute(ToolCall("flaky", {"x": 1})).status == "failed" and len(calls) == 6
 
 
+def test_refusals_are_answers_and_never_open_the_circuit():
+    calls = []
+
+    @tool
+    def picky(x: int) -> int:
+        """Refuses odd numbers."""
+        calls.append(x)
+        if x % 2:
+            raise ToolError("odd numbers are refused")
+        return x
+
+    executor = ToolExecutor([picky], failure_threshold=2, sleep=lambda s: None)
+    for _ in range(5):
+        refused = executor.execute(ToolCall("picky", {"x": 1}))
+        assert (refused.status, refused.content) == ("failed", "error: odd numbers are refused")
+    assert [t.name for t in executor.available()] == ["picky"] and len(calls) == 5
+
+
 def test_timeouts_bound_each_attempt():
     release = threading.Event()
 

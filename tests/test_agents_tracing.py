@@ -1,5 +1,7 @@
 """Tracing, golden-trajectory regression, and the agent/trace CLI verbs on a scripted policy."""
+import concurrent.futures
 import json
+import sys
 
 import gin
 import pytest
@@ -51,6 +53,24 @@ def test_events_are_jsonl_with_tokens_latency_and_cost(tmp_path):
     assert end["stop_reason"] == "answer" and end["total_tokens"] == result.usage.total_tokens
     text = render(events)
     assert "-> search" in text and "tool   calculator ok" in text and "stop: answer" in text
+
+
+@pytest.fixture
+def frequent_thread_switches():
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # races show up at once
+    yield
+    sys.setswitchinterval(interval)
+
+
+def test_scoped_views_in_threads_number_events_uniquely_in_file_order(tmp_path,
+                                                                       frequent_thread_switches):
+    tracer = Tracer(tmp_path / "trace.jsonl", otel=False)
+    views = [tracer.scoped(agent=f"a{i}") for i in range(4)]
+    with concurrent.futures.ThreadPoolExecutor(len(views)) as pool:  # as graph.parallel runs
+        list(pool.map(lambda view: [view.emit("decision", step=k) for k in range(200)], views))
+    assert [e["seq"] for e in tracer.events] == list(range(800))
+    assert [e["seq"] for e in load(tmp_path / "trace.jsonl")] == list(range(800))
 
 
 def test_opentelemetry_spans_when_installed():

@@ -1,10 +1,13 @@
 """ChatML template: render/parse are inverse, and the assistant mask covers exactly the replies."""
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentic_jax.data.chat import (Message, ToolCall, parse, parse_assistant, render, render_ids)
+from agentic_jax.data.chat import (Message, ToolCall, as_message, parse, parse_assistant, render,
+                                   render_ids)
 from agentic_jax.data.corpus import corpus_files
 from agentic_jax.data.tokenizer import IM_END, SPECIAL_TOKENS, train_tokenizer
 
@@ -15,8 +18,10 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
                                                                max_size=3),
     max_leaves=6)
+json_objects = st.dictionaries(st.text(max_size=8), json_values, max_size=3)
+# Text arguments: JSON objects (parsed) or what a model wrote that is none (kept as text).
 tool_calls = st.builds(ToolCall, st.text(min_size=1, max_size=12),
-                       st.dictionaries(st.text(max_size=8), json_values, max_size=3))
+                       json_objects | json_objects.map(json.dumps) | st.text(max_size=12))
 messages = st.one_of(
     st.builds(Message, st.sampled_from(["system", "user", "tool"]), plain_text),
     st.builds(Message, st.just("assistant"), plain_text,
@@ -79,6 +84,19 @@ def test_generation_prompt_is_a_prefix_of_the_training_ids(tokenizer):
     assert mask[:len(prompt)].sum() == 0 and mask[len(prompt):-1].all() and mask[-1] == 0
     generated = tokenizer.decode(full[len(prompt):-1])
     assert parse_assistant(generated) == reply
+
+
+@given(st.text(min_size=1, max_size=12), json_objects)
+def test_openai_style_json_text_arguments_are_parsed(name, arguments):
+    wire = {"role": "assistant", "tool_calls": [{"name": name, "arguments": json.dumps(arguments)}]}
+    assert as_message(wire) == Message("assistant", "", (ToolCall(name, arguments),))
+
+
+def test_arguments_that_are_no_json_object_stay_text():
+    for text in ('{"city": "Os', "[1, 2]", "null"):
+        conversation = [Message("assistant", "", (ToolCall("f", text),))]
+        assert parse(render(conversation)) == conversation
+        assert conversation[0].tool_calls[0].arguments == text
 
 
 def test_parse_assistant_accepts_model_whitespace():

@@ -50,6 +50,11 @@ MIN_CALL_PROMPT = 256
 CACHED_CONSTRAINTS = 32  # tool sets whose automata are kept (a server sees many)
 
 
+class RequestError(ValueError):
+    """The request itself is invalid (content, tools, ``tool_choice``, length), as opposed to a
+    failure of the model or of this code: a server answers it with a 400, not a 500."""
+
+
 def tools_system_prompt(specs: Sequence[ToolSpec]) -> str:
     """The tool section of the system message: how to call, then one JSON line per tool."""
     lines = [json.dumps({"name": s.name, "description": s.description, "parameters": s.parameters},
@@ -81,6 +86,26 @@ def sampling_params(*, temperature: float = 1.0, top_p: float = 1.0, top_k: int 
                           max_tokens=max_tokens or default_max_tokens, seed=seed,
                           stop_strings=stops, frequency_penalty=frequency_penalty,
                           presence_penalty=presence_penalty)
+
+
+def _chosen_tools(specs: list[ToolSpec], tool_choice: str | Mapping) -> list[ToolSpec]:
+    """The tools a turn may call under ``tool_choice``, checked as the OpenAI API checks it."""
+    if isinstance(tool_choice, Mapping):
+        function = tool_choice.get("function", tool_choice)
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if not isinstance(name, str):
+            raise RequestError("tool_choice must name a function as {'type': 'function', "
+                               f"'function': {{'name': ...}}}}, got {tool_choice!r}")
+        chosen = [s for s in specs if s.name == name]
+        if not chosen:
+            raise RequestError(f"tool_choice names {name!r}, which is not among the tools")
+        return chosen
+    if tool_choice not in ("auto", "none", "required"):
+        raise RequestError(f"tool_choice must be auto, none, required or a function, "
+                           f"got {tool_choice!r}")
+    if tool_choice == "required" and not specs:
+        raise RequestError("tool_choice is required, but no tools were given")
+    return [] if tool_choice == "none" else specs
 
 
 class TextStream:
@@ -247,10 +272,16 @@ class ChatModel:
                 finish = event.completion.finish_reason
         return tokens, stream.text, finish
 
+    def _check_length(self, prompt: Sequence[int]) -> None:
+        if not 0 < len(prompt) < self.engine.max_model_len:
+            raise RequestError(f"the prompt has {len(prompt)} tokens; it must have at least one "
+                               f"and fewer than max_model_len={self.engine.max_model_len}")
+
     def complete(self, prompt: str, params: SamplingParams,
                  on_text: Callable[[str], None] | None = None) -> Generation:
         """A raw completion of ``prompt`` (``/v1/completions``)."""
         ids = self.encode(prompt)
+        self._check_length(ids)
         eos = self.tokenizer.eos_id
         params = dataclasses.replace(params, stop_token_ids=() if eos is None else (eos,))
         tokens, text, finish = self._stream(ids, params, on_text)
@@ -258,25 +289,21 @@ class ChatModel:
 
     # ----------------------------------------------------------------------------- chat
     def prompt_ids(self, messages: Sequence[Message], specs: Sequence[ToolSpec] = ()) -> list[int]:
-        return render_ids(with_tools(messages, specs), self.tokenizer, add_generation_prompt=True,
-                          add_bos=self.tokenizer.bos_id is not None).ids.tolist()
+        try:  # the template rejects reserved tokens in content, unknown roles, misplaced calls
+            rendered = render_ids(with_tools(messages, specs), self.tokenizer,
+                                  add_generation_prompt=True,
+                                  add_bos=self.tokenizer.bos_id is not None)
+        except ValueError as e:
+            raise RequestError(str(e)) from None
+        return rendered.ids.tolist()
 
     def chat(self, messages: Sequence[Message], specs: Sequence[ToolSpec] = (), *,
              tool_choice: str | Mapping = "auto", params: SamplingParams = SamplingParams(),
              on_text: Callable[[str], None] | None = None) -> Generation:
         """The next assistant turn; ``on_text`` receives its text as it is generated."""
-        specs = list(specs)
-        if tool_choice == "none":
-            specs = []
-        elif isinstance(tool_choice, Mapping):
-            name = tool_choice.get("function", tool_choice).get("name")
-            specs = [s for s in specs if s.name == name]
-            if not specs:
-                raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
-        elif tool_choice not in ("auto", "required"):
-            raise ValueError(f"tool_choice must be auto, none, required or a function, "
-                             f"got {tool_choice!r}")
+        specs = _chosen_tools(list(specs), tool_choice)
         prompt = self.prompt_ids(messages, specs)
+        self._check_length(prompt)
         if specs and tool_choice != "auto":  # a call is required: it opens right away
             tokens, text, finish = [self.ids[TOOL_CALL]], "", "stop"
         else:
@@ -300,7 +327,11 @@ class ChatModel:
                         "required": ["name", "arguments"], "additionalProperties": False}
                     if "$defs" in s.parameters:  # references resolve against the root
                         schema["$defs"] = s.parameters["$defs"]
-                    alternatives.append(schema_regex(schema, self.whitespace_pattern))
+                    try:
+                        alternatives.append(schema_regex(schema, self.whitespace_pattern))
+                    except ValueError as e:
+                        raise RequestError(f"the parameters of tool {s.name!r} are not a "
+                                           f"supported JSON schema: {e}") from None
                 regex = "\n(?:" + "|".join(f"(?:{r})" for r in alternatives) + ")\n"
                 tokens = token_bytes(self.tokenizer, self.config.vocab_size)
                 if len(self._constraints) >= CACHED_CONSTRAINTS:

@@ -85,7 +85,7 @@ def extractive_summary(messages: Sequence[Message], previous: str | None) -> str
 
     lines = [previous] if previous else []
     for m in messages:
-        calls = "; ".join(f"called {c.name}({dict(c.arguments)})" for c in m.tool_calls)
+        calls = "; ".join(f"called {c.name}({c.arguments})" for c in m.tool_calls)
         lines.append(f"{m.role}: " + " ".join(p for p in (brief(m.content), calls) if p))
     return "\n".join(lines)
 

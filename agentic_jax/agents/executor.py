@@ -16,7 +16,8 @@ arguments" or "tool unavailable", a crashed loop cannot.
   Backoff and Jitter"), which spreads retries of many clients apart.
 * **Graceful degradation.**  After ``failure_threshold`` failed calls in a row a tool's circuit
   opens for ``cooldown_s``: it is no longer advertised, and calls to it return at once with a
-  message telling the model to carry on without it.
+  message telling the model to carry on without it.  A :class:`ToolError` (the tool refusing on
+  purpose, e.g. "not compacted") is an answer, not a failure: it never opens the circuit.
 """
 from __future__ import annotations
 
@@ -143,33 +144,35 @@ class ToolExecutor:
             return "invalid_arguments", f"error: {e}", 0
         if tool.dangerous and not (self.approver is not None and self.approver(tool, call)):
             return "denied", f"error: the call to {call.name!r} was not approved", 0
-        status, content, attempts = self._with_retries(tool, kwargs)
-        self._record(call.name, status == "ok")
+        status, content, attempts, answered = self._with_retries(tool, kwargs)
+        self._record(call.name, answered)
         return status, content, attempts
 
-    def _with_retries(self, tool: Tool, kwargs: dict) -> tuple[str, str, int]:
+    def _with_retries(self, tool: Tool, kwargs: dict) -> tuple[str, str, int, bool]:
+        """(status, content, attempts, whether the tool answered: with a value or a refusal)."""
         for attempt in range(self.retry.max_attempts):
             try:
                 value = _call_with_timeout(tool.fn, kwargs, tool.timeout_s)
-                return "ok", to_text(value), attempt + 1
+                return "ok", to_text(value), attempt + 1, True
             except _Hung:
                 status, error = "timeout", f"timed out after {tool.timeout_s}s"
-            except ToolError as e:
-                return "failed", f"error: {e}", attempt + 1
+            except ToolError as e:  # a refusal is an answer, not an outage: no circuit strike
+                return "failed", f"error: {e}", attempt + 1, True
             except TRANSIENT as e:
                 status, error = "failed", f"{type(e).__name__}: {e}"
             # A bug or a permanent failure: retrying will not help.  SystemExit too (a wrapped
             # command-line tool's argparse exits on bad input): it must not end the agent.
             except (Exception, SystemExit) as e:
-                return "failed", f"error: {tool.name} failed: {type(e).__name__}: {e}", attempt + 1
+                return ("failed", f"error: {tool.name} failed: {type(e).__name__}: {e}",
+                        attempt + 1, False)
             if attempt + 1 < self.retry.max_attempts:
                 self.sleep(self.retry.delay(attempt, self.rng))
         return status, (f"error: {tool.name} failed after {self.retry.max_attempts} attempts: "
-                        f"{error}"), self.retry.max_attempts
+                        f"{error}"), self.retry.max_attempts, False
 
-    def _record(self, name: str, ok: bool) -> None:
+    def _record(self, name: str, answered: bool) -> None:
         circuit = self._circuits[name]
-        circuit.failures = 0 if ok else circuit.failures + 1
+        circuit.failures = 0 if answered else circuit.failures + 1
         if circuit.failures >= self.failure_threshold:
             circuit.failures = 0
             circuit.open_until = self.clock() + self.cooldown_s

@@ -25,6 +25,11 @@ from agentic_jax.data.chat import Message, ToolCall
 RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 
 
+def _arguments_text(call: ToolCall) -> str:
+    """The wire form: JSON text; arguments that never parsed go back as the model wrote them."""
+    return call.arguments if isinstance(call.arguments, str) else json.dumps(dict(call.arguments))
+
+
 def openai_messages(messages: Sequence[Message]) -> list[dict]:
     """Chat messages in the OpenAI wire format, with positional tool-call ids."""
     out, pending = [], []
@@ -40,7 +45,7 @@ def openai_messages(messages: Sequence[Message]) -> list[dict]:
             entry["content"] = m.content or None
             entry["tool_calls"] = [
                 {"id": i, "type": "function",
-                 "function": {"name": c.name, "arguments": json.dumps(dict(c.arguments))}}
+                 "function": {"name": c.name, "arguments": _arguments_text(c)}}
                 for i, c in zip(ids, m.tool_calls)]
         out.append(entry)
     return out
@@ -90,12 +95,11 @@ class HTTPPolicy:
         try:
             choice = reply["choices"][0]
             message = choice["message"]
-            calls = tuple(ToolCall(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            # Arguments that are not a JSON object stay text for the executor to report.
+            calls = tuple(ToolCall(c["function"]["name"], c["function"].get("arguments") or "{}")
                           for c in message.get("tool_calls") or ())
-        except (KeyError, IndexError, TypeError, json.JSONDecodeError) as e:
+        except (KeyError, IndexError, TypeError, AttributeError) as e:
             raise PolicyError(f"unexpected response from {self.url}: {e}: {reply}") from None
-        if any(not isinstance(c.arguments, dict) for c in calls):
-            raise PolicyError(f"tool-call arguments are not JSON objects: {message}")
         usage = reply.get("usage") or {}
         return AssistantMessage(message.get("content") or "", calls,
                                 Usage(usage.get("prompt_tokens", 0),

@@ -31,9 +31,14 @@ class JaxPolicy:
 
     def respond(self, messages, tools=(), **sampling) -> AssistantMessage:
         options = {**self.defaults, **{k: v for k, v in sampling.items() if v is not None}}
+        specs = tool_specs(tools)
+        # A tool_choice with no tools left to choose from (all cut off) means no call, as in
+        # HTTPPolicy, rather than a request error that would end the run.
         tool_choice = options.pop("tool_choice", "auto")
+        if not specs:
+            tool_choice = "auto"
         try:
-            g = self.model.chat(messages, tool_specs(tools), tool_choice=tool_choice,
+            g = self.model.chat(messages, specs, tool_choice=tool_choice,
                                 params=sampling_params(**options))
         except ValueError as e:  # e.g. the prompt does not fit the model's max_seq_len
             raise PolicyError(str(e)) from e

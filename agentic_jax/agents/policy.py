@@ -16,7 +16,7 @@ import gin
 
 from agentic_jax.agents.tools import tool_specs
 from agentic_jax.agents.tokens import TokenCounter, approx_tokens, messages_tokens
-from agentic_jax.data.chat import Message, ToolCall
+from agentic_jax.data.chat import Message, ToolCall, as_tool_call
 
 
 class PolicyError(RuntimeError):
@@ -67,9 +67,7 @@ def as_assistant_message(response: AssistantMessage | str | Mapping[str, Any]) -
         return response
     if isinstance(response, str):
         return AssistantMessage(response)
-    calls = tuple(c if isinstance(c, ToolCall)
-                  else ToolCall(c["name"], dict(c.get("arguments", {})))
-                  for c in response.get("tool_calls") or ())
+    calls = tuple(map(as_tool_call, response.get("tool_calls") or ()))
     return AssistantMessage(response.get("text") or "", calls,
                             finish_reason="tool_calls" if calls else "stop")
 

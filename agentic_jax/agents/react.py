@@ -101,10 +101,14 @@ class ReActAgent:
                 run.decide("answer", "the model replied without a tool call")
                 return Outcome(reply.text, StopReason.ANSWER, "the model gave its answer", history)
             results = []
-            for call in reply.tool_calls:
+            for i, call in enumerate(reply.tool_calls):
                 verdict = detector.check_call(call)
                 if verdict.action == STOP:
                     run.decide("stop", verdict.message, reason=verdict.reason.value)
+                    # Every call gets a result, so that the history stays valid to continue from
+                    # (chat APIs reject a call without one).
+                    history += [Message("tool", "error: not run, the run stopped: "
+                                        + verdict.message)] * (len(reply.tool_calls) - i)
                     return Outcome(None, verdict.reason, verdict.message, history)
                 if verdict.action == REDIRECT:
                     run.decide("redirect", verdict.message, reason=verdict.reason.value)

@@ -83,7 +83,7 @@ class Reflexion:
             if attempt == self.max_attempts:
                 break
             transcript = "\n".join(f"{m.role}: {m.content}" + "".join(
-                f" [called {c.name}({dict(c.arguments)})]" for c in m.tool_calls)
+                f" [called {c.name}({c.arguments})]" for c in m.tool_calls)
                 for m in sub.messages)
             try:
                 reply = run.model(self.actor.policy, [Message("system", REFLECT_PROMPT), Message(

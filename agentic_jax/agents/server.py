@@ -27,11 +27,12 @@ from typing import Any, Literal
 
 import pydantic
 
-from agentic_jax.agents.chat_model import ChatModel, Generation, sampling_params
+from agentic_jax.agents.chat_model import ChatModel, Generation, RequestError, sampling_params
 from agentic_jax.agents.tools import ToolSpec
 from agentic_jax.data.chat import Message, ToolCall
 
 log = logging.getLogger(__name__)
+PROMPT_THREADS = 16  # most prompts of one /v1/completions request in flight at once
 
 
 class APIError(Exception):
@@ -90,10 +91,13 @@ class _Sampling(_Request):
     stream_options: dict[str, Any] | None = None
 
     def params(self, max_tokens: int | None = None):
-        return sampling_params(temperature=self.temperature, top_p=self.top_p,
-                               max_tokens=max_tokens or self.max_tokens, seed=self.seed,
-                               stop=self.stop, frequency_penalty=self.frequency_penalty,
-                               presence_penalty=self.presence_penalty)
+        try:
+            return sampling_params(temperature=self.temperature, top_p=self.top_p,
+                                   max_tokens=max_tokens or self.max_tokens, seed=self.seed,
+                                   stop=self.stop, frequency_penalty=self.frequency_penalty,
+                                   presence_penalty=self.presence_penalty)
+        except ValueError as e:  # e.g. an empty stop string
+            raise APIError(400, str(e)) from None
 
     @property
     def include_usage(self) -> bool:
@@ -124,16 +128,9 @@ def _text(content) -> str:
 
 
 def _message(m: _MessageIn) -> Message:
-    calls = []
-    for c in m.tool_calls or ():
-        try:
-            arguments = json.loads(c.function.arguments or "{}")
-        except json.JSONDecodeError:
-            arguments = None
-        if not isinstance(arguments, dict):
-            raise APIError(400, f"arguments of tool call {c.function.name!r} are not a JSON "
-                                f"object", param="messages")
-        calls.append(ToolCall(c.function.name, arguments))
+    # Arguments that are not a JSON object (a model's broken call, answered with an error) are
+    # history too: they are kept as text, as the harness keeps them.
+    calls = [ToolCall(c.function.name, c.function.arguments or "{}") for c in m.tool_calls or ()]
     return Message("system" if m.role == "developer" else m.role, _text(m.content), tuple(calls))
 
 
@@ -294,7 +291,9 @@ class OpenAIServer:
                 _usage(g) if r.include_usage else None))
             stream.close()
             return
-        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:  # batched by the engine
+        # Batched by the engine; the pool's bound keeps a long prompt list from costing a thread
+        # per prompt.
+        with concurrent.futures.ThreadPoolExecutor(min(len(prompts), PROMPT_THREADS)) as pool:
             done = list(pool.map(lambda p: self.model.complete(p, params), prompts))
         usage = {k: sum(_usage(g)[k] for g in done) for k in _usage(done[0])}
         h.send_json(200, {"id": id_, "object": "text_completion", "created": int(time.time()),
@@ -343,6 +342,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(data)
 
@@ -354,11 +355,22 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self.send_json(error.status, error.body)
 
+    def _body(self) -> bytes:
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if length < 0:
+            # Where this body ends is unknown, so the next request on the connection cannot be
+            # found (and a negative length would read until the client hangs up): close it.
+            self.close_connection = True
+            raise APIError(400, f"invalid Content-Length {self.headers['Content-Length']!r}")
+        return self.rfile.read(length) if length else b""
+
     def _handle(self, method: str) -> None:
         self.stream = None
         try:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
+            raw = self._body()
             handler = self.api.route(method, self.path)
             try:
                 body = json.loads(raw) if raw else None
@@ -367,7 +379,7 @@ class _Handler(BaseHTTPRequestHandler):
             handler(self, body)
         except APIError as e:
             self._fail(e)
-        except ValueError as e:  # bad content: reserved tokens, a prompt too long, a bad schema
+        except RequestError as e:  # bad content: reserved tokens, a prompt too long, a bad schema
             code = "context_length_exceeded" if "max_model_len" in str(e) else None
             self._fail(APIError(400, str(e), code=code))
         except (BrokenPipeError, ConnectionResetError):

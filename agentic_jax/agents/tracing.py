@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -29,6 +30,7 @@ from typing import Any
 
 from agentic_jax.agents.budget import Pricing
 from agentic_jax.agents.policy import AssistantMessage
+from agentic_jax.data.chat import ToolCall
 
 Event = dict[str, Any]
 Sink = Callable[[Event], None]
@@ -37,6 +39,11 @@ CONTENT_LIMIT = 2000
 
 def _clip(text: str, limit: int = CONTENT_LIMIT) -> str:
     return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} chars]"
+
+
+def _arguments(call: ToolCall) -> dict | str:
+    """JSON-ready arguments; text that never parsed as a JSON object is recorded as it is."""
+    return call.arguments if isinstance(call.arguments, str) else dict(call.arguments)
 
 
 def _otel_tracer():
@@ -68,6 +75,7 @@ class Tracer:
         self.fields: dict[str, Any] = {}
         self._otel = _otel_tracer() if otel else None
         self._root = None
+        self._lock = threading.Lock()  # shared with the scoped views, which may run in threads
 
     def scoped(self, **fields: Any) -> Tracer:
         """A view that adds ``fields`` (e.g. ``agent="critic"``) to each event it emits; the
@@ -77,12 +85,15 @@ class Tracer:
         return view
 
     def emit(self, kind: str, **fields: Any) -> Event:
-        event = {"run": self.run_id, "seq": len(self.events), "time": time.time(), "kind": kind,
-                 **self.fields, **fields}
-        self.events.append(event)
-        if self.path is not None:
-            with self.path.open("a", encoding="utf-8") as f:
-                f.write(json.dumps(event, ensure_ascii=False, default=str) + "\n")
+        # Views in parallel branches (graph.parallel) share the list: numbering, appending and
+        # writing happen at once, so seq numbers are unique and the file is in seq order.
+        with self._lock:
+            event = {"run": self.run_id, "seq": len(self.events), "time": time.time(),
+                     "kind": kind, **self.fields, **fields}
+            self.events.append(event)
+            if self.path is not None:
+                with self.path.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps(event, ensure_ascii=False, default=str) + "\n")
         for sink in self.sinks:
             sink(event)
         self._span(event)
@@ -114,7 +125,7 @@ class Tracer:
     def model_call(self, step: int, response: AssistantMessage, latency_s: float) -> Event:
         u = response.usage
         return self.emit("model_call", step=step, text=response.text,
-                         tool_calls=[{"name": c.name, "arguments": dict(c.arguments)}
+                         tool_calls=[{"name": c.name, "arguments": _arguments(c)}
                                      for c in response.tool_calls],
                          prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
                          cost=self.pricing.cost(u), latency_s=latency_s,
@@ -122,7 +133,7 @@ class Tracer:
 
     def tool_call(self, step: int, result) -> Event:
         return self.emit("tool_call", step=step, name=result.call.name,
-                         arguments=dict(result.call.arguments), status=result.status,
+                         arguments=_arguments(result.call), status=result.status,
                          content=_clip(result.content), attempts=result.attempts,
                          latency_s=result.latency_s, data=True)
 

@@ -37,9 +37,24 @@ ROLES = ("system", "user", "assistant", "tool")
 
 @dataclasses.dataclass(frozen=True)
 class ToolCall:
-    """A call the assistant makes: tool ``name`` and its JSON-object ``arguments``."""
+    """A call the assistant makes: tool ``name`` and its JSON-object ``arguments``.
+
+    ``arguments`` may also be given as JSON text (as the OpenAI API sends them), which is parsed.
+    Text that is not a JSON object (a model's malformed JSON, or a call cut off at the token limit)
+    is kept as it is: it is the model's mistake to be told about (the executor answers it as
+    invalid arguments), not a reason to end a run.
+    """
     name: str
-    arguments: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    arguments: Mapping[str, Any] | str = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if isinstance(self.arguments, str):
+            try:
+                parsed = json.loads(self.arguments)
+            except json.JSONDecodeError:
+                return
+            if isinstance(parsed, dict):
+                object.__setattr__(self, "arguments", parsed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,13 +71,19 @@ class Message:
 MessageLike = Message | Mapping[str, Any]
 
 
+def as_tool_call(call: ToolCall | Mapping[str, Any]) -> ToolCall:
+    """A ``ToolCall`` from itself or a dict with name and arguments (a mapping or JSON text)."""
+    if isinstance(call, ToolCall):
+        return call
+    arguments = call.get("arguments", {})
+    return ToolCall(call["name"], dict(arguments) if isinstance(arguments, Mapping) else arguments)
+
+
 def as_message(message: MessageLike) -> Message:
     """A ``Message`` from itself or a dict with role, content, tool_calls [{name, arguments}]."""
     if isinstance(message, Message):
         return message
-    calls = tuple(
-        c if isinstance(c, ToolCall) else ToolCall(c["name"], dict(c.get("arguments", {})))
-        for c in message.get("tool_calls") or ())
+    calls = tuple(map(as_tool_call, message.get("tool_calls") or ()))
     return Message(message["role"], message.get("content") or "", calls)
 
 
@@ -80,8 +101,8 @@ def _check_plain(text: str, what: str) -> None:
 
 
 def _tool_call_json(call: ToolCall) -> str:
-    if not isinstance(call.arguments, Mapping):
-        raise ValueError(f"arguments of tool call {call.name!r} must be a JSON object")
+    if not isinstance(call.arguments, Mapping | str):
+        raise ValueError(f"arguments of tool call {call.name!r} must be a JSON object or text")
     payload = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False,
                          allow_nan=False)
     return payload.replace("<", "\\u003c")  # "<" only occurs inside JSON strings.
@@ -150,8 +171,9 @@ def _parse_tool_call(payload: str) -> ToolCall:
     except json.JSONDecodeError as e:
         raise ValueError(f"tool call is not valid JSON: {payload!r}") from e
     if (not isinstance(obj, dict) or not isinstance(obj.get("name"), str)
-            or not isinstance(obj.get("arguments", {}), dict)):
-        raise ValueError(f"tool call must be {{'name': str, 'arguments': object}}, got {payload!r}")
+            or not isinstance(obj.get("arguments", {}), dict | str)):
+        raise ValueError(f"tool call must be {{'name': str, 'arguments': object or str}}, "
+                         f"got {payload!r}")
     return ToolCall(obj["name"], obj.get("arguments", {}))
 
 
