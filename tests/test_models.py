@@ -3,7 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from agentic_jax.models import (TransformerConfig, attention, flops_per_token, forward, init_params,
                                 param_axes, param_count, segment_positions)
@@ -123,6 +123,19 @@ def test_chunked_equals_reference_value_and_grad(mask, t, s, chunk):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
 
 
+@settings(max_examples=10, deadline=None)
+@given(seg_id=st.integers(-2**31, 2**31 - 1), s=st.sampled_from([5, 7]), causal=st.booleans())
+@example(seg_id=-1, s=5, causal=False)
+def test_chunked_padding_keys_stay_hidden_for_any_segment_id(seg_id, s, causal):
+    """Keys padded up to a whole chunk are invisible whatever id the real tokens carry (-1 too)."""
+    q, k, v = _qkv(6, t=s, s=s)
+    seg = (jnp.full((2, s), seg_id, jnp.int32), jnp.full((2, s), seg_id, jnp.int32))
+    got = attention(q, k, v, causal=causal, segment_ids=seg, implementation="xla_chunked",
+                    chunk_size=4)
+    want = attention(q, k, v, causal=causal, segment_ids=seg, implementation="xla")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("impl", ["xla", "xla_chunked"])
 def test_fully_masked_rows_are_zero_with_finite_grads(impl):
     q, k, v = _qkv(3, t=8, s=8)
@@ -209,6 +222,9 @@ def test_flops_per_token_closed_form():
     (dict(n_heads=3, n_kv_heads=2), "multiple of n_kv_heads"),
     (dict(attention_impl="flash"), "attention_impl"),
     (dict(rope_scaling={"type": "weird"}), "rope_scaling"),
+    (dict(rope_scaling={"type": "linear"}), "'linear' needs a positive 'factor'"),
+    (dict(rope_scaling={"type": "ntk", "factor": 0.0}), "'ntk' needs a positive 'factor'"),
+    (dict(rope_scaling={"type": "yarn", "factor": 4.0}), "'original_max_position_embeddings'"),
     (dict(dtype="float13"), "dtype"),
     (dict(d_model=0), "d_model"),
 ])

@@ -4,11 +4,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from agentic_jax.models import TransformerConfig, init_params, param_shapes
 from agentic_jax.training import (TrainState, cross_entropy, make_optimizer, make_schedule,
                                   make_train_step, weight_decay_mask)
+from agentic_jax.training.mfu import peak_flops_per_device
 
 PEAK, TOTAL, WARM = 1e-3, 100, 10
 
@@ -33,11 +34,38 @@ def test_schedules_warm_up_linearly_then_follow_their_shape(kind):
         assert lr[TOTAL - 10] < PEAK
 
 
+@settings(max_examples=25, deadline=None)
+@given(kind=st.sampled_from(["cosine", "linear", "wsd"]), total=st.integers(2, 300),
+       warmup_share=st.floats(0.0, 0.99), decay_fraction=st.floats(0.01, 1.0))
+def test_every_decaying_schedule_ends_at_the_final_lr(kind, total, warmup_share, decay_fraction):
+    """Whatever share of the run the warmup takes (even into WSD's decay window), the rate peaks
+    when it ends, never rises afterwards and reaches ``final_lr_ratio * peak`` at ``total``."""
+    warmup = int(warmup_share * total)
+    f = make_schedule(PEAK, total, kind=kind, warmup_steps=warmup, final_lr_ratio=0.1,
+                      decay_fraction=decay_fraction)
+    lr = np.asarray(jax.vmap(f)(jnp.arange(total + 1)))
+    np.testing.assert_allclose(lr[warmup], PEAK, rtol=1e-5)
+    assert np.all(np.diff(lr[warmup:]) <= 1e-9)
+    np.testing.assert_allclose(lr[total], 0.1 * PEAK, rtol=1e-4)
+
+
 def test_schedule_rejects_bad_values():
     with pytest.raises(ValueError, match="kind"):
         make_schedule(kind="step")
     with pytest.raises(ValueError, match="warmup_steps"):
         make_schedule(total_steps=10, warmup_steps=20)
+    with pytest.raises(ValueError, match="decay_fraction"):
+        make_schedule(kind="wsd", decay_fraction=1.5)
+
+
+@pytest.mark.parametrize("device_kind, tflops", [
+    ("TPU v5", 459), ("TPU v5p", 459), ("TPU v5 lite", 197), ("TPU v6 lite", 918), ("TPU v4", 275),
+    ("NVIDIA L4", 121), ("NVIDIA L40S", 362), ("NVIDIA H100 80GB HBM3", 989),
+    ("NVIDIA A100-SXM4-80GB", 312)])
+def test_peak_flops_follow_the_data_sheet_of_each_device_kind(device_kind, tflops):
+    """JAX names a v5p chip "TPU v5" (a v5e one "TPU v5 lite"); an L40S is no L4."""
+    device = type("Device", (), {"device_kind": device_kind})()
+    assert peak_flops_per_device(device) == tflops * 1e12
 
 
 CFG = TransformerConfig(vocab_size=61, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8,

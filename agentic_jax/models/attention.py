@@ -56,8 +56,8 @@ def chunked_attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=
         q_seg, k_seg = jnp.zeros((b, t), jnp.int32), jnp.zeros((b, s), jnp.int32)
     else:
         q_seg, k_seg = (x.astype(jnp.int32) for x in segment_ids)
-    # Padded keys get a segment id no query has, so the mask hides them.
-    k_seg = jnp.pad(k_seg, ((0, 0), (0, pad)), constant_values=-1)
+    # Padded keys are hidden by position (k_pos >= S) in the mask, whatever their segment id.
+    k_seg = jnp.pad(k_seg, ((0, 0), (0, pad)))
     k = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0)))
     v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
     static = _Static(causal, sliding_window, logits_soft_cap, scale, chunk, t, s)
@@ -87,8 +87,8 @@ def _chunk_scores(st: _Static, qg, k_c, q_seg, k_seg_c, idx):
     q_pos = jnp.arange(st.t)[:, None] + (st.s - st.t)
     k_pos = idx * st.chunk + jnp.arange(st.chunk)[None, :]
     mask = visible(q_pos[None], k_pos[None], causal=st.causal, sliding_window=st.window,
-                   q_seg=q_seg[:, :, None], k_seg=k_seg_c[:, None, :])[:, None, None]
-    return capped, mask
+                   q_seg=q_seg[:, :, None], k_seg=k_seg_c[:, None, :]) & (k_pos < st.s)
+    return capped, mask[:, None, None]
 
 
 def _forward(st: _Static, q, k, v, q_seg, k_seg):

@@ -74,6 +74,13 @@ class TransformerConfig:
             if kind not in ROPE_SCALING_TYPES:
                 raise ValueError(f"TransformerConfig.rope_scaling type {kind!r}; expected one of "
                                  f"{ROPE_SCALING_TYPES}")
+            # rope.py reads these without defaults: fail here, not with a KeyError inside jit.
+            required = ("factor", "original_max_position_embeddings") if kind == "yarn" else ("factor",)
+            for key in required:
+                value = self.rope_scaling.get(key)
+                if value is None or not value > 0:
+                    raise ValueError(f"TransformerConfig.rope_scaling of type {kind!r} needs a positive "
+                                     f"{key!r}; got {dict(self.rope_scaling)}")
             # A FrozenDict keeps the config hashable, so it can be a static jit argument.
             object.__setattr__(self, "rope_scaling",
                                flax.core.FrozenDict({**self.rope_scaling, "type": kind}))

@@ -6,10 +6,13 @@ import time
 import jax
 import jax.numpy as jnp
 
-# Dense bf16 peak FLOP/s from vendors' data sheets, matched by substring of device_kind.
+# Dense bf16 peak FLOP/s from vendors' data sheets, keyed by a substring of device_kind; the
+# longest matching key wins, since kinds nest: "NVIDIA L40S" contains "L4", and JAX names a v5p
+# chip "TPU v5" but a v5e chip "TPU v5 lite".
 PEAK_FLOPS = (
-    ("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L4", 121e12),
-    ("TPU v6", 918e12), ("TPU v5p", 459e12), ("TPU v5", 197e12), ("TPU v4", 275e12),
+    ("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12), ("L40", 181e12),
+    ("L4", 121e12), ("TPU v6", 918e12), ("TPU v5p", 459e12), ("TPU v5", 459e12),
+    ("TPU v5e", 197e12), ("TPU v5 lite", 197e12), ("TPU v4", 275e12),
 )
 
 
@@ -27,7 +30,5 @@ def measured_matmul_flops(n: int = 512, repeats: int = 5) -> float:
 def peak_flops_per_device(device=None) -> float:
     """The data-sheet peak for known accelerators; on CPU (or unknown kinds) a measured matmul rate."""
     device = device or jax.devices()[0]
-    for name, flops in PEAK_FLOPS:
-        if name in device.device_kind:
-            return flops
-    return measured_matmul_flops()
+    matches = [(len(name), flops) for name, flops in PEAK_FLOPS if name in device.device_kind]
+    return max(matches)[1] if matches else measured_matmul_flops()

@@ -20,10 +20,13 @@ def make_schedule(peak_lr: float = 3e-3, total_steps: int = 1000, *, kind: str =
     * ``cosine``: cosine decay to ``final_lr_ratio * peak_lr`` at ``total_steps`` (Loshchilov & Hutter 2017);
     * ``linear``: linear decay to ``final_lr_ratio * peak_lr``;
     * ``wsd``: warmup-stable-decay (Hu et al. 2024, MiniCPM): flat until the last
-      ``decay_fraction`` of training, then linear decay to ``final_lr_ratio * peak_lr``.
+      ``decay_fraction`` of training (or the end of warmup, if later), then linear decay to
+      ``final_lr_ratio * peak_lr`` at ``total_steps``.
     """
     if kind not in SCHEDULES:
         raise ValueError(f"make_schedule.kind={kind!r}; expected one of {SCHEDULES}")
+    if kind == "wsd" and not 0 < decay_fraction <= 1:
+        raise ValueError(f"make_schedule.decay_fraction={decay_fraction} must be in (0, 1]")
     if not 0 <= warmup_steps <= total_steps:
         raise ValueError(f"make_schedule.warmup_steps={warmup_steps} must be in [0, total_steps={total_steps}]")
     final = peak_lr * final_lr_ratio
@@ -36,7 +39,9 @@ def make_schedule(peak_lr: float = 3e-3, total_steps: int = 1000, *, kind: str =
     elif kind == "linear":
         after = optax.linear_schedule(peak_lr, final, max(rest, 1))
     else:
-        decay_steps = max(int(round(total_steps * decay_fraction)), 1)
+        # A warmup reaching into the last ``decay_fraction`` shortens the decay, which must still
+        # end at ``total_steps``.
+        decay_steps = min(max(int(round(total_steps * decay_fraction)), 1), max(rest, 1))
         stable = max(rest - decay_steps, 0)
         after = optax.join_schedules([optax.constant_schedule(peak_lr),
                                       optax.linear_schedule(peak_lr, final, decay_steps)], [stable])
