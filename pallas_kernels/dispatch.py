@@ -104,7 +104,8 @@ def gpu_attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=None
     logged (INFO; WARNING on fallback) and, with ``return_backend=True``, returned:
     ``(out, name)``.
     """
-    check_attention_inputs(q, k, v, segment_ids)
+    check_attention_inputs(q, k, v, segment_ids, sliding_window=sliding_window,
+                           logits_soft_cap=logits_soft_cap)
     options = dict(causal=causal, segment_ids=segment_ids, sliding_window=sliding_window,
                    logits_soft_cap=logits_soft_cap, sm_scale=sm_scale)
     backend = choose_attention_backend(q, k, v, **options)

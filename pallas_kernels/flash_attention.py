@@ -47,13 +47,9 @@ def _pad_axis(x, axis: int, length: int):
     return jnp.pad(x, pad)
 
 
-def _check_options(q, k, v, sliding_window, logits_soft_cap):
+def _check_dtypes(q, k, v):
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
-    if sliding_window is not None and (not isinstance(sliding_window, int) or sliding_window < 1):
-        raise ValueError(f"sliding_window must be a positive int, got {sliding_window!r}")
-    if logits_soft_cap is not None and not logits_soft_cap > 0:
-        raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap!r}")
 
 
 def flash_attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=None,
@@ -68,13 +64,14 @@ def flash_attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=No
     f32 or bf16; accumulation is f32.  A query that sees no key returns zeros.
     ``interpret=None`` compiles on TPU and interprets on CPU (see ``backend``).
     """
-    b, t, s, n, kh, h = check_attention_inputs(q, k, v, segment_ids)
-    _check_options(q, k, v, sliding_window, logits_soft_cap)
+    b, t, s, n, kh, h = check_attention_inputs(q, k, v, segment_ids, sliding_window=sliding_window,
+                                               logits_soft_cap=logits_soft_cap)
+    _check_dtypes(q, k, v)
     interpret = resolve_interpret(interpret, "flash_attention")
     tiling = plan_tiling(block_sizes or BlockSizes.default(), t, s,
                          check_tpu_layout=not interpret)
     cfg = FlashConfig(
-        causal=bool(causal), sliding_window=sliding_window,
+        causal=bool(causal), sliding_window=None if sliding_window is None else int(sliding_window),
         soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
         scale=float(h ** -0.5 if sm_scale is None else sm_scale),
         q_len=t, kv_len=s, groups=n // kh, has_segments=segment_ids is not None,

@@ -91,6 +91,12 @@ def _check_paged_inputs(q, k_pages, v_pages, block_tables, lengths):
     if block_tables.ndim != 2 or block_tables.shape[0] != b or lengths.shape != (b,):
         raise ValueError(f"block_tables must be [B, max_pages] and lengths [B] for B={b}; got "
                          f"{block_tables.shape}, {lengths.shape}")
+    # Longer sequences would read their last page again: wrong, not an error, inside the kernel.
+    # Checked where the lengths are concrete; under jit the caller owns the bound.
+    capacity = block_tables.shape[1] * k_pages.shape[1]
+    if not isinstance(lengths, jax.core.Tracer) and int(jnp.max(lengths, initial=0)) > capacity:
+        raise ValueError(f"lengths {lengths} exceed the block table's capacity of {capacity} "
+                         f"tokens ({block_tables.shape[1]} pages of {k_pages.shape[1]})")
 
 
 def paged_attention(q, k_pages, v_pages, block_tables, lengths, *, sm_scale=None,

@@ -7,14 +7,17 @@ rows returning zeros.  Memory is O(B N T S): use it for tests and short sequence
 """
 from __future__ import annotations
 
+import numbers
+
 import jax
 import jax.numpy as jnp
 
 from pallas_kernels.masks import MASK_VALUE, dense_mask
 
 
-def check_attention_inputs(q, k, v, segment_ids=None):
-    """Validates shapes shared by all attention implementations; returns (B, T, S, N, K, H)."""
+def check_attention_inputs(q, k, v, segment_ids=None, *, sliding_window=None, logits_soft_cap=None):
+    """Validates the shapes and options shared by all attention implementations; returns
+    (B, T, S, N, K, H)."""
     if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
         raise ValueError(f"q, k, v must be rank 4 [B,T,N,H]/[B,S,K,H]; got {q.shape}, {k.shape}, {v.shape}")
     b, t, n, h = q.shape
@@ -32,6 +35,12 @@ def check_attention_inputs(q, k, v, segment_ids=None):
         if q_seg.shape != (b, t) or k_seg.shape != (b, s):
             raise ValueError(f"segment_ids must be ([B,T], [B,S]) = ({(b, t)}, {(b, s)}); "
                        f"got ({q_seg.shape}, {k_seg.shape})")
+    # A window of 0 would hide every key (all-zero output), a cap of 0 divide by zero.
+    if sliding_window is not None and (isinstance(sliding_window, bool) or sliding_window < 1
+                                       or not isinstance(sliding_window, numbers.Integral)):
+        raise ValueError(f"sliding_window must be a positive int, got {sliding_window!r}")
+    if logits_soft_cap is not None and not logits_soft_cap > 0:
+        raise ValueError(f"logits_soft_cap must be positive, got {logits_soft_cap!r}")
     return b, t, s, n, kh, h
 
 
@@ -43,7 +52,8 @@ def reference_attention(q, k, v, *, causal=True, segment_ids=None, sliding_windo
                                                 logits_soft_cap=None, sm_scale=None, block_sizes=None, interpret=None):
     """Reference multi-head attention; ``block_sizes`` and ``interpret`` are accepted and ignored."""
     del block_sizes, interpret
-    b, t, s, n, kh, h = check_attention_inputs(q, k, v, segment_ids)
+    b, t, s, n, kh, h = check_attention_inputs(q, k, v, segment_ids, sliding_window=sliding_window,
+                                               logits_soft_cap=logits_soft_cap)
     scale = h ** -0.5 if sm_scale is None else sm_scale
     qg = q.reshape(b, t, kh, n // kh, h)
     logits = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32) * scale

@@ -90,7 +90,8 @@ def ring_attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=Non
     ``sharding.activate``); batch and heads are sharded by ``rules`` (default: the active rules).
     T and S must divide by the ring size.
     """
-    b, t, s, n, kh, h = check_attention_inputs(q, k, v, segment_ids)
+    b, t, s, n, kh, h = check_attention_inputs(q, k, v, segment_ids, sliding_window=sliding_window,
+                                               logits_soft_cap=logits_soft_cap)
     if mesh is None:
         mesh = jax.sharding.get_abstract_mesh()
         if mesh.empty:

@@ -1,10 +1,13 @@
 """Pallas flash attention (interpret mode on CPU) against the pure-jnp reference."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from agentic_jax.models import chunked_attention
 from pallas_kernels import BlockSizes, flash_attention, reference_attention
 from pallas_kernels.backend import INTERPRET_COMPILER_OPTIONS
 from pallas_kernels.block_sizes import plan_tiling
@@ -164,10 +167,22 @@ def test_bad_block_sizes_raise_clear_errors(make, message):
     (((1, 8, 2, 8), (1, 8, 1, 8), (1, 8, 1, 8)), dict(sliding_window=0), "sliding_window"),
     (((1, 8, 2, 8), (1, 8, 1, 8), (1, 8, 1, 8)), dict(logits_soft_cap=-1.0), "soft_cap"),
 ])
-def test_bad_inputs_raise_clear_errors(shapes, kwargs, message):
+@pytest.mark.parametrize("attend", [functools.partial(flash_attention, interpret=True),
+                                    reference_attention, chunked_attention],
+                         ids=["flash", "reference", "xla_chunked"])
+def test_bad_inputs_raise_clear_errors(attend, shapes, kwargs, message):
     q, k, v = (jnp.zeros(shape) for shape in shapes)
     with pytest.raises(ValueError, match=message):
-        flash_attention(q, k, v, interpret=True, **kwargs)
+        attend(q, k, v, **kwargs)
+
+
+def test_a_numpy_integer_window_is_a_window():
+    q, k, v = (jax.random.normal(key, (1, 16, 2, 8)) for key in jax.random.split(jax.random.key(0), 3))
+    expected = reference_attention(q, k, v, sliding_window=4)
+    for window in (np.int32(4), np.int64(4)):
+        got = flash_attention(q, k, v, sliding_window=window, interpret=True,
+                              block_sizes=BlockSizes(8, 8, 8, 8))
+        np.testing.assert_allclose(got, expected, atol=2e-5)
 
 
 def test_mixed_dtypes_and_compiled_mode_on_cpu_are_refused():

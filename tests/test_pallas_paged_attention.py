@@ -60,9 +60,12 @@ def test_paged_attention_equals_contiguous_attention(cache):
                                    atol=tol, rtol=tol)
 
 
-def test_paged_attention_rejects_mismatched_tables():
+def test_paged_attention_rejects_mismatched_tables_and_lengths_past_them():
     q = jnp.zeros((2, 4, 8))
     pages = jnp.zeros((6, 8, 2, 8))
     with pytest.raises(ValueError, match="block_tables"):
         paged_attention(q, pages, pages, jnp.zeros((3, 2), jnp.int32), jnp.zeros((2,), jnp.int32),
+                        interpret=True)
+    with pytest.raises(ValueError, match="capacity of 16 tokens"):
+        paged_attention(q, pages, pages, jnp.zeros((2, 2), jnp.int32), jnp.array([3, 17], jnp.int32),
                         interpret=True)

@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 from agentic_jax.models import TransformerConfig, init_params, param_shapes
 from agentic_jax.training import (TrainState, cross_entropy, make_optimizer, make_schedule,
                                   make_train_step, weight_decay_mask)
+from agentic_jax.training.loop import train
 from agentic_jax.training.mfu import peak_flops_per_device
 
 PEAK, TOTAL, WARM = 1e-3, 100, 10
@@ -163,3 +164,10 @@ def test_fused_cross_entropy_step_equals_the_materialised_one():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     with pytest.raises(ValueError, match="z_loss"):
         make_train_step(CFG, opt, sched, z_loss=1e-4, fused_cross_entropy=True)(state, batch)
+
+
+def test_a_batch_that_does_not_split_over_the_processes_is_refused(tmp_path, monkeypatch):
+    # Each process loads batch_size // process_count rows: 16 over 3 would silently train on 15.
+    monkeypatch.setattr(jax, "process_count", lambda: 3)
+    with pytest.raises(ValueError, match="batch_size=16 must divide by the 3 processes"):
+        train(str(tmp_path), batch_size=16)

@@ -48,7 +48,10 @@ def attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=None, lo
 def chunked_attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=None,
                       logits_soft_cap=None, sm_scale=None, chunk_size=128):
     """Memory-linear attention: online softmax over key/value chunks with a recomputing VJP."""
-    b, t, s, n, kh, h = check_attention_inputs(q, k, v, segment_ids)
+    b, t, s, n, kh, h = check_attention_inputs(q, k, v, segment_ids, sliding_window=sliding_window,
+                                               logits_soft_cap=logits_soft_cap)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     scale = h ** -0.5 if sm_scale is None else float(sm_scale)
     chunk = min(chunk_size, s)
     pad = (-s) % chunk

@@ -123,6 +123,9 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
     ``fused_cross_entropy`` never materialises the logits (large vocabularies).  Resumes from
     the latest checkpoint in ``workdir``.  Returns the final train and held-out metrics.
     """
+    if batch_size % jax.process_count():
+        raise ValueError(f"train.batch_size={batch_size} must divide by the {jax.process_count()} "
+                         "processes, which each load an equal share of every batch")
     os.makedirs(workdir, exist_ok=True)
     primary = jax.process_index() == 0  # the one process that writes logs, configs and plots
     if primary:
