@@ -139,6 +139,9 @@ def test_masked_whiten_ignores_masked_entries(values, noise):
     mask = np.array([[0, 1, 1, 0, 0], [1, 0, 1, 1, 0], [0, 0, 0, 1, 1]], bool)
     whitened = _WHITEN(values, mask)
     np.testing.assert_array_equal(_WHITEN(np.where(mask, values, noise), mask), whitened)
+    for masked in (np.inf, np.nan):  # eager: under jit XLA may turn the products with the mask into selects
+        np.testing.assert_allclose(masked_whiten(np.where(mask, values, masked), mask), whitened, rtol=1e-6,
+                                   atol=1e-6)
     assert np.all(whitened[~mask] == 0.0)
     np.testing.assert_array_equal(_WHITEN(np.full_like(values, 0.7), mask), 0.0)
     valid = values[mask]

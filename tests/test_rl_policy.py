@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from jax.sharding import NamedSharding
@@ -310,6 +310,43 @@ def test_clip_cov_randomises_its_selection_with_a_key():
     b = policy_loss(logp, old_logp, adv, MASK, key=jax.random.key(1), **kw).value
     deterministic = policy_loss(logp, old_logp, adv, MASK, **kw).value
     assert a != b and deterministic != policy_loss(logp, old_logp, adv, MASK, loss_type="bnpo").value
+
+
+def _covariance_reference(logp, old_logp, adv, mask, fraction):
+    """float64 clip_cov (by highest covariance, no key, covariance bounds admitting every token)
+    and kl_cov losses: verl's selection of max(1, ⌊fraction·n_valid⌋) tokens (Cui et al. 2025)."""
+    valid = mask > 0
+    ratio = np.exp(logp - old_logp)
+    cov = (adv - adv[valid].mean()) * (logp - logp[valid].mean())
+    count = max(1, int(fraction * valid.sum()))
+
+    def top(eligible):
+        index = np.flatnonzero(eligible)
+        selected = np.zeros(cov.size, bool)
+        selected[index[np.argsort(-cov.ravel()[index])[:count]]] = True
+        return selected.reshape(cov.shape)
+
+    surrogate = -np.minimum(ratio * adv, np.clip(ratio, 0.8, 1.2) * adv)
+    clipped = np.clip(ratio, 0.8, 1.2) * adv < ratio * adv
+    return {"clip_cov": np.where(top(valid & ~clipped), 0.0, surrogate)[valid].mean(),
+            "kl_cov": (-adv * ratio + np.where(top(valid), np.abs(np.log(ratio)), 0.0))[valid].mean()}
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**16), lengths=st.lists(st.integers(1, 8), min_size=4, max_size=4),
+       fraction=st.integers(1, 40).map(lambda k: k / 64))  # k/64: exact in float32 and float64
+def test_covariance_selection_counts_valid_tokens_not_padding(seed, lengths, fraction):
+    rng = np.random.default_rng(seed)
+    shape = (4, 8)
+    logp = -rng.uniform(0.1, 3.0, shape)
+    old_logp = logp - rng.uniform(-0.5, 0.5, shape)
+    adv = rng.normal(size=shape)
+    mask = np.arange(8)[None, :] < np.asarray(lengths)[:, None]
+    expected = _covariance_reference(logp, old_logp, adv, mask, fraction)
+    for loss_type, value in expected.items():
+        actual = policy_loss(*(jnp.float32(x) for x in (logp, old_logp, adv)), jnp.asarray(mask),
+                             loss_type=loss_type, cov_fraction=fraction, clip_cov_bounds=(-10.0, 10.0)).value
+        np.testing.assert_allclose(actual, value, rtol=1e-5, err_msg=loss_type)
 
 
 def test_errors_name_the_argument_and_the_valid_values():

@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 from tiny_models import task_tokenizer
 
 from agentic_jax.envs.text import Arithmetic, Reward
-from agentic_jax.models import TransformerConfig, init_params
+from agentic_jax.models import TransformerConfig, forward, init_params
 from agentic_jax.models.export import load_model, save_model
 from agentic_jax.models.lora import LoRA, LoraConfig
+from agentic_jax.rl import GROUP_ESTIMATORS
+from agentic_jax.rl.trainers import common
 from agentic_jax.rl.trainers.common import (
     FullFinetune,
     make_update,
@@ -25,6 +27,7 @@ from agentic_jax.rl.trainers.common import (
 from agentic_jax.rl.trainers.rft import train_rft
 from agentic_jax.rl.trainers.rl import (
     RLConfig,
+    _group_advantages,
     _policy_loss,
     overlong_penalty,
     train_rl,
@@ -167,6 +170,26 @@ def test_gradient_accumulation_sums_micro_batch_parts_exactly(run_dir):
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6), params_k, results[0][0])
 
 
+def test_entropy_counts_minus_inf_logits_as_zero_probability(run_dir, monkeypatch):
+    _, config, _ = run_dir
+    params = init_params(config, jax.random.key(4))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, config.vocab_size, (2, 10)), jnp.int32)
+    logits = np.float64(forward(params, config, tokens))[:, :-1, 1:]
+    head = common.logits_from_hidden
+    # A head that masks token 0 out of the vocabulary (as constrained decoding does): 0·log 0 = 0.
+    monkeypatch.setattr(common, "logits_from_hidden", lambda *args: head(*args).at[..., 0].set(-jnp.inf))
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+
+    def total_entropy(p):
+        entropy = token_logprobs(p, config, tokens, with_entropy=True)[1]
+        return entropy.sum(), entropy
+
+    (_, entropy), grads = jax.value_and_grad(total_entropy, has_aux=True)(params)
+    np.testing.assert_allclose(entropy[:, 1:], -np.sum(probs * np.log(probs), axis=-1), rtol=1e-5)
+    assert all(np.all(np.isfinite(g)) for g in jax.tree.leaves(grads))
+
+
 def test_prompt_stream_covers_every_task_once_per_epoch():
     stream = next_prompts(0, 30, 10, seed=3)
     for epoch in range(3):
@@ -177,6 +200,29 @@ def test_prompt_stream_covers_every_task_once_per_epoch():
 def test_overlong_penalty_is_dapo_soft_punishment():
     np.testing.assert_allclose(overlong_penalty([10, 12, 14, 16, 30], 16, 4), [0, 0, -0.5, -1, -1])
     np.testing.assert_array_equal(overlong_penalty([100], 16, 0), [0])
+
+
+@settings(max_examples=20, deadline=None)
+@given(estimator=st.sampled_from([e for e in GROUP_ESTIMATORS if e != "remax"]), seed=st.integers(0, 2**16),
+       kept=st.lists(st.booleans(), min_size=4, max_size=4))
+def test_advantages_of_trained_groups_ignore_the_groups_dynamic_sampling_dropped(estimator, seed, kept):
+    rng = np.random.default_rng(seed)
+    algo = RLConfig(advantage=estimator, group_size=3, prompts_per_step=4)
+    row_kept = np.repeat(kept, 3)
+    lengths = rng.integers(1, 20, 12)
+    rewards = np.where(row_kept, rng.normal(size=12), 0.0).astype(np.float32)
+    advantages = _group_advantages(rewards, lengths, row_kept, algo)
+    # The trained rows get the advantages they would have had if the dropped groups were never sampled.
+    alone = _group_advantages(rewards[row_kept], lengths[row_kept], row_kept[row_kept], algo)
+    np.testing.assert_allclose(advantages[row_kept], alone, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(advantages[~row_kept], 0.0)
+
+
+def test_rl_config_rejects_what_train_rl_cannot_train():
+    with pytest.raises(ValueError, match="greedy"):  # ReMax's baseline is a greedy rollout, never sampled
+        RLConfig(advantage="remax")
+    with pytest.raises(ValueError, match="dynamic_sampling would drop every group"):
+        RLConfig(advantage="gae", group_size=1, dynamic_sampling=True)
 
 
 def _short_rl(workdir, run_dir, steps, curriculum=None, **algo):
@@ -224,12 +270,14 @@ def test_resume_refuses_a_different_reference_model(run_dir, tmp_path):
 
 def test_rl_with_lora_trains_only_adapters_against_the_base_reference(run_dir, tmp_path):
     path, _, _ = run_dir
-    lora = LoRA(LoraConfig(rank=2, targets=("q", "v")))
+    lora = LoRA(LoraConfig(rank=2, targets=("q", "v"), dropout=0.5))
     train_rl(str(tmp_path / "lora"), init_from=str(path), tasks=SHORT, finetune=lora, steps=3, peak_lr=1e-2,
              algorithm=RLConfig(group_size=4, prompts_per_step=4), progress=False)
     records = read_metrics(tmp_path / "lora" / "metrics.jsonl")
     # Step 1 samples from the base model itself (B = 0); once adapters move, the KL to it grows.
     assert records[0]["kl"] == pytest.approx(0.0, abs=1e-6) and records[-1]["kl"] > 0
+    # One update per step, at the rollout policy: ratio 1 (KL(π_old‖π) = 0), dropout or not.
+    assert all(r["approx_kl"] < 1e-10 for r in records), [r["approx_kl"] for r in records]
     assert changed_weights(path / "model", tmp_path / "lora" / "model") == {"layers/attn/q", "layers/attn/v"}
 
 

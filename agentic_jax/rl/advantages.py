@@ -97,6 +97,8 @@ def masked_whiten(values, mask, *, shift_mean=True, ddof=1, eps=1e-8) -> jax.Arr
     values = check.floating("values", values)
     mask = check.shape("mask", check.mask("mask", mask), values.shape)
     count = jnp.sum(mask)
+    # Masked entries may be inf or NaN (0·inf is NaN): zero them before any product with the mask.
+    values = jnp.where(mask > 0, values, 0.0)
     # Shift by a valid entry first, so that equal values whiten to exactly 0.
     shift = values.ravel()[jnp.argmax(mask.ravel())]
     mean = safe_div(jnp.sum((values - shift) * mask), count)

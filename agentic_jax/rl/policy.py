@@ -144,20 +144,26 @@ def _covariance(x: _Inputs):
     return (x.adv - adv_mean) * (logp - logp_mean)
 
 
-def _top_fraction(priority, eligible, fraction):
-    """Marks the max(1, ⌊fraction·size⌋) eligible entries of highest priority."""
-    k = max(1, int(fraction * priority.size))
+def _top_fraction(priority, eligible, fraction, valid):
+    """Marks the max(1, ⌊fraction·n_valid⌋) eligible entries of highest priority.
+
+    The fraction is of the batch's valid tokens, not of its padded size (as in the paper and
+    verl), so padding does not change how many tokens are selected.  The count is traced, so
+    the top ⌊fraction·size⌋ (a static bound) are ranked and those of rank < count are kept.
+    """
+    bound = max(1, int(fraction * priority.size))
+    count = jnp.maximum(1.0, jnp.floor(fraction * jnp.sum(valid)))
     flat = jnp.where(eligible, priority, -jnp.inf).ravel()
-    _, index = jax.lax.top_k(flat, k)
-    chosen = jnp.zeros(flat.shape, bool).at[index].set(True)
+    _, index = jax.lax.top_k(flat, bound)
+    chosen = jnp.zeros(flat.shape, bool).at[index].set(jnp.arange(bound) < count)
     return (chosen & eligible.ravel()).reshape(priority.shape)
 
 
 def _clip_cov(x: _Inputs):
     """Clipped surrogate, plus no gradient (zero loss) for a fraction of high-covariance tokens.
 
-    Among unclipped tokens with covariance in `clip_cov_bounds`, a fraction
-    `cov_fraction` is detached, drawn at random with `key` (as in the paper) or
+    Among unclipped tokens with covariance in `clip_cov_bounds`, ⌊cov_fraction·n_valid⌋
+    (n_valid: the batch's valid tokens) are detached, drawn at random with `key` (as in the paper) or
     by highest covariance without one. Cui et al. (2025), "The Entropy Mechanism
     of RL for Reasoning LMs", arXiv:2505.22617.
     """
@@ -167,15 +173,15 @@ def _clip_cov(x: _Inputs):
     low, high = x.clip_cov_bounds
     eligible = (x.mask > 0) & ~clipped & (cov > low) & (cov < high)
     priority = cov if x.key is None else jax.random.uniform(x.key, cov.shape)
-    return jnp.where(_top_fraction(priority, eligible, x.cov_fraction), 0.0, loss), x.ratio
+    return jnp.where(_top_fraction(priority, eligible, x.cov_fraction, x.mask > 0), 0.0, loss), x.ratio
 
 
 def _kl_cov(x: _Inputs):
-    """−A·ρ, plus kl_cov_coef·|log ρ| on the fraction `cov_fraction` of highest-covariance tokens.
+    """−A·ρ, plus kl_cov_coef·|log ρ| on the fraction `cov_fraction` of valid tokens of highest covariance.
 
     Cui et al. (2025), arXiv:2505.22617.
     """
-    selected = _top_fraction(_covariance(x), x.mask > 0, x.cov_fraction)
+    selected = _top_fraction(_covariance(x), x.mask > 0, x.cov_fraction, x.mask > 0)
     return -x.adv * x.ratio + jnp.where(selected, x.kl_cov_coef * jnp.abs(x.log_ratio), 0.0), x.ratio
 
 

@@ -30,7 +30,8 @@ def token_logprobs(params, config: TransformerConfig, tokens, *, segment_ids=Non
     """``logp[B, L]``: log π(tokens[:, t] | tokens[:, :t]) under ``softmax(logits / temperature)``.
 
     Column 0 is 0 (no context).  With ``with_entropy`` also returns the entropy ``[B, L]`` of the
-    distribution each token was drawn from, ``H_t = logsumexp(z) - Σ softmax(z)·z``.  Float32.
+    distribution each token was drawn from, ``H_t = −Σ p·log p`` with ``0·log 0 = 0`` (logits of
+    −inf, a masked vocabulary entry, give no NaN, as in ``rl.classic.entropy_loss``).  Float32.
     Packed rows (``segment_ids``) score a segment's first token as 0 as well.
     """
     tokens = jnp.asarray(tokens)
@@ -44,7 +45,9 @@ def token_logprobs(params, config: TransformerConfig, tokens, *, segment_ids=Non
     logp = jnp.concatenate([pad, logp], axis=1)
     if not with_entropy:
         return logp
-    entropy = log_z - jnp.sum(jax.nn.softmax(z, axis=-1) * z, axis=-1)
+    log_probs = z - log_z[..., None]
+    probs = jnp.exp(log_probs)
+    entropy = -jnp.sum(probs * jnp.where(probs > 0, log_probs, 0.0), axis=-1)
     return logp, jnp.concatenate([pad, entropy], axis=1)
 
 
@@ -130,7 +133,7 @@ def split_micro(batch: dict, accum_steps: int) -> dict:
 
 
 def make_update(loss_fn, optimizer: optax.GradientTransformation, finetune=FullFinetune(), *,
-                accum_steps: int = 1):
+                accum_steps: int = 1, dropout: bool = True):
     """A jitted ``update(state, base, batch) -> (state, metrics)`` for a sum-and-count loss.
 
     ``loss_fn(params, batch, key) -> (total, count, metrics)`` (sums, like ``rl.LossOutput``).
@@ -139,13 +142,16 @@ def make_update(loss_fn, optimizer: optax.GradientTransformation, finetune=FullF
     the one-batch update whatever ``accum_steps`` (the exact accumulation the losses are designed
     for).  ``state`` is a ``TrainState`` over the trainable tree; ``base`` the frozen one (or
     None).  The key of micro-batch ``i`` is ``fold_in(state.step_key(), i)`` (dropout, sampling
-    inside losses).  Metrics: the summed ``metrics``, ``loss = total / count``, ``count``,
+    inside losses).  ``dropout=False`` runs the model without dropout: on-policy RL compares
+    its log-probs with ``old_logp`` computed without it, and dropout noise would move the
+    importance ratio off 1 and trip the clip before the policy changed (TRL disables dropout for
+    PPO and GRPO too).  Metrics: the summed ``metrics``, ``loss = total / count``, ``count``,
     ``grad_norm`` (before clipping).
     """
 
     def grads_of(trainable, base, micro, key):
         def objective(t):
-            total, count, metrics = loss_fn(finetune.model_params(t, base, key), micro, key)
+            total, count, metrics = loss_fn(finetune.model_params(t, base, key if dropout else None), micro, key)
             return total, (count, metrics)
         return jax.value_and_grad(objective, has_aux=True)(trainable)
 

@@ -17,8 +17,9 @@ Each step:
    scalar head, initialised from the policy, trained with the clipped value loss.
 5. **Updates**: ``epochs`` (μ) passes over ``minibatches`` minibatches with ``rl.policy_loss``
    (its ``loss_type`` decides the surrogate and the aggregation), log-probabilities of the
-   rollout policy recomputed once (``old_logp``), a frozen reference model for the KL term in
-   the loss (``kl_coef`` with ``kl_in_reward=False``), AdamW (β2 = 0.95, clipping at 1.0).
+   rollout policy recomputed once (``old_logp``; the policy runs without dropout, LoRA's
+   included, so the ratio of the first minibatch is 1), a frozen reference model for the KL term
+   in the loss (``kl_coef`` with ``kl_in_reward=False``), AdamW (β2 = 0.95, clipping at 1.0).
 
 Every algorithm is a named gin config (``configs/rl_*.gin``) over `RLConfig`.  The checkpoint
 holds the trainable parameters, optimizer states, RNG, step, prompt position and curriculum
@@ -88,6 +89,12 @@ class RLConfig:
         if self.advantage != "gae" and self.advantage not in rl.GROUP_ESTIMATORS:
             raise ValueError(f"RLConfig.advantage={self.advantage!r}; expected 'gae' or one of "
                              f"{rl.GROUP_ESTIMATORS}")
+        if self.advantage == "remax":
+            raise ValueError("RLConfig.advantage='remax' needs the reward of a greedy response per prompt, "
+                             "which train_rl does not sample")
+        if self.dynamic_sampling and self.group_size < 2:  # a group of one has no reward variance
+            raise ValueError(f"dynamic_sampling would drop every group of group_size={self.group_size}; "
+                             "it needs group_size >= 2")
         if self.advantage != "gae" and self.group_size < 2:
             raise ValueError(f"group-relative advantages need group_size >= 2, got {self.group_size}")
         rows = self.group_size * self.prompts_per_step
@@ -146,6 +153,22 @@ def _rewards(rollouts: Rollouts, algo: RLConfig, max_response: int, old_logp, re
     return rewards.astype(np.float32)
 
 
+def _group_advantages(rewards: np.ndarray, lengths: np.ndarray, row_kept: np.ndarray, algo: RLConfig) -> np.ndarray:
+    """Per-row group-relative advantages of the kept groups; 0 on the groups dynamic sampling dropped.
+
+    The dropped groups pad the batch but are masked out of the loss, so a batch-level estimator
+    (REINFORCE++ whitens over the batch) must not see their rewards: they would shift the mean
+    and scale of the rows that are trained.  ``lengths`` (policy tokens) weight OPO's baseline.
+    """
+    kept = row_kept[::algo.group_size]
+    advantages = np.zeros((kept.size, algo.group_size), np.float32)
+    if kept.any():
+        advantages[kept] = rl.group_advantages(jnp.asarray(rewards.reshape(advantages.shape)[kept]),
+                                               lengths=jnp.asarray(lengths.reshape(advantages.shape)[kept]),
+                                               estimator=algo.advantage)
+    return advantages.reshape(-1)
+
+
 def _select_groups(parts: list[Rollouts], keep: list[np.ndarray], group_size: int, groups: int) -> tuple:
     """The first ``groups`` kept groups of the sampling rounds, padded with dropped ones (masked out)."""
     rows = []
@@ -183,7 +206,8 @@ def train_rl(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec(), algo
     frozen = None if isinstance(finetune, FullFinetune) else base
     schedule = make_schedule(peak_lr=peak_lr, total_steps=steps, kind="constant", warmup_steps=min(warmup_steps, steps))
     optimizer = make_optimizer(schedule)
-    update = make_update(_policy_loss(config, algo, max_response), optimizer, finetune, accum_steps=algo.accum_steps)
+    update = make_update(_policy_loss(config, algo, max_response), optimizer, finetune, accum_steps=algo.accum_steps,
+                         dropout=False)
     ppo = algo.advantage == "gae"
     critic_optimizer = make_optimizer(make_schedule(peak_lr=algo.critic_lr, total_steps=steps, kind="constant",
                                                     warmup_steps=0)) if ppo else None
@@ -257,8 +281,7 @@ def train_rl(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec(), algo
                 batch["advantages"] = rl.masked_whiten(advantages, mask)
                 critic_batch = {"tokens": tokens, "mask": mask, "old_values": old_values, "returns": returns}
             else:
-                batch["advantages"] = jnp.asarray(rl.group_advantages(
-                    jnp.asarray(rewards.reshape(-1, algo.group_size)), estimator=algo.advantage).reshape(-1))
+                batch["advantages"] = jnp.asarray(_group_advantages(rewards, rollouts.response_length, row_kept, algo))
 
             policy, critic, sums = learner.policy, learner.critic, []
             rows = tokens.shape[0]
