@@ -172,6 +172,26 @@ def test_stream_stops_and_validation(params):
         Engine(params, CFG, EngineConfig(block_size=4, num_blocks=11))
 
 
+def test_rejected_requests_leave_the_engine_unchanged(params):
+    # A sampled request's key comes from its arrival number: rejections must not consume one.
+    request = Request(_prompt(41, 4), SamplingParams(temperature=1.0, max_tokens=6))
+    engine = Engine(params, CFG, ENGINE)
+    bad = [Request([CFG.vocab_size]), Request([1], request_id="req-0"),
+           Request([1], SamplingParams(stop_strings=("x",)))]
+    for r in bad:
+        with pytest.raises(ValueError):
+            engine.add_request(r)
+    # A batch is checked whole before any of it is queued.
+    for batch in ([request, bad[0]], [Request([1], request_id="a"), Request([2], request_id="a")]):
+        with pytest.raises(ValueError, match="token ids|repeat"):
+            engine.generate(batch)
+        assert not engine.has_unfinished()
+    [done] = engine.generate([request])
+    want = _alone(params, request)
+    assert done.request_id == want.request_id == "req-0"
+    _assert_same(done, want)
+
+
 # ------------------------------------------------------------------ the scheduler on its own
 def _simulate(scheduler, arrivals, max_steps):
     """Runs the scheduler with a stand-in model (every computed token is 7); returns the step at

@@ -6,8 +6,9 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 import sharding
-from agentic_jax.inference import (GenerationResult, PromptBatch, SamplingParams, generate,
-                                   generate_recompute, init_cache, truncate_at_stop_strings)
+from agentic_jax.inference import (GenerationResult, PromptBatch, SamplingParams, beam_search,
+                                   contrastive_search, generate, generate_recompute, init_cache,
+                                   speculative_generate, truncate_at_stop_strings)
 from agentic_jax.models import TransformerConfig, forward, param_shapes
 
 CFG = TransformerConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8,
@@ -82,6 +83,7 @@ def test_rows_stop_on_their_own_stop_tokens_and_budgets(params):
         np.testing.assert_array_equal(result.tokens[b, :lengths[b]], free[b, :lengths[b]])
         assert (np.asarray(result.tokens[b, lengths[b]:]) == 0).all()
         assert (np.asarray(result.raw_logprobs[b, lengths[b]:]) == 0).all()
+        assert (np.asarray(result.logits[b, lengths[b]:]) == 0).all()
 
 
 def test_seeded_rows_reproduce_across_batches(params):
@@ -125,3 +127,17 @@ def test_prompt_arrays_must_be_batches_of_nonempty_rows(prompts):
     # An empty row would silently read its logits from position -1.
     with pytest.raises(ValueError, match=r"\[batch, length\]"):
         PromptBatch.from_array(prompts)
+
+
+@pytest.mark.parametrize("prompts", [[[3], [1, CFG.vocab_size]], np.array([[-1, 3]])],
+                         ids=["lists", "numpy"])
+def test_host_prompts_outside_the_vocabulary_are_rejected(prompts):
+    # The embedding lookup would silently clamp them (device arrays go unchecked: no sync).
+    sampling = SamplingParams(max_tokens=1)
+    decoders = [lambda: generate(None, CFG, prompts, sampling=sampling, key=None),
+                lambda: speculative_generate(None, CFG, prompts, sampling=sampling, key=None),
+                lambda: beam_search(None, CFG, prompts, width=1, max_new_tokens=1),
+                lambda: contrastive_search(None, CFG, prompts, top_k=1, max_new_tokens=1)]
+    for decode in decoders:
+        with pytest.raises(ValueError, match="token ids"):
+            decode()

@@ -212,3 +212,8 @@ def test_invalid_params_are_rejected():
         SamplingParams(top_p=0.0)
     with pytest.raises(ValueError):
         SamplingArrays.from_params([SamplingParams()], batch=2)
+    for counts in ({"top_k": 2.5}, {"max_tokens": 3.5}):
+        with pytest.raises(ValueError, match="not an integer"):
+            SamplingParams(**counts)
+    params = SamplingParams(top_k=np.int64(3), max_tokens=4.0)
+    assert type(params.top_k) is type(params.max_tokens) is int

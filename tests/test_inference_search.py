@@ -87,6 +87,35 @@ def test_wide_beam_returns_the_exact_n_best_list(params):
         np.testing.assert_allclose(result.scores[b], [s for s, _ in want], rtol=1e-4)
 
 
+def _beam_reference(params, prompt, width, n, penalty, eos):
+    """The module's alive/finished beam search, run for all ``n`` steps without stopping."""
+    alive, finished = [((), 0.0)], []
+    for step in range(n):
+        logp = _next_logprobs(params, [prompt + list(s) for s, _ in alive])
+        grown = sorted(((lp + row[tok], s + (tok,)) for (s, lp), row in zip(alive, logp)
+                        for tok in range(CFG.vocab_size)), reverse=True)[:2 * width]
+        finished += [(lp / (step + 1) ** penalty, s) for lp, s in grown
+                     if s[-1] == eos or step == n - 1]
+        alive = [(s, lp) for lp, s in grown if s[-1] != eos][:width]
+    return sorted(finished, reverse=True)[:width]
+
+
+def test_stopping_without_early_stopping_never_changes_the_beams(params):
+    # A prompt stops once no alive beam can beat its worst finished hypothesis; that must only
+    # save steps.  Token 15 is this model's likeliest, so as EOS it ends beams early and most
+    # prompts stop before the last step.  With a negative penalty the bound is the alive beam's
+    # score at its next length.
+    eos, penalty = 15, -0.5
+    prompts = np.random.default_rng(3).integers(0, CFG.vocab_size, (12, 3)).tolist()
+    result = beam_search(params, CFG, prompts, width=2, max_new_tokens=6, eos_id=eos,
+                         length_penalty=penalty, early_stopping=False)
+    for b, prompt in enumerate(prompts):
+        want = _beam_reference(params, prompt, 2, 6, penalty, eos)
+        got = [tuple(np.asarray(result.tokens[b, i, :result.lengths[b, i]]).tolist()) for i in range(2)]
+        assert got == [seq for _, seq in want]
+        np.testing.assert_allclose(result.scores[b], [s for s, _ in want], rtol=1e-4)
+
+
 def test_contrastive_search_without_penalty_is_greedy(params):
     result = contrastive_search(params, CFG, PROMPTS, alpha=0.0, top_k=3, max_new_tokens=6,
                                 eos_id=EOS)

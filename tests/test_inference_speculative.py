@@ -149,6 +149,14 @@ def test_tree_attention_scores_every_branch_like_a_forward_pass(params):
         np.testing.assert_allclose(logits[0, nodes], full, atol=2e-5)
 
 
+def test_a_draft_model_tree_has_at_most_one_branch_per_token():
+    # Greedy rows start each chain from a different token of the draft's top-branches.
+    with pytest.raises(ValueError, match="branches"):
+        speculative_generate(None, CFG, [[3, 4]], sampling=SamplingParams(temperature=0.0),
+                             key=jax.random.key(0), branches=CFG.vocab_size + 1,
+                             draft_params={}, draft_config=CFG)
+
+
 def test_prompt_lookup_proposes_what_followed_the_latest_ngram():
     seq = jnp.array([[0, 0, 1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 0, 0],
                      [7, 8, 9, 7, 8, 9, 7, 0, 0, 0, 0, 0, 0, 0],

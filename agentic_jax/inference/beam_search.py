@@ -74,7 +74,8 @@ def _beam_search(params, config: TransformerConfig, prompts: PromptBatch, *, wid
         if early_stopping:
             final = fin_scores[:, -1] > NEG_INF
         else:
-            best_alive = _penalised(alive_lp[:, 0], n if length_penalty > 0 else t + 1, length_penalty)
+            # Alive beams hold t + 1 tokens, so their next length is t + 2.
+            best_alive = _penalised(alive_lp[:, 0], n if length_penalty > 0 else t + 2, length_penalty)
             final = fin_scores[:, -1] >= best_alive
         return final | (alive_lp[:, 0] == NEG_INF)
 
@@ -121,7 +122,8 @@ def beam_search(params, config: TransformerConfig, prompts, *, width: int, max_n
         raise ValueError(f"need width >= 1 and max_new_tokens >= 1; got {width}, {max_new_tokens}")
     if not 1 <= (num_return or width) <= width:
         raise ValueError(f"num_return={num_return} must be in [1, width={width}]")
-    prompts = as_prompt_batch(prompts, padding=padding, pad_id=pad_id)
+    prompts = as_prompt_batch(prompts, padding=padding, pad_id=pad_id,
+                              vocab_size=config.vocab_size)
     result = _beam_search(params, config, prompts, width=width, max_new=max_new_tokens,
                           eos_id=eos_id, pad_id=pad_id, length_penalty=float(length_penalty),
                           early_stopping=early_stopping)

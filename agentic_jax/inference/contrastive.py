@@ -88,6 +88,7 @@ def contrastive_search(params, config: TransformerConfig, prompts, *, alpha: flo
     if not 0 <= alpha <= 1 or not 1 <= top_k <= config.vocab_size:
         raise ValueError(f"need 0 <= alpha <= 1 and 1 <= top_k <= vocab_size={config.vocab_size}; "
                          f"got {alpha}, {top_k}")
-    prompts = as_prompt_batch(prompts, padding=padding, pad_id=pad_id)
+    prompts = as_prompt_batch(prompts, padding=padding, pad_id=pad_id,
+                              vocab_size=config.vocab_size)
     return _contrastive(params, config, prompts, jnp.float32(alpha), top_k=top_k,
                         max_new=max_new_tokens, eos_id=eos_id, pad_id=pad_id)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import re
 import time
 from collections.abc import Iterable, Iterator, Sequence as SequenceT
 from pathlib import Path
@@ -43,6 +44,7 @@ from agentic_jax.models.config import TransformerConfig
 from agentic_jax.models.export import CONFIG_FILE, load_model
 
 BATCHING = ("continuous", "static")
+_GENERATED_ID = re.compile(r"req-\d+")  # the ids add_request gives requests without one
 
 
 @gin.configurable
@@ -80,7 +82,8 @@ class EngineConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """A prompt (token ids) and how to sample its continuation."""
+    """A prompt (token ids) and how to sample its continuation.  ``request_id`` must differ from
+    every request in flight; ids ``req-<n>`` are reserved for those the engine generates."""
     prompt: SequenceT[int]
     params: SamplingParams = SamplingParams()
     request_id: str | None = None
@@ -198,11 +201,18 @@ class Engine:
     # ----------------------------------------------------------------------------- requests
     def add_request(self, request: Request) -> str:
         """Queues ``request``; returns its id (generated if it has none)."""
-        arrival = next(self._arrivals)
-        request_id = request.request_id if request.request_id is not None else f"req-{arrival}"
-        prompt = tuple(int(t) for t in request.prompt)
+        return self._queue(request, self._check(request))
+
+    def _check(self, request: Request) -> tuple[int, ...]:
+        """``request``'s prompt, or ``ValueError``.  Nothing is recorded, so a rejected request
+        does not shift later requests' arrival numbers (their default ids and keys)."""
+        request_id = request.request_id
+        if request_id is not None and _GENERATED_ID.fullmatch(request_id):
+            raise ValueError(f"request id {request_id!r}: ids of the form 'req-<n>' are reserved "
+                             "for generated ones")
         if request_id in self._sequences:
             raise ValueError(f"request id {request_id!r} is already in flight")
+        prompt = tuple(int(t) for t in request.prompt)
         if not 0 < len(prompt) < self.max_model_len:
             raise ValueError(f"prompt length {len(prompt)} must be in [1, max_model_len="
                              f"{self.max_model_len})")
@@ -210,6 +220,11 @@ class Engine:
             raise ValueError(f"prompt token ids must be in [0, {self.config.vocab_size})")
         if request.params.stop_strings and self.tokenizer is None:
             raise ValueError("stop_strings need an Engine with a tokenizer")
+        return prompt
+
+    def _queue(self, request: Request, prompt: tuple[int, ...]) -> str:
+        arrival = next(self._arrivals)
+        request_id = request.request_id if request.request_id is not None else f"req-{arrival}"
         key = np.asarray(jax.random.key_data(jax.random.fold_in(self._base_key, arrival)))
         self._sequences[request_id] = seq = Sequence(
             request_id, prompt, request.params, key, arrival_step=self.step_count,
@@ -242,7 +257,12 @@ class Engine:
     def generate(self, requests: Iterable[Request]) -> list[Completion]:
         """Runs ``requests`` to completion; results in order.  Requests queued by others advance
         too, but their events are not kept."""
-        ids = [self.add_request(r) for r in requests]
+        requests = list(requests)
+        prompts = [self._check(r) for r in requests]  # all or nothing: a bad request queues none
+        given = [r.request_id for r in requests if r.request_id is not None]
+        if len(set(given)) < len(given):
+            raise ValueError(f"request ids repeat within one call: {given}")
+        ids = [self._queue(r, p) for r, p in zip(requests, prompts)]
         pending, done = set(ids), {}
         while pending:
             for event in self.step():

@@ -38,7 +38,8 @@ class GenerationResult(NamedTuple):
 
     ``sample_logprobs`` are log-probabilities under the distribution each token was drawn from
     (after penalties, temperature and truncation; 0 for greedy), ``raw_logprobs`` under the model's
-    own softmax — both 0 after ``lengths``.  ``logits`` (raw, ``[B, N, V]``) only when asked for.
+    own softmax.  ``logits`` (raw, ``[B, N, V]``) only when asked for.  All three are 0 after
+    ``lengths``.
     """
     tokens: jax.Array
     lengths: jax.Array
@@ -111,7 +112,8 @@ def _generate(params, config: TransformerConfig, prompts: PromptBatch, arrays: S
             out.tokens.at[:, t].set(tok), lengths,
             out.sample_logprobs.at[:, t].set(jnp.where(active, s.sample_logprobs, 0.0)),
             out.raw_logprobs.at[:, t].set(jnp.where(active, s.raw_logprobs, 0.0)),
-            None if out.logits is None else out.logits.at[:, t].set(logits))
+            None if out.logits is None else out.logits.at[:, t].set(
+                jnp.where(active[:, None], logits, 0.0)))
         done = done | (active & (is_stop(tok, arrays, eos_id) | (lengths >= arrays.max_tokens)))
         if counts is not None:
             counts = add_tokens(counts, tok, active)
@@ -142,7 +144,8 @@ def generate(params, config: TransformerConfig, prompts, *,
     or min-p; ``constraint`` masks tokens by a grammar automaton (see ``constrained.py``).  Stop
     strings are not applied here (they need a tokenizer): see :func:`truncate_at_stop_strings`.
     """
-    prompts = as_prompt_batch(prompts, padding=padding, pad_id=pad_id)
+    prompts = as_prompt_batch(prompts, padding=padding, pad_id=pad_id,
+                              vocab_size=config.vocab_size)
     arrays = sampling_arrays(sampling, prompts.tokens.shape[0])
     if constraint is not None and constraint.allowed.shape[1] != config.vocab_size:
         raise ValueError(f"constraint tables cover {constraint.allowed.shape[1]} tokens; the model "

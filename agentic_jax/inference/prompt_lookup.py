@@ -25,7 +25,8 @@ def ngram_drafts(seq, start, length, *, max_ngram: int, gamma: int, branches: in
     best_pos = jnp.full((b, branches), -1)
     best_n = jnp.zeros((b,), jnp.int32)
     for n in range(max_ngram, 0, -1):
-        # An occurrence at [j, j + n) followed by at least one token, entirely before the suffix.
+        # An occurrence at [j, j + n) followed by at least one token of the row: any but the suffix
+        # itself, which it may overlap ("a a a" proposes "a" after the 2-gram "a a").
         match = (j >= start[:, None]) & (j + n < length[:, None]) & (length[:, None] - n >= start[:, None])
         for k in range(n):
             target = jnp.take_along_axis(seq, jnp.clip(length - n + k, 0, s - 1)[:, None], axis=1)

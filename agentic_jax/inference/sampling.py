@@ -75,6 +75,11 @@ class SamplingParams:
     def __post_init__(self):
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+        for name in ("top_k", "max_tokens"):  # counts: the int32 arrays would truncate 2.5 to 2
+            value = getattr(self, name)
+            if int(value) != value:
+                raise ValueError(f"SamplingParams.{name}={value!r} is not an integer")
+            object.__setattr__(self, name, int(value))
         checks = (("temperature", self.temperature >= 0), ("top_k", self.top_k >= 0),
                   ("top_p", 0 < self.top_p <= 1), ("min_p", 0 <= self.min_p <= 1),
                   ("repetition_penalty", self.repetition_penalty > 0),

@@ -301,7 +301,11 @@ def speculative_generate(params, config: TransformerConfig, prompts, *,
         raise ValueError(f"draft vocab {draft_config.vocab_size} != target vocab {config.vocab_size}")
     if gamma < 1 or branches < 1:
         raise ValueError(f"need gamma >= 1 and branches >= 1; got {gamma}, {branches}")
-    prompts = as_prompt_batch(prompts, padding=padding, pad_id=pad_id)
+    if draft_config is not None and branches > config.vocab_size:
+        raise ValueError(f"branches={branches} exceeds vocab_size={config.vocab_size}: greedy rows "
+                         "start each draft chain from a different token")
+    prompts = as_prompt_batch(prompts, padding=padding, pad_id=pad_id,
+                              vocab_size=config.vocab_size)
     arrays = sampling_arrays(sampling, prompts.tokens.shape[0])
     return _speculative(params, config, draft_params, draft_config, prompts, arrays, key, gamma=gamma,
                         branches=branches, max_ngram=max_ngram, max_new=max_tokens(sampling),
