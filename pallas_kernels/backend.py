@@ -31,8 +31,9 @@ def lower_for_tpu(fn, *args, device_kind: str = "TPU v5 lite", num_cores: int = 
     Inside, :func:`target_platform` is ``"tpu"``, so the kernels compile instead of
     interpreting and Pallas lowers them to Mosaic (checking block shapes, layouts and ops);
     only the final Mosaic-to-machine-code step, done by the TPU runtime, is left out.
-    ``device_kind`` is a TPU's ``device_kind`` ("TPU v4", "TPU v5 lite", "TPU v5p",
-    "TPU v6 lite", ...); ``args`` may be arrays or ``jax.ShapeDtypeStruct``s.
+    ``device_kind`` is a TPU's ``device_kind`` ("TPU v4", "TPU v5 lite", "TPU v5" -- a v5p on
+    a TPU VM, "TPU v5p" under Pathways --, "TPU v6 lite", ...); ``args`` may be arrays or
+    ``jax.ShapeDtypeStruct``s.
     """
     device = jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=num_cores,
                                          platform="tpu")

@@ -6,6 +6,7 @@ Fixed seeds, small budgets; each threshold is stated next to its assert.
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from agentic_jax import envs
 from agentic_jax.envs.classic import BernoulliBandit, CartPole, chain_mdp, value_iteration
@@ -71,7 +72,7 @@ def test_reinforce_solves_the_bandit():
     config = agents.ReinforceConfig(num_envs=16, num_steps=8, num_updates=50, learning_rate=3e-2, hidden=(16,))
     params, metrics = jax.jit(jax.vmap(agents.make_reinforce(BANDIT, config)))(jax.random.split(jax.random.key(3), 2))
     probs = jax.nn.softmax(jax.vmap(agents.actor_critic_apply, in_axes=(0, None))(params, jnp.zeros((1,)))[0])
-    assert bool(jnp.all(jnp.argmax(probs, -1) == 2)), probs  # the best arm after 6,400 pulls
+    assert bool(jnp.all(probs[:, 2] > 0.9)), probs  # the best arm after 6,400 pulls (docs/envs.md)
     assert float(metrics["episode_return"][:, -10:].mean()) > 0.7
 
 
@@ -119,3 +120,27 @@ def test_actor_critic_targets_bootstrap_on_truncation_only():
     _, returns = agents.common.advantages_and_returns(params, traj, jnp.zeros((1, 1)), 0.5, 0.9)
     # continuing: r + γ·((1 − λ)·V + λ·G_1); terminated: r; truncated: r + γ·V(final), not r.
     np.testing.assert_allclose(returns[:, 0], [1.0 + 0.5 * (0.1 * 2.0 + 0.9 * 1.0), 1.0, 1.0 + 0.5 * 2.0], rtol=1e-6)
+
+
+def test_dqn_epsilon_reaches_its_end_value_when_the_decay_is_shorter_than_one_iteration():
+    # 0.1 × 4 iterations rounds to 0 decay steps; optax would then hold ε at epsilon_start (a random policy).
+    config = agents.DQNConfig(num_envs=1, num_iterations=4, buffer_size=8, batch_size=2, learning_starts=8,
+                              epsilon_fraction=0.1, hidden=(4,), log_every=1)
+    _, metrics = jax.jit(agents.make_dqn(CartPole(), config))(jax.random.key(0))
+    np.testing.assert_allclose(metrics["epsilon"], config.epsilon_end)
+
+
+def test_agents_name_bad_spaces_and_configs():
+    with pytest.raises(ValueError, match=r"1-D Box observation space, got Discrete\(8\)"):
+        agents.make_ppo(CHAIN_ENV)
+    with pytest.raises(ValueError, match=r"Discrete observation space \(a state index\), got Box"):
+        agents.make_q_learning(CartPole())
+    policy = jnp.full((8, 2), 0.5)
+    with pytest.raises(ValueError, match=r"policy must have shape .* \(8, 2\), got \(2, 8\)"):
+        agents.make_td_lambda(CHAIN_ENV, policy.T)  # indexing would have clamped states 2..7 to row 1
+    with pytest.raises(ValueError, match=r"num_steps \(15\) must split into num_minibatches \(2\)"):
+        agents.make_ppo(BANDIT, agents.PPOConfig(num_envs=3, num_steps=5, num_minibatches=2))
+    with pytest.raises(ValueError, match=r"learning_starts \(200\) must not exceed buffer_size \(100\)"):
+        agents.make_dqn(CartPole(), agents.DQNConfig(buffer_size=100, learning_starts=200))  # it would never learn
+    with pytest.raises(ValueError, match="a batch of 6 items to a buffer of capacity 5"):
+        agents.buffer_add(agents.buffer_init({"x": jnp.int32(0)}, 5), {"x": jnp.arange(6)})

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import optax
 
 from agentic_jax import rl
-from agentic_jax.envs import EpisodeStatistics, PolicyOutput, Transition, Vectorized, bootstrap_inputs, rollout
+from agentic_jax.envs import EpisodeStatistics, PolicyOutput, Transition, Vectorized, bootstrap_inputs, rollout, spaces
 from agentic_jax.rl.agents.networks import actor_critic_apply, actor_critic_init
 
 
@@ -61,10 +61,32 @@ def adam(learning_rate, max_grad_norm: float) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(learning_rate, eps=1e-5))
 
 
+def space_sizes(env, env_params, tabular: bool = False) -> tuple[int, int]:
+    """(observation size, number of actions), or a ValueError naming a space the agent cannot use.
+
+    Every agent picks among Discrete actions; tabular agents index their table
+    with a Discrete observation (a state index), the others feed a 1-D Box
+    observation to an MLP. Checked up front: otherwise the failure surfaces
+    deep in tracing (a missing `.n`, an empty shape, a matmul mismatch).
+    """
+    obs_space, action_space = env.observation_space(env_params), env.action_space(env_params)
+    if not isinstance(action_space, spaces.Discrete):
+        raise ValueError(f"the agent needs a Discrete action space, got {action_space}")
+    if tabular:
+        if not isinstance(obs_space, spaces.Discrete):
+            raise ValueError(f"a tabular agent needs a Discrete observation space (a state index), got {obs_space}")
+        return obs_space.n, action_space.n
+    if not isinstance(obs_space, spaces.Box) or len(obs_space.shape) != 1:
+        raise ValueError(
+            f"the agent's MLP needs a 1-D Box observation space, got {obs_space} "
+            "(flatten observations with envs.TransformObservation)"
+        )
+    return obs_space.shape[0], action_space.n
+
+
 def init_actor_critic(env, env_params, hidden: tuple[int, ...], optimizer):
     """`init(key) -> (params, opt_state)` for an actor-critic on a vector-observation, Discrete-action env."""
-    obs_dim = env.observation_space(env_params).shape[0]
-    num_actions = env.action_space(env_params).n
+    obs_dim, num_actions = space_sizes(env, env_params)
 
     def init(key):
         params = actor_critic_init(key, obs_dim, num_actions, hidden)

@@ -24,7 +24,7 @@ import optax
 from agentic_jax import rl
 from agentic_jax.envs import Env, EpisodeStatistics, run_steps
 from agentic_jax.rl.agents import replay
-from agentic_jax.rl.agents.common import adam, episode_metrics, epsilon_greedy, make_train
+from agentic_jax.rl.agents.common import adam, episode_metrics, epsilon_greedy, make_train, space_sizes
 from agentic_jax.rl.agents.networks import mlp_apply, mlp_init
 
 
@@ -63,13 +63,19 @@ def dqn_losses(params, target_params, batch, config: DQNConfig) -> jax.Array:
 
 def make_dqn(env: Env, config: DQNConfig = DQNConfig(), env_params=None):
     """Returns `train(key) -> (q_params, metrics)`; metrics per `log_every` iterations."""
+    if config.learning_starts > config.buffer_size:  # the buffer's size never reaches it: no update would run
+        raise ValueError(
+            f"learning_starts ({config.learning_starts}) must not exceed buffer_size ({config.buffer_size})"
+        )
     env = EpisodeStatistics(env)
     env_params = env.default_params if env_params is None else env_params
-    obs_space = env.observation_space(env_params)
-    num_actions = env.action_space(env_params).n
+    obs_dim, num_actions = space_sizes(env, env_params)
     optimizer = adam(config.learning_rate, config.max_grad_norm)
-    epsilon = optax.linear_schedule(
-        config.epsilon_start, config.epsilon_end, int(config.epsilon_fraction * config.num_iterations)
+    # optax makes a schedule with 0 transition steps constant at its *initial* value: ε would stay at epsilon_start.
+    decay_steps = int(config.epsilon_fraction * config.num_iterations)
+    epsilon = (
+        optax.linear_schedule(config.epsilon_start, config.epsilon_end, decay_steps)
+        if decay_steps > 0 else optax.constant_schedule(config.epsilon_end)
     )
     beta = optax.linear_schedule(config.beta_start, 1.0, config.num_iterations)
 
@@ -119,12 +125,12 @@ def make_dqn(env: Env, config: DQNConfig = DQNConfig(), env_params=None):
         return carry, {"loss": loss, "epsilon": epsilon(step), **episode_metrics(traj)}
 
     example = {
-        "obs": jnp.zeros(obs_space.shape, jnp.float32), "action": jnp.int32(0), "reward": jnp.float32(0.0),
-        "discount": jnp.float32(0.0), "next_obs": jnp.zeros(obs_space.shape, jnp.float32),
+        "obs": jnp.zeros((obs_dim,), jnp.float32), "action": jnp.int32(0), "reward": jnp.float32(0.0),
+        "discount": jnp.float32(0.0), "next_obs": jnp.zeros((obs_dim,), jnp.float32),
     }
 
     def init(key):
-        params = mlp_init(key, (obs_space.shape[0], *config.hidden, num_actions))
+        params = mlp_init(key, (obs_dim, *config.hidden, num_actions))
         buffer = replay.buffer_init(example, config.buffer_size)
         return params, params, optimizer.init(params), buffer, jnp.int32(0)
 

@@ -71,6 +71,9 @@ def make_ppo(env: Env, config: PPOConfig = PPOConfig(), env_params=None):
     env = EpisodeStatistics(env)
     env_params = env.default_params if env_params is None else env_params
     batch_size = config.num_envs * config.num_steps
+    if batch_size % config.num_minibatches:
+        raise ValueError(f"num_envs × num_steps ({batch_size}) must split into num_minibatches "
+                         f"({config.num_minibatches}) equal minibatches")
     minibatch_size = batch_size // config.num_minibatches
     steps_per_update = config.update_epochs * config.num_minibatches
     schedule = (

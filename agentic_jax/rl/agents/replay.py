@@ -6,7 +6,10 @@ jitted training loop. Prioritised sampling draws slot i with probability
 P(i) = p_i^α / Σ_k p_k^α by inverting the cumulative sum at stratified
 uniforms (one search per sample, O(capacity) per batch: a sum-tree's
 O(log n) pays off only for much larger buffers), and corrects the bias with
-importance weights w_i = (size·P(i))^−β / max_k w_k.
+importance weights w_i = (size·P(i))^−β divided by the largest weight in the
+batch (as Dopamine does; the paper divides by the largest over the whole
+buffer, which also scales every update down but lets one near-zero priority
+shrink all of them).
 Lin (1992), experience replay; Mnih et al. (2015), "Human-level control
 through deep RL"; Schaul et al. (2016), "Prioritized Experience Replay",
 arXiv:1511.05952.
@@ -39,6 +42,8 @@ def buffer_add(buffer: ReplayBuffer, batch: dict) -> ReplayBuffer:
     """
     capacity = buffer.priorities.shape[0]
     num = jax.tree.leaves(batch)[0].shape[0]
+    if num > capacity:  # slots would repeat, and which duplicate write lands is unspecified
+        raise ValueError(f"cannot add a batch of {num} items to a buffer of capacity {capacity}")
     slots = (buffer.position + jnp.arange(num)) % capacity
     data = jax.tree.map(lambda store, x: store.at[slots].set(x), buffer.data, batch)
     priority = jnp.maximum(jnp.max(buffer.priorities), 1.0)

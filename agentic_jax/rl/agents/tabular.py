@@ -25,7 +25,7 @@ import optax
 
 from agentic_jax import rl
 from agentic_jax.envs import Env, EpisodeStatistics, bootstrap_inputs, run_steps
-from agentic_jax.rl.agents.common import episode_metrics, epsilon_greedy, make_train
+from agentic_jax.rl.agents.common import episode_metrics, epsilon_greedy, make_train, space_sizes
 
 
 def averaged_table_step(table: jax.Array, loss_fn, index, lr) -> jax.Array:
@@ -49,7 +49,7 @@ def make_q_learning(env: Env, config: QLearningConfig = QLearningConfig(), env_p
     """Returns `train(key) -> (q_table [S, A], metrics)` for a Discrete-observation env."""
     env = EpisodeStatistics(env)
     env_params = env.default_params if env_params is None else env_params
-    num_states, num_actions = env.observation_space(env_params).n, env.action_space(env_params).n
+    num_states, num_actions = space_sizes(env, env_params, tabular=True)
     lr = optax.linear_schedule(config.learning_rate, config.lr_end, config.num_iterations)
 
     def policy(q, key, obs):
@@ -88,8 +88,11 @@ def make_td_lambda(env: Env, policy: jax.Array, config: TDLambdaConfig = TDLambd
     """Returns `train(key) -> (v_table [S], metrics)` evaluating the policy table π[S, A]."""
     env = EpisodeStatistics(env)
     env_params = env.default_params if env_params is None else env_params
-    num_states = env.observation_space(env_params).n
+    num_states, num_actions = space_sizes(env, env_params, tabular=True)
     log_policy = jnp.log(jnp.asarray(policy, jnp.float32))
+    if log_policy.shape != (num_states, num_actions):  # indexing would clamp a wrong-shaped table silently
+        raise ValueError(f"policy must have shape (num_states, num_actions) = {(num_states, num_actions)}, "
+                         f"got {log_policy.shape}")
     lr = optax.linear_schedule(config.learning_rate, config.lr_end, config.num_updates)
     td_lambda = jax.vmap(rl.td_lambda, in_axes=(1, 1, 1, 1, None), out_axes=1)
 
