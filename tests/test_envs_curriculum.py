@@ -48,6 +48,9 @@ def test_plr_prefers_high_scores():
     state = plr.update(state, jnp.arange(6), learnability(jnp.array([0.5, 0.0, 0.4, 1.0, 0.1, 0.2])))
     probs = np.asarray(jax.jit(plr.distribution)(state))
     assert probs.sum() == pytest.approx(1.0) and np.argmax(probs) == 0
+    for bad in (dict(beta=0.0), dict(rho=1.5), dict(replay_prob=-0.1)):
+        with pytest.raises(ValueError, match="PrioritizedLevelReplay needs"):
+            PrioritizedLevelReplay(6, **bad)
     order = np.argsort(-np.asarray(state.scores))
     assert np.all(np.diff(probs[order][:4]) < 0)  # strictly by score rank (levels 1 and 3 tie at 0)
     _, levels = jax.jit(plr.sample, static_argnums=2)(state, jax.random.key(0), 2000)

@@ -50,3 +50,9 @@ def test_bootstrap_ci_matches_the_normal_interval_on_a_large_sample():
     assert (low, high) == pytest.approx((mean - half, mean + half), abs=0.01)
     # A constant difference has a zero-width interval (BCa is undefined there).
     assert bootstrap_ci(np.arange(10) + 1, paired_with=np.arange(10)) == (1.0, 1.0, 1.0)
+    # Constant up to rounding: still a zero-width interval, not NaN.
+    noisy = np.random.default_rng(2).uniform(0, 1000, 50)
+    mean, low, high = bootstrap_ci(noisy + 0.1, paired_with=noisy)
+    assert low == mean == high == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="confidence"):
+        bootstrap_ci(values, confidence=95)

@@ -63,6 +63,7 @@ def test_gae_matches_a_slow_loop_and_its_limits(gae_fn, rewards, values, discoun
     )
     monte_carlo = _monte_carlo_returns(rewards, discounts, values[-1]) - values[:-1]
     np.testing.assert_allclose(gae_fn(rewards, values, discounts, 1.0), monte_carlo, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(gae_fn(rewards, values, discounts, 1), gae_fn(rewards, values, discounts, 1.0))
     np.testing.assert_allclose(
         gae_fn(rewards, values, discounts, 0.0),
         td_error(values[:-1], rewards, discounts, values[1:]),

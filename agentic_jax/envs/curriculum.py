@@ -109,6 +109,9 @@ class PrioritizedLevelReplay:
     """PLR over ``num_levels`` levels (Jiang et al., 2021); hyperparameters follow the paper's defaults."""
 
     def __init__(self, num_levels: int, beta: float = 0.1, rho: float = 0.1, replay_prob: float = 0.5):
+        if num_levels < 1 or not beta > 0 or not 0 <= rho <= 1 or not 0 <= replay_prob <= 1:
+            raise ValueError(f"PrioritizedLevelReplay needs num_levels >= 1, beta > 0 and rho, replay_prob "
+                             f"in [0, 1]; got {num_levels}, {beta}, {rho}, {replay_prob}")
         self.num_levels, self.beta, self.rho, self.replay_prob = num_levels, beta, rho, replay_prob
 
     def init(self) -> LevelReplayState:

@@ -47,8 +47,12 @@ def bootstrap_ci(values, *, paired_with=None, confidence: float = 0.95, resample
         values = values - other
     if values.ndim != 1 or values.size < 2:
         raise ValueError(f"need a 1-D array of at least 2 values, got shape {values.shape}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     mean = float(values.mean())
-    if np.all(values == values[0]):
+    # Constant up to rounding (paired differences such as (v + 1) - v): BCa is undefined there
+    # and scipy would return NaN.
+    if np.allclose(values, values[0], rtol=1e-9, atol=1e-12):
         return mean, mean, mean
     result = scipy.stats.bootstrap((values,), np.mean, confidence_level=confidence, n_resamples=resamples,
                                    method="BCa", random_state=np.random.default_rng(seed))

@@ -23,7 +23,10 @@ def _stream(**arrays) -> list[jax.Array]:
 
 
 def _per_step(name, x, length) -> jax.Array:
-    """A scalar or [T] parameter (λ), broadcast to [T]."""
+    """A scalar or [T] parameter (λ), broadcast to [T]; integers (``lam=1``) count as floats."""
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        x = x.astype(jnp.float32)
     x = check.floating(name, x)
     if x.ndim:
         check.shape(name, x, (length,))
