@@ -4,7 +4,7 @@ import json
 import time
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from agentic_jax.agents import Budget, ScriptedPolicy, StopReason, ToolError, load, render, tool
@@ -140,7 +140,7 @@ def test_peers_exchange_messages_through_mailboxes_until_a_final_answer():
     result = PeerNetwork([alice, bob], limits=TeamLimits(max_rounds=5)).run("6 * 7?")
     assert result.ok and result.answer == "42" and result.rounds == 3
     assert [(m.sender, m.recipients, m.act) for m in result.messages] == [
-        ("user", ("alice",), "task"), ("alice", ("bob",), "message"),
+        ("(user)", ("alice",), "task"), ("alice", ("bob",), "message"),
         ("bob", ("alice",), "message")]
     assert "From bob (message): It is 42." in prompt_of(alice, 2)
     bad = [e for e in result.trace if e["kind"] == "tool_call" and e["status"] != "ok"]
@@ -168,6 +168,17 @@ def test_peers_that_never_answer_stop_at_the_limit(limits, reason, messages):
     assert result.stop_reason is reason and result.answer is None
     assert len(result.messages) == messages
     assert result.model_calls <= limits.budget.max_steps
+
+
+def test_a_final_answer_given_in_the_turn_that_hits_the_message_limit_still_wins():
+    # The task is message 1 of 1: alice answers, then her message is refused by the limit; her
+    # turn ends with a note, or with her policy failing.
+    for ending in (["done"], []):
+        alice = agent("alice", calls("final_answer", answer="42"),
+                      calls("send_message", to="bob", content="fyi"), *ending)
+        result = PeerNetwork([alice, agent("bob")], limits=TeamLimits(max_messages=1)).run("?")
+        assert result.stop_reason is StopReason.ANSWER and result.answer == "42"
+        assert len(result.messages) == 1
 
 
 def test_peers_with_nothing_left_to_say_stop_without_progress():
@@ -241,6 +252,24 @@ def test_parse_vote_reads_answer_and_confidence():
         tally(["a"], [-1])
 
 
+@given(st.integers(0, 100), st.booleans(), st.sampled_from(["", ".", "!", ";", " ."]))
+def test_parse_vote_reads_a_confidence_followed_by_punctuation(percent, as_percent, end):
+    stated = f"{percent}%" if as_percent else f"{percent / 100}"
+    answer, confidence = parse_vote(f"ANSWER: x\nCONFIDENCE: {stated}{end}")
+    assert answer == "x" and confidence == pytest.approx(percent / 100)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 9)), min_size=1,
+                max_size=9))
+@example([("a", 3), ("b", 1), ("b", 2)])  # 0.1 + 0.2 != 0.3 in floats
+def test_weighted_ties_follow_exact_sums_not_float_rounding(votes):
+    # Confidences in tenths: the exact totals (integer tenths) decide, not float round-off.
+    answers, tenths = [a for a, _ in votes], [t for _, t in votes]
+    result = tally(answers, [t / 10 for t in tenths])
+    assert result.winner == reference_winner(answers, tenths)
+    assert result.weight == pytest.approx(sum(t for a, t in votes if a == result.winner) / 10)
+
+
 def test_majority_and_confidence_weighted_votes_differ_and_failures_are_left_out():
     def voters():
         return [agent("a", "ANSWER: 4\nCONFIDENCE: 0.3"), agent("b", "ANSWER: 5\nCONFIDENCE: 0.9"),
@@ -307,6 +336,15 @@ def test_a_failed_debater_is_left_out_of_the_broadcasts():
     assert result.agents["c"].received == 0
 
 
+def test_a_debater_dropping_out_is_not_a_changed_answer():
+    # c answers once and then fails; a and b repeat themselves, so round 2 changed nothing.
+    stuck = [agent("a", *["ANSWER: 1"] * 3), agent("b", *["ANSWER: 2"] * 3),
+             agent("c", "ANSWER: 3")]
+    result = Debate(stuck, limits=TeamLimits(max_rounds=5, patience=1)).run("x")
+    assert result.stop_reason is StopReason.NO_PROGRESS and result.rounds == 2
+    assert [f.agent for f in result.failures] == ["c"] and result.answer == "1"
+
+
 def test_team_token_budget_stops_a_debate_that_never_ends():
     debaters = rotating(3, 50)
     result = Debate(debaters, limits=TeamLimits(max_rounds=50, budget=Budget(
@@ -358,6 +396,13 @@ def test_contract_net_reawards_a_failed_task_to_the_next_best_bid():
     assert result.agents["cheap"].failure.reason is StopReason.POLICY_ERROR
     assert parse_bid("bid: 2.5e1") == 25.0 and parse_bid("no bid, sorry") is None
     assert parse_bid("BID: nan") is None and parse_bid("I'd rather not") is None
+
+
+def test_a_contractor_called_manager_is_not_confused_with_the_stand_in_manager():
+    result = ContractNet([agent("manager", "BID: 1", "done")], subtasks=["job"]).run("job")
+    assert result.ok and result.artifacts["awards"] == {0: "manager"}
+    stats = result.agents["manager"]  # its bid and report; the announcement and the award
+    assert (stats.sent, stats.received) == (2, 2)
 
 
 # ----------------------------------------------------------------------- research example

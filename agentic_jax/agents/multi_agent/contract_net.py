@@ -14,8 +14,10 @@ as unallocated.
 
 The tasks are given (``subtasks``), or split from the task by the ``manager`` (a
 :class:`TeamMember`, which then also writes the final answer from the reports); with neither,
-the task itself is the one task.  Without a manager the answer lists the reports.  All bids are
-collected before the first award, so a contractor's bid never depends on what it has won.
+the task itself is the one task.  Without a manager the pattern announces and awards as
+``(manager)``, a name no member can have (so no contractor is credited with its messages), and
+the answer lists the reports.  All bids are collected before the first award, so a contractor's
+bid never depends on what it has won.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from agentic_jax.agents.budget import Pricing, StopReason
 from agentic_jax.agents.multi_agent.team import Pattern, Team, TeamLimits, TeamMember
 from agentic_jax.agents.plan_execute import parse_plan
 
-MANAGER = "manager"
+MANAGER = "(manager)"
 ANNOUNCE_PROMPT = ("Call for bids. Task: {task}\n\nIf you can do it, reply 'BID: <your estimated "
                    "cost>' (a number; the lowest bid wins). Otherwise reply 'NO BID'.")
 EXECUTE_PROMPT = "You won the contract for this task: {task}\n\nDo it and reply with the result."

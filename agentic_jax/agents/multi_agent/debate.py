@@ -11,10 +11,11 @@ The debate ends
 * when every remaining debater gives the same answer (after normalisation, see ``voting.py``):
   stop reason ``answer``;
 * otherwise after ``max_rounds`` rounds, or after ``patience`` rounds in a row in which no
-  answer changed (``no_progress``).  Then a ``judge``, if there is one, reads the last answers
-  and decides (stop reason ``answer``; its verdict is a ``verdict`` message to the debaters);
-  without a judge, or if it fails, the tally of the last answers (confidence-weighted when
-  ``weighted``) is the answer, and the stop reason says the debate did not converge.
+  remaining debater's answer changed (``no_progress``; a debater dropping out is no change).
+  Then a ``judge``, if there is one, reads the last answers and decides (stop reason
+  ``answer``; its verdict is a ``verdict`` message to the debaters); without a judge, or if it
+  fails, the tally of the last answers (confidence-weighted when ``weighted``) is the answer,
+  and the stop reason says the debate did not converge.
 """
 from __future__ import annotations
 
@@ -79,7 +80,9 @@ class Debate(Pattern):
                 team.decide("agreement", f"all {len(answers)} debaters agree")
                 return (parse_vote(next(iter(replies.values())))[0], StopReason.ANSWER,
                         f"all {len(answers)} debaters agreed in round {team.round}")
-            changed = answers != {n: normalize(parse_vote(r)[0]) for n, r in previous.items()}
+            # Only the debaters still in: one dropping out changes nobody's answer.
+            changed = any(n not in previous or a != normalize(parse_vote(previous[n])[0])
+                          for n, a in answers.items())
             if team.progress(changed):
                 return self._conclude(team, task, replies, StopReason.NO_PROGRESS,
                                       f"no answer changed for {team.limits.patience} rounds")

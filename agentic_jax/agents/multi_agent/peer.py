@@ -9,7 +9,8 @@ inbox.  What a member says outside ``send_message`` stays with it.
 
 Round 1 delivers the task to the ``entry`` member.  The run stops when someone gives the final
 answer, when no message is in flight (``no_progress``: nobody can act again), or at
-``max_rounds`` / ``max_messages``.
+``max_rounds`` / ``max_messages``.  A final answer stands even if the same turn then hits a
+limit: it was given within them.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from agentic_jax.agents.multi_agent.team import (AgentMessage, Pattern, Team, Te
                                                  TeamMember, TeamStop, inbox)
 from agentic_jax.agents.tools import Tool, ToolError, tool
 
-USER = "user"
+USER = "(user)"  # no member name has parentheses, so no peer can be mistaken for the user
 PEER_PROMPT = ("Team task: {task}\nYour peers: {peers}.\n\nYour messages:\n{inbox}\n\nAct on them: "
                "use send_message to ask or tell a peer something, final_answer when the team's "
                "answer is ready; then end your turn with a short note.")
@@ -59,9 +60,13 @@ class PeerNetwork(Pattern):
                 peers = [p for p in team.members if p != name]
                 prompt = PEER_PROMPT.format(task=task, peers=", ".join(peers) or "none",
                                             inbox=inbox(delivered[name]))
-                team.turn(name, prompt, _peer_tools(team, name, peers, mailboxes, final))
-                team.check()  # a message limit hit inside a tool
-                if final:
+                try:
+                    team.turn(name, prompt, _peer_tools(team, name, peers, mailboxes, final))
+                    team.check()  # a message limit hit inside a tool
+                except TeamStop:
+                    if not final:
+                        raise
+                if final:  # given within the limits, so it stands even if the turn then hit one
                     artifacts["final_answer_by"] = final["agent"]
                     return final["answer"], StopReason.ANSWER, f"{final['agent']} gave the answer"
         return None, StopReason.MAX_ROUNDS, (f"no final answer within "

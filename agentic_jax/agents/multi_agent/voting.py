@@ -8,10 +8,13 @@ the member's stated confidence for confidence-weighted consensus.
 
 **Tie-break (deterministic).**  The largest total weight wins; among answers with equal totals,
 the one given first wins (in the order of the votes, which is member order).  So a tie never
-depends on hashing, timing or the order in which a pattern happened to collect replies.
+depends on hashing, timing or the order in which a pattern happened to collect replies.  Totals
+are equal up to float round-off (relative 1e-9): confidences such as 0.1 + 0.2 and 0.3 tie,
+though their float sums differ in the last bit.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -25,7 +28,8 @@ ANSWER_FORMAT = ("Reply with your answer on a line 'ANSWER: <answer>' and, on an
                  "'CONFIDENCE: <a number from 0 to 1>'.")
 VOTE_PROMPT = "{task}\n\n" + ANSWER_FORMAT
 
-_CONFIDENCE = re.compile(r"(?im)^\s*confidence\s*[:=]\s*(\d*\.?\d+)\s*(%?)\s*$")
+# A closing punctuation mark ("CONFIDENCE: 0.8.") is common in model output.
+_CONFIDENCE = re.compile(r"(?im)^\s*confidence\s*[:=]\s*(\d*\.?\d+)\s*(%?)\s*[.,;!]?\s*$")
 _ANSWER = re.compile(r"(?im)^\s*(?:final\s+)?answer\s*[:=]\s*(.*?)\s*$")
 
 
@@ -43,7 +47,8 @@ def normalize(answer: str) -> str:
 def parse_vote(text: str) -> tuple[str, float]:
     """``(answer, confidence)`` from a reply: the answer is the last ``ANSWER:`` line (else the
     whole reply without its confidence line), the confidence the ``CONFIDENCE:`` line (a number
-    in [0, 1] or a percentage, clipped to [0, 1]; 1 when absent)."""
+    in [0, 1] or a percentage, clipped to [0, 1], maybe followed by a punctuation mark; 1 when
+    absent)."""
     confidence = 1.0
     found = _CONFIDENCE.findall(text)
     if found:
@@ -71,8 +76,9 @@ def tally(answers: Sequence[str], weights: Sequence[float] | None = None) -> Tal
         totals[key] = totals.get(key, 0.0) + weight
         first.setdefault(key, answer)
     best = max(totals.values())
-    key = next(k for k, w in totals.items() if w == best)  # dicts keep first-appearance order
-    return Tally(first[key], best, sum(weights), totals)
+    key = next(k for k, w in totals.items()  # dicts keep first-appearance order
+               if math.isclose(w, best, rel_tol=1e-9))
+    return Tally(first[key], totals[key], sum(weights), totals)
 
 
 @gin.configurable(module="multi_agent")
