@@ -170,6 +170,8 @@ def plan_memory(config, mesh, batch: int, seq_len: int, optimizer: str | None = 
         raise ValueError(f"remat={remat!r}; expected one of {REMAT}")
     if optimizer is not None and optimizer not in OPTIMIZER_MOMENTS:
         raise ValueError(f"optimizer={optimizer!r}; expected None or one of {sorted(OPTIMIZER_MOMENTS)}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}; expected one of {sorted(PRECISIONS)}")
     p = PRECISIONS[precision]
     rules = AxisRules(current_rules() if rules is None else rules)
     param_rows = array_layouts(*transformer_params(config), mesh, rules)

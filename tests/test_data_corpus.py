@@ -12,6 +12,8 @@ from agentic_jax.data.corpus import corpus_files, corpus_manifest
 from agentic_jax.data.corpus.build import is_heldout
 from agentic_jax.data.documents import read_documents, write_documents
 from agentic_jax.data.stats import unigram_entropy
+from agentic_jax.data.tokenized_corpus import tokenize_files
+from agentic_jax.data.tokenizer import IM_END, Tokenizer, train_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +83,16 @@ def test_unigram_entropy_known_values():
     assert unigram_entropy(np.arange(8).reshape(2, 4)) == pytest.approx(math.log(8))
     with pytest.raises(ValueError):
         unigram_entropy([])
+
+
+def test_tokenized_cache_follows_the_special_tokens_not_only_the_vocabulary(tmp_path):
+    """Same vocabulary (same fingerprint), another EOS (as a tokenizer_config.json can name):
+    the cache must not hand back tokens ending in the old EOS."""
+    write_documents(tmp_path / "docs.txt", ["one document", "and another one"])
+    plain = train_tokenizer(tmp_path / "tokenizer.json", files=[tmp_path / "docs.txt"],
+                            vocab_size=300)
+    chat = Tokenizer(plain.backend, eos_token=IM_END)
+    assert chat.fingerprint == plain.fingerprint and chat.eos_id != plain.eos_id
+    for tok in (plain, chat):
+        corpus = tokenize_files(tok, [tmp_path / "docs.txt"], cache_dir=tmp_path / "cache")
+        assert set(corpus.tokens[corpus.offsets[1:] - 1]) == {tok.eos_id}

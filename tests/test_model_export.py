@@ -6,6 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from agentic_jax.data.documents import write_documents
+from agentic_jax.data.tokenizer import IM_END, load_tokenizer, train_tokenizer
 from agentic_jax.models import TransformerConfig, param_shapes
 from agentic_jax.models.export import (CONFIG_FILE, PARAMS_DIR, hf_to_native, load_model,
                                        native_to_hf, save_model)
@@ -79,6 +81,22 @@ def test_hf_native_conversions_are_exact(tmp_path):
     config, back = load_hf_checkpoint(tmp_path / "hf2")
     assert config == CONFIG
     _assert_trees_equal(back, params)
+
+
+def test_conversions_carry_the_tokenizer(tmp_path):
+    """A training workdir keeps ``tokenizer.json`` beside ``model/``; both conversions must take
+    it (and the config naming its special tokens) along, or the result cannot encode a prompt."""
+    write_documents(tmp_path / "docs.txt", ["some text to learn merges from"])
+    tokenizer = train_tokenizer(tmp_path / "run" / "tokenizer.json",
+                                files=[tmp_path / "docs.txt"], vocab_size=300)
+    (tmp_path / "run" / "tokenizer_config.json").write_text(json.dumps({"eos_token": IM_END}))
+    save_model(tmp_path / "run" / "model", CONFIG, _random_params(CONFIG))
+    native_to_hf(tmp_path / "run" / "model", tmp_path / "hf")
+    hf_to_native(tmp_path / "hf", tmp_path / "native")
+    for out in ("hf", "native"):
+        loaded = load_tokenizer(tmp_path / out)
+        assert loaded.fingerprint == tokenizer.fingerprint
+        assert loaded.eos_id == tokenizer.token_id(IM_END) != tokenizer.eos_id
 
 
 def test_convert_names_missing_input(tmp_path):

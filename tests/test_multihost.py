@@ -147,3 +147,9 @@ def test_initialize_distributed_reads_flags_then_environment(monkeypatch):
     monkeypatch.setenv(distributed.ENV_PROCESS_ID, "3")
     assert distributed.initialize_distributed(process_id=1)
     assert calls == [(None, None, None), ("127.0.0.1:2", 4, 1)]
+
+
+def test_a_malformed_environment_variable_is_named(monkeypatch):
+    monkeypatch.setenv(distributed.ENV_NUM_PROCESSES, "two")
+    with pytest.raises(ValueError, match="JAX_NUM_PROCESSES='two'"):
+        distributed.initialize_distributed()

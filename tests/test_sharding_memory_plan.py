@@ -71,6 +71,13 @@ def test_duck_typed_config_and_divisibility():
         plan_memory(LLAMA3_8B, {"tensor": 16}, 1, SEQ)
 
 
+def test_bad_choices_are_named():
+    for kwargs, name in (({"precision": "fp16"}, "precision='fp16'"), ({"remat": "some"}, "remat='some'"),
+                         ({"optimizer": "adagrad"}, "optimizer='adagrad'")):
+        with pytest.raises(ValueError, match=name):
+            plan_memory(LLAMA3_8B, {}, 1, SEQ, **kwargs)
+
+
 def test_planner_parameters_agree_with_model():
     config = TransformerConfig(tie_embeddings=False, qkv_bias=True)
     axes, shapes = transformer_params(config)

@@ -52,8 +52,12 @@ class TokenizedCorpus:
 
 
 def _cache_key(tokenizer: Tokenizer, files: Sequence[str | os.PathLike]) -> str:
+    """Covers everything the cached tokens depend on.  The fingerprint covers the vocabulary and
+    merges only, while the BOS/EOS ids added to every document come from the wrapper (e.g. a
+    ``tokenizer_config.json`` naming another EOS), so they are part of the key too."""
     file_hashes = [hashlib.sha256(pathlib.Path(f).read_bytes()).hexdigest() for f in files]
     payload = json.dumps({"format": _CACHE_FORMAT, "tokenizer": tokenizer.fingerprint,
+                          "bos": tokenizer.bos_id, "eos": tokenizer.eos_id,
                           "files": file_hashes})
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:24]
 

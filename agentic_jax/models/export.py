@@ -4,12 +4,14 @@ A native model directory holds ``config.json`` (every :class:`TransformerConfig`
 dtype, attention implementation and the like survive, which a HF config cannot carry) and
 ``params/``, an orbax ``StandardCheckpointer`` checkpoint (the format training checkpoints use,
 which restores straight into jax arrays).  ``config.json`` is written after the parameters, so its
-presence marks a complete save.
+presence marks a complete save.  A model without its tokenizer cannot be used, so the converters
+copy the tokenizer files along with the weights.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import orbax.checkpoint as ocp
@@ -20,6 +22,8 @@ from agentic_jax.models.transformer import param_shapes
 
 CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
+# ``tokenizer.json`` and the files naming its special tokens (``load_tokenizer`` reads the config).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def config_to_dict(config: TransformerConfig) -> dict:
@@ -61,17 +65,33 @@ def load_model(path) -> tuple[TransformerConfig, dict]:
     return config, params
 
 
+def _copy_tokenizer(candidates, out_dir) -> None:
+    """Copies ``TOKENIZER_FILES`` from the first of ``candidates`` holding a ``tokenizer.json``."""
+    src = next((Path(d) for d in candidates if (Path(d) / TOKENIZER_FILES[0]).is_file()), None)
+    if src is None:
+        return
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, Path(out_dir) / name)
+
+
 def hf_to_native(hf_dir, out_dir, *, param_dtype: str = "float32") -> TransformerConfig:
-    """Converts a HF Llama / Mistral / Qwen2 checkpoint directory to a native model directory."""
+    """Converts a HF Llama / Mistral / Qwen2 checkpoint directory to a native model directory,
+    tokenizer files included."""
     config, params = load_hf_checkpoint(hf_dir, param_dtype=param_dtype)
     save_model(out_dir, config, params)
+    _copy_tokenizer([hf_dir], out_dir)
     return config
 
 
 def native_to_hf(native_dir, out_dir, *, dtype: str | None = None,
                  max_shard_bytes: int = 5 * 10**9) -> TransformerConfig:
     """Converts a native model directory to a HF checkpoint (tensors in ``dtype``, default the
-    model's ``param_dtype``; sharded above ``max_shard_bytes``)."""
+    model's ``param_dtype``; sharded above ``max_shard_bytes``).  The tokenizer files come from
+    the model directory or, as training writes ``workdir/model`` beside ``workdir/tokenizer.json``,
+    from its parent."""
     config, params = load_model(native_dir)
     save_hf_checkpoint(out_dir, config, params, dtype=dtype, max_shard_bytes=max_shard_bytes)
+    native_dir = Path(native_dir)
+    _copy_tokenizer([native_dir, native_dir.absolute().parent], out_dir)
     return config

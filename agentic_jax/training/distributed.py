@@ -36,7 +36,12 @@ ENV_PROCESS_ID = "JAX_PROCESS_ID"
 
 def _env_int(name: str) -> int | None:
     value = os.environ.get(name)
-    return None if value in (None, "") else int(value)
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)
+    except ValueError:  # int()'s own message would not say which variable is wrong
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
 
 
 def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
