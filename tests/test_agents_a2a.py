@@ -27,9 +27,11 @@ from agentic_jax.agents.a2a import A2AServerConfig, a2a_app, agent_card, config_
 from agentic_jax.agents.a2a_client import (DelegationError, RemoteAgent, delegate_node,
                                            delegate_tool)
 from agentic_jax.agents.builtin_tools import calculator
+from agentic_jax.agents.executor import RetryPolicy
 from agentic_jax.agents.session import AgentConfig
 from agentic_jax.agents.skills import SkillRegistry
 from agentic_jax.cli import _parser
+from agentic_jax.data.chat import ToolCall
 
 BASE = "http://agent.test"
 ANSWER = "17 * 23 + 100 = 491."
@@ -435,9 +437,38 @@ def test_polling_a_non_streaming_agent_and_timeouts_cancel_the_remote_task():
 def test_missing_credentials_fail_at_card_resolution():
     app, _ = echo_server()
     agent = RemoteAgent("http://echo.test", transport=httpx.ASGITransport(app))
-    with pytest.raises(DelegationError, match="could not resolve the agent card.*401"):
+    with pytest.raises(DelegationError, match="could not resolve the agent card.*401") as error:
         delegate_tool(agent)
+    assert not error.value.transient
     agent.close()
+
+
+class Flaky(httpx.AsyncBaseTransport):
+    """``app``'s transport, refusing the first ``refusals`` requests of ``method``."""
+
+    def __init__(self, app, method, refusals):
+        self.inner, self.method, self.refusals = httpx.ASGITransport(app), method, refusals
+
+    async def handle_async_request(self, request):
+        if request.method == self.method and self.refusals:
+            self.refusals -= 1
+            raise httpx.ConnectError("connection refused", request=request)
+        return await self.inner.handle_async_request(request)
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_network_failures_are_transient_so_the_executor_retries(streaming):
+    app, _ = echo_server()
+    down = RemoteAgent("http://echo.test", transport=Flaky(app, "GET", 1))
+    with down, pytest.raises(DelegationError, match="agent card") as error:
+        delegate_tool(down)
+    assert error.value.transient
+    with RemoteAgent("http://echo.test", headers={"X-API-Key": "k3y"}, streaming=streaming,
+                     transport=Flaky(app, "POST", 1)) as agent:
+        executor = ToolExecutor([delegate_tool(agent)],
+                                retry=RetryPolicy(max_attempts=2, base_delay_s=0.01))
+        done = executor.execute(ToolCall("ask_echo_agent", {"task": "again"}))
+    assert (done.status, done.content, done.attempts) == ("ok", "AGAIN", 2)
 
 
 class Flow(pydantic.BaseModel):

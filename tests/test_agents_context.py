@@ -62,9 +62,19 @@ def test_summaries_never_split_a_call_from_its_result():
     prompt = manager.build("s", history)
     assert manager.offset == 2  # the cut at the tool result moved back to the call
     assert prompt[1:] == history[2:]
-    forward = ContextManager(ContextBudget(window=600, keep_recent=1))
-    forward.build("s", [Message("assistant", "q " * 700, call.tool_calls), Message("tool", "2")])
+    forward = ContextManager(ContextBudget(window=600, keep_recent=2))
+    forward.build("s", [Message("assistant", "q " * 700, call.tool_calls), Message("tool", "2"),
+                        Message("user", "go on")])
     assert forward.offset == 2  # moving back would not advance: the result goes too
+    # But the newest call and its results are never folded away (leaving the system prompt
+    # alone): their text is cut to fit instead.
+    newest = ContextManager(ContextBudget(window=600, keep_recent=1))
+    prompt = newest.build("s", [Message("user", "go"), Message("assistant", "q " * 700,
+                                                               call.tool_calls),
+                                Message("tool", "2 " * 700)])
+    assert newest.offset == 1 and [m.role for m in prompt] == ["system", "assistant", "tool"]
+    assert prompt[1].tool_calls == call.tool_calls and prompt[2].content.startswith("2 2")
+    assert messages_tokens(prompt) <= 600 - newest.budget.tokens(newest.budget.generation)
 
 
 def test_overflow_when_pinned_facts_cannot_fit():

@@ -4,7 +4,7 @@ import threading
 import pydantic
 import pytest
 
-from agentic_jax.agents import (FileCheckpointer, GraphError, ScriptedPolicy, StateGraph,
+from agentic_jax.agents import (END, FileCheckpointer, GraphError, ScriptedPolicy, StateGraph,
                                 parallel)
 from agentic_jax.agents.policy import AssistantMessage
 from agentic_jax.agents.workflows import (evaluator_optimizer, orchestrator_workers,
@@ -65,6 +65,8 @@ def test_human_in_the_loop_interrupt_edit_approve_and_reject():
 def test_graph_errors():
     with pytest.raises(GraphError, match="unknown node"):
         StateGraph(Counter).add_node("a", lambda s: None).add_edge("a", "b").compile()
+    with pytest.raises(GraphError, match="no nodes"):
+        prompt_chain(ScriptedPolicy([]), [])
     forever = StateGraph(Counter).add_node("a", lambda s: None).add_edge("a", "a")
     with pytest.raises(GraphError, match="max_steps"):
         forever.compile(max_steps=5).invoke({})
@@ -84,6 +86,56 @@ def test_parallel_nodes_run_concurrently():
     node = parallel({"a": branch("a"), "b": branch("b")})
     run = StateGraph(Pair).add_node("both", node).compile().invoke({})
     assert (run.state.a, run.state.b) == (2, 2)
+
+
+def test_a_file_checkpoint_resumes_sets_and_tuples_exactly(tmp_path):
+    class Tagged(pydantic.BaseModel):
+        tags: set[str] = set()
+        pair: tuple[int, int] = (0, 0)
+
+    def compiled():  # a fresh process: new graph, new checkpointer on the same directory
+        return (StateGraph(Tagged).add_node("tag", lambda s: {"tags": {"x", "y"}, "pair": (1, 2)})
+                .add_node("check", lambda s: None).add_edge("tag", "check")
+                .compile(checkpointer=FileCheckpointer(tmp_path), interrupt_before=["check"]))
+
+    assert compiled().invoke({}, thread_id="t").status == "interrupted"
+    run = compiled().resume("t")
+    assert run.status == "done" and run.state == Tagged(tags={"x", "y"}, pair=(1, 2))
+
+
+def test_bad_updates_and_routes_are_graph_errors_naming_the_node():
+    class Out(pydantic.BaseModel):
+        output: str = ""
+
+    with pytest.raises(GraphError, match=r"node 'a' updated unknown field\(s\) \['ouput'\]"):
+        StateGraph(Out).add_node("a", lambda s: {"ouput": "x"}).compile().invoke({})
+    with pytest.raises(GraphError, match="node 'a' returned a str"):
+        StateGraph(Out).add_node("a", lambda s: "x").compile().invoke({})
+    routed = StateGraph(Out).add_node("a", lambda s: None)
+    with pytest.raises(GraphError, match="router of 'a' chose 'zz'"):
+        routed.add_conditional_edges("a", lambda s: "zz", {"done": END}).compile().invoke({})
+    with pytest.raises(GraphError, match="unknown node 'b'"):
+        routed.add_conditional_edges("a", lambda s: "x", {"x": "b"}).compile()
+    paused = routed.add_node("b", lambda s: None).add_edge("a", "b").compile(
+        interrupt_before=["b"])
+    paused.invoke({})
+    with pytest.raises(GraphError, match=r"edit updated unknown field\(s\) \['nope'\]"):
+        paused.resume(edit={"nope": 1})
+
+
+def test_parallel_branches_may_not_overwrite_each_other_and_errors_name_the_branch():
+    both = parallel({"a": lambda s: {"n": 1}, "b": lambda s: {"n": 2}})
+    with pytest.raises(GraphError, match="branches 'a' and 'b' both update 'n'"):
+        StateGraph(Counter).add_node("both", both).compile().invoke({})
+
+    def fail(state):
+        raise ZeroDivisionError("boom")
+
+    with pytest.raises(ZeroDivisionError) as error:
+        parallel({"ok": lambda s: None, "bad": fail})(Counter())
+    assert "raised by parallel branch 'bad'" in error.value.__notes__
+    with pytest.raises(GraphError, match="at least one branch"):
+        parallel({})
 
 
 class KeywordPolicy:
@@ -117,6 +169,13 @@ def test_routing_parallelization_orchestrator_and_evaluator_optimizer():
     run = routing(policy, {"tech": "You fix tech issues.", "billing": "You refund money."}
                   ).invoke({"input": "I was charged twice"})
     assert run.state.route == "billing" and run.state.output == "Refunded."
+
+    for reply, route in [("code_review", "code_review"), ("Category: poetry, not aftermath.",
+                                                         "poetry"), ("none fits", "code")]:
+        run = routing(KeywordPolicy({"Classify": reply, "You": "ok"}),
+                      {n: f"You do {n}." for n in ("code", "math", "code_review", "poetry")}
+                      ).invoke({"input": "x"})
+        assert run.state.route == route  # whole words only; the first route when none
 
     votes = KeywordPolicy({"judge A": "yes", "judge B": "no", "judge C": "yes"})
     majority = lambda r: max(set(r.values()), key=list(r.values()).count)  # noqa: E731

@@ -1,4 +1,6 @@
 """Agent loops on ScriptedPolicy: answers, loop detection, budgets, retries, gates, re-planning."""
+import io
+
 import pytest
 
 from agentic_jax.agents import (AssistantMessage, Budget, Evaluation, GenerateVerifyRetry,
@@ -218,6 +220,50 @@ def test_reflexion_stores_self_critique_across_attempts(tmp_path):
     assert "expected 17 * 23 + 100" in policy.calls[2][0][1].content  # feedback reached the critic
     assert ReflectionMemory(tmp_path / "reflections.json").get("17*23+100?") == [
         "I forgot to add 100. Next time: finish every operation."]
+
+
+def test_reflection_memories_sharing_a_file_keep_each_others_reflections(tmp_path):
+    path = tmp_path / "reflections.json"
+    first, second = ReflectionMemory(path), ReflectionMemory(path)  # e.g. two concurrent runs
+    first.add("task a", "lesson a")
+    second.add("task b", "lesson b")
+    assert ReflectionMemory(path).get("task a") == ["lesson a"]
+    assert ReflectionMemory(path).get("task b") == ["lesson b"]
+    with pytest.raises(ValueError, match="max_per_task=0"):
+        ReflectionMemory(max_per_task=0)  # ``[-0:]`` would keep every reflection
+
+
+def test_a_crash_while_writing_reflections_leaves_the_file_intact(tmp_path, monkeypatch):
+    path = tmp_path / "reflections.json"
+    ReflectionMemory(path).add("task", "kept")
+    real_open = io.open
+
+    class Crashing:  # writes half of what it is given, then the disk fills up
+        def __init__(self, file):
+            self.file = file
+
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+        def write(self, text):
+            self.file.write(text[:len(text) // 2])
+            raise OSError("no space left on device")
+
+    def crashing_open(file, mode="r", *args, **kwargs):
+        handle = real_open(file, mode, *args, **kwargs)
+        return Crashing(handle) if "w" in mode else handle
+
+    monkeypatch.setattr(io, "open", crashing_open)
+    with pytest.raises(OSError, match="no space"):
+        ReflectionMemory(path).add("task", "lost")
+    monkeypatch.undo()
+    assert ReflectionMemory(path).get("task") == ["kept"]
 
 
 def test_reflexion_stops_after_max_attempts():

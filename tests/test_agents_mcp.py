@@ -2,6 +2,7 @@
 server started as real subprocesses (stdio and Streamable HTTP), MCP tools inside an agent loop,
 reconnection after the server is killed, name-spacing, progress, cancellation and timeouts."""
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -30,6 +31,7 @@ from agentic_jax.agents import (
     ScriptedPolicy,
     StopReason,
     ToolExecutor,
+    mcp_client,
     tool,
 )
 from agentic_jax.agents.executor import RetryPolicy
@@ -44,6 +46,7 @@ from agentic_jax.agents.mcp_server import (
     AgentMCPServer,
     build_server,
     generation_tool,
+    report_progress,
 )
 from agentic_jax.agents.session import AgentConfig, run_session
 from agentic_jax.agents.skills import Skill, SkillRegistry
@@ -174,6 +177,24 @@ def test_a_tool_that_exits_is_an_error_result_not_the_end_of_the_server():
         result = session.call_tool("exits", {"x": 1})
         assert result.is_error and result.content[0].text == "exits failed: SystemExit: 2"
         assert session.call_tool("exits", {"x": 2}).is_error and session.connects == 1
+
+
+def test_no_progress_after_a_call_times_out():
+    reported = threading.Event()
+
+    @tool(timeout_s=0.1)
+    def slow() -> str:
+        """Reports progress after its call has timed out."""
+        time.sleep(0.3)
+        report_progress(1, 1, "late")
+        reported.set()
+        return "done"
+    progress = []
+    with MCPSession(AgentMCPServer(agent_tools=[slow]), name="slow") as session:
+        result = session.call_tool("slow", {}, progress=lambda *p: progress.append(p))
+        assert result.is_error and result.content[0].text == "slow timed out after 0.1s"
+        assert reported.wait(10)
+    assert progress == []
 
 
 def test_generate_streams_its_text_as_progress(run_dir):
@@ -400,18 +421,64 @@ def test_a_third_party_server_over_stdio():
         assert "'source_timezone' is a required property" in missing.content
 
 
-def test_our_server_over_streamable_http():
+def http_server(port: int) -> subprocess.Popen:
+    return subprocess.Popen([*OUR_SERVER, "--transport", "streamable-http", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_for_port(port: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing listens on port {port}"
+            time.sleep(0.1)
+
+
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    process = subprocess.Popen([*OUR_SERVER, "--transport", "streamable-http", "--port",
-                                str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:  # reconnection with backoff also covers the server's start-up
-        waiting = RetryPolicy(max_attempts=60, base_delay_s=0.1, max_delay_s=0.5)
-        with MCPSession(f"http://127.0.0.1:{port}/mcp", name="http", reconnect=waiting) as http:
+        return s.getsockname()[1]
+
+
+# Reconnection with backoff also covers the server's start-up.
+WAIT_FOR_START = RetryPolicy(max_attempts=60, base_delay_s=0.1, max_delay_s=0.5)
+
+
+def test_our_server_over_streamable_http():
+    port = free_port()
+    process = http_server(port)
+    try:
+        with MCPSession(f"http://127.0.0.1:{port}/mcp", name="http",
+                        reconnect=WAIT_FOR_START) as http:
             assert [t.name for t in http.list_tools()] == ["calculator", "python"]
             assert http.call_tool("calculator", {"expression": "99 * 99"}).content[0].text \
                 == "9801"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_a_lost_http_session_is_replaced_by_a_new_one(monkeypatch):
+    # A 2025-era (session) connection; the server forgets its sessions when it restarts, and
+    # answers the old session's id with 404, after which a client must start a new session.
+    monkeypatch.setattr(mcp_client, "Client", functools.partial(Client, mode="legacy"))
+    port = free_port()
+    process = http_server(port)
+    try:
+        with MCPClient({"http": f"http://127.0.0.1:{port}/mcp"}) as mcp:
+            mcp.session("http").reconnect = WAIT_FOR_START
+            executor = ToolExecutor(mcp.tools(), retry=RetryPolicy(max_attempts=2,
+                                                                   base_delay_s=0.01))
+            process.terminate()
+            process.wait(timeout=30)
+            process = http_server(port)
+            wait_for_port(port)  # up, knowing no sessions
+            done = executor.execute(ToolCall("http__calculator", {"expression": "6 * 7"}))
+            assert (done.status, done.content, done.attempts) == ("ok", "42", 2)
+            assert mcp.session("http").connects == 2
     finally:
         process.terminate()
         process.wait(timeout=30)

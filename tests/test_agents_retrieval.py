@@ -1,5 +1,6 @@
 """Local BM25 retrieval: scores against a brute-force numpy BM25, file loading, the search tool."""
 import math
+import unicodedata
 
 import numpy as np
 import pytest
@@ -63,6 +64,17 @@ def test_tokenisation_drops_stop_words_case_and_punctuation():
     assert [h.id for h in hits] == ["x", "y"]  # shorter document first
     assert retriever.search("the of a") == []  # stop words and one-letter words only
     assert Retriever.from_documents(["a b", "the"]).search("b") == []
+
+
+@given(st.lists(st.sampled_from(["café", "naïve", "Ångström", "ﬁle", "ＪＡＸ", "jax"]),
+                min_size=1, max_size=4), st.sampled_from(["NFC", "NFD", "NFKD"]))
+def test_unicode_forms_of_a_word_match_each_other(words, form):
+    """Canonically (or compatibly) equivalent spellings are one word, whichever form the
+    documents and the query come in."""
+    text = " ".join(words)
+    retriever = Retriever.from_documents([unicodedata.normalize(form, text), "unrelated words"])
+    for query in (text, unicodedata.normalize("NFC", text), unicodedata.normalize("NFD", text)):
+        assert [h.id for h in retriever.search(query)] == ["0"]
 
 
 def test_from_path_directory_is_one_document_per_file(tmp_path):

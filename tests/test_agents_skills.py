@@ -58,11 +58,22 @@ def test_load_reads_flat_files_and_agent_skills_directories(tmp_path):
     ("---\nname: x\ndescription: y\ntools: calculator\n---\n", "tools must be a list"),
     ("---\nname: two words\ndescription: y\n---\n", "skill name"),
     ("---\nname: x\ndescription: ''\n---\n", "needs a description"),
+    ("---\nname: x\ndescription: y\n1: a\ntool: b\n---\n", "field(s) ['1', 'tool']"),
 ])
 def test_malformed_skill_files_fail_naming_the_problem(text, problem):
     with pytest.raises(SkillError, match="bad.md") as error:
         parse_skill(text, "bad.md")
     assert problem in str(error.value)
+
+
+def test_a_byte_order_mark_before_the_front_matter_is_ignored(tmp_path):
+    (tmp_path / "weather.md").write_text("\ufeff" + SKILL_FILE, encoding="utf-8")
+    assert SkillRegistry.load(tmp_path).get("weather") == parse_skill(SKILL_FILE)
+
+
+def test_select_among_skills_without_a_searchable_word_finds_nothing():
+    registry = SkillRegistry([Skill("a", "It is.", ""), Skill("b", "x", "")])  # stop words
+    assert registry.select("what is it") == [] and registry.select("xylophone") == []
 
 
 def test_duplicate_names_and_mismatched_directories_are_errors(tmp_path):

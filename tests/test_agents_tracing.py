@@ -10,6 +10,7 @@ from agentic_jax.agents import (Budget, ReActAgent, ScriptedPolicy, Tracer, comp
                                 render)
 from agentic_jax.agents.builtin_tools import calculator
 from agentic_jax.agents.golden import Trajectory, compare
+from agentic_jax.agents.session import read_tasks
 from agentic_jax.agents.tools import tool
 from agentic_jax.cli import main
 
@@ -108,6 +109,9 @@ def test_golden_trajectory_token_overhead_and_stop_reason():
     slow = compare(golden, Trajectory(("a", "b"), 1500, "x", "answer"))
     assert not slow.passed and slow.token_overhead == pytest.approx(0.5)
     assert not compare(golden, Trajectory(("a", "b"), 900, None, "max_steps")).passed
+    free = Trajectory(("a",), 0, "x", "answer")  # e.g. a server that reported no usage
+    costly = Trajectory(("a",), 10**6, "x", "answer")
+    assert compare(free, free).passed and not compare(free, costly).passed
 
 
 def test_agent_cli_runs_the_scripted_config_and_trace_verbs_render_it(tmp_path, capsys):
@@ -144,4 +148,9 @@ def test_agent_cli_task_file_and_missing_policy(tmp_path, capsys):
     assert "task: first" in out and "task: second" in out and out.count("answer: ok") == 2
     with pytest.raises(ValueError, match="no policy"):
         main(["agent", "--gin_param", "agents.AgentConfig.task='x'"])
+    for bad, problem in [('{"task": "cut off', "2: not a JSON object"),
+                         ('{"prompt": "x"}', "2: a JSON task line needs a string 'task'")]:
+        tasks.write_text(f'{{"task": "first"}}\n{bad}\n')
+        with pytest.raises(ValueError, match=f"tasks.jsonl:{problem}"):
+            read_tasks(tasks)
     assert Budget().max_steps == 10  # each run parses its config afresh

@@ -81,6 +81,13 @@ def _result(task: Task) -> RemoteResult:
     return RemoteResult(state, text, task.id, task.context_id)
 
 
+def _network_failure(error: Exception) -> bool:
+    """Whether ``error`` is a network failure (refused, reset, timed out).  The SDK raises its own
+    errors for httpx's, which it keeps as the cause."""
+    return isinstance(error, httpx.TransportError) or isinstance(error.__cause__,
+                                                                 httpx.TransportError)
+
+
 def _task_id(response: StreamResponse) -> str:
     for field in ("task", "status_update", "artifact_update"):
         if response.HasField(field):
@@ -123,8 +130,8 @@ class RemoteAgent:
             try:
                 self._card = await A2ACardResolver(self._http, self.url).get_agent_card()
             except A2AError as e:
-                raise DelegationError(f"could not resolve the agent card of {self.url}: {e}") \
-                    from e
+                raise DelegationError(f"could not resolve the agent card of {self.url}: {e}",
+                                      transient=_network_failure(e)) from e
             streams = self.streaming and self._card.capabilities.streaming
             config = ClientConfig(streaming=streams, polling=not streams, httpx_client=self._http)
             self._client = ClientFactory(config).create(self._card)
@@ -171,7 +178,7 @@ class RemoteAgent:
         except (A2AError, httpx.HTTPError) as e:
             raise DelegationError(f"the request to {self._card.name!r} at {self.url} failed: "
                                   f"{type(e).__name__}: {e}",
-                                  transient=isinstance(e, httpx.TransportError)) from e
+                                  transient=_network_failure(e)) from e
 
     async def _follow(self, client, message: Message, started: list[str],
                       on_event) -> RemoteResult:

@@ -148,12 +148,18 @@ class ContextManager:
             index += 1
         return index
 
-    def _fold(self, history: Sequence[Message], upto: int) -> None:
-        upto = self._safe_cut(history, upto)
-        if upto > self.offset:
-            self.summary = self.summarize(history[self.offset:upto], self.summary)
-            self.offset = upto
-            self.compactions += 1
+    def _fold(self, history: Sequence[Message], upto: int) -> bool:
+        """Summarises ``history[offset:upto]``, cut safely; whether anything was folded.  The
+        newest message, and with it the call it answers, is never folded: that would leave a
+        prompt of the system message alone, the result the model just got reduced to a line
+        of summary (:meth:`build` truncates it instead)."""
+        upto = self._safe_cut(history, min(upto, len(history) - 1))
+        if not self.offset < upto < len(history):
+            return False
+        self.summary = self.summarize(history[self.offset:upto], self.summary)
+        self.offset = upto
+        self.compactions += 1
+        return True
 
     def _visible(self, history: Sequence[Message]) -> list[Message]:
         cap = self.budget.max_tool_output
@@ -190,18 +196,22 @@ class ContextManager:
 
         if messages_tokens(prompt(), count) > b.compact_at * available:
             self._fold(history, len(history) - b.keep_recent)
-        while messages_tokens(prompt(), count) > available and self.offset < len(history) - 1:
-            self._fold(history, self.offset + max(1, (len(history) - self.offset) // 2))
+        while messages_tokens(prompt(), count) > available and self._fold(
+                history, self.offset + max(1, (len(history) - self.offset) // 2)):
+            pass
         messages = prompt()
         over = messages_tokens(messages, count) - available
         if over > 0 and self.summary:  # the summary itself grew too long
             self.summary = truncate(self.summary, max(count(self.summary) - over - 4, 0), count)
             messages = prompt()
+        # Huge newest messages (one, or a call with its results): cut their text, newest first.
+        for i in range(len(messages) - 1, 0, -1):
             over = messages_tokens(messages, count) - available
-        if over > 0 and len(messages) > 1:  # one huge newest message: cut its text
-            last = messages[-1]
-            messages[-1] = dataclasses.replace(
-                last, content=truncate(last.content, max(count(last.content) - over - 4, 0), count))
+            if over <= 0:
+                break
+            text = messages[i].content
+            messages[i] = dataclasses.replace(
+                messages[i], content=truncate(text, max(count(text) - over - 4, 0), count))
         if messages_tokens(messages, count) > available:
             raise ContextOverflow(f"the prompt needs {messages_tokens(messages, count)} tokens; "
                                   f"the window leaves {available}")

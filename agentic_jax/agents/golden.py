@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 from collections.abc import Iterable, Sequence
 
 from agentic_jax.agents.tracing import Event
@@ -59,7 +60,10 @@ def compare(golden: Trajectory, new: Trajectory, *, min_similarity: float = 0.9,
     """Compares ``new`` with ``golden``; fails below ``min_similarity`` or above
     ``max_token_overhead``, or if the run stopped for another reason."""
     similarity = difflib.SequenceMatcher(None, golden.tools, new.tools, autojunk=False).ratio()
-    overhead = new.tokens / golden.tokens - 1 if golden.tokens else 0.0
+    if golden.tokens:
+        overhead = new.tokens / golden.tokens - 1
+    else:  # a golden run of no (counted) tokens: any token at all is unbounded overhead
+        overhead = math.inf if new.tokens else 0.0
     problems = []
     if golden.tools != new.tools:
         if sorted(golden.tools) == sorted(new.tools):

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import pydantic
+import pydantic_core
 
 END = "__end__"
 S = TypeVar("S", bound=pydantic.BaseModel)
@@ -47,7 +48,11 @@ class Checkpoint:
     state: dict
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), default=str)
+        """Sets, tuples, datetimes and the like as pydantic writes them in JSON, so that the
+        state validates again when read back (``str`` of a set would not); other objects as
+        their ``str``."""
+        return json.dumps(pydantic_core.to_jsonable_python(dataclasses.asdict(self),
+                                                           fallback=str))
 
 
 class MemoryCheckpointer:
@@ -96,18 +101,43 @@ class GraphRun(Generic[S]):
 def parallel(branches: Mapping[str, Callable[[Any], Any]], *,
              merge: Callable[[dict[str, Any]], Mapping[str, Any]] | None = None) -> Node:
     """A node running ``branches`` (name -> function of the state) concurrently; its update is
-    ``merge({name: result})``, by default the union of the branches' update dicts."""
+    ``merge({name: result})``, by default the union of the branches' update dicts.  Without
+    ``merge``, two branches updating the same field is a :class:`GraphError`: which write wins
+    would depend on the order of the branches, and one of them would be lost silently.  A failing
+    branch's error (the first in ``branches`` order) is raised with a note naming the branch."""
+    if not branches:
+        raise GraphError("parallel needs at least one branch")
+
     def node(state):
         with concurrent.futures.ThreadPoolExecutor(len(branches)) as pool:
             futures = {name: pool.submit(fn, state) for name, fn in branches.items()}
-            results = {name: f.result() for name, f in futures.items()}
+            results = {}
+            for name, future in futures.items():
+                try:
+                    results[name] = future.result()
+                except Exception as e:
+                    e.add_note(f"raised by parallel branch {name!r}")
+                    raise
         if merge is not None:
             return merge(results)
-        update = {}
-        for result in results.values():
-            update.update(result or {})
+        update, writer = {}, {}
+        for name, result in results.items():
+            for key, value in _update(f"parallel branch {name!r}", result).items():
+                if key in writer:
+                    raise GraphError(f"parallel branches {writer[key]!r} and {name!r} both "
+                                     f"update {key!r}; pass merge= to combine their results")
+                update[key], writer[key] = value, name
         return update
     return node
+
+
+def _update(source: str, update: Any) -> Mapping[str, Any]:
+    if update is None:
+        return {}
+    if not isinstance(update, Mapping):
+        raise GraphError(f"{source} returned a {type(update).__name__}; it must return a dict of "
+                         f"state fields or None")
+    return update
 
 
 class StateGraph(Generic[S]):
@@ -142,7 +172,10 @@ class StateGraph(Generic[S]):
 
     def compile(self, *, checkpointer: MemoryCheckpointer | None = None,
                 interrupt_before: Iterable[str] = (), max_steps: int = 100) -> "CompiledGraph[S]":
-        targets = [e for e in self.edges.values() if isinstance(e, str)]
+        if self.entry is None:
+            raise GraphError("the graph has no nodes")
+        targets = [t for e in self.edges.values()
+                   for t in ([e] if isinstance(e, str) else (e[1] or {}).values())]
         for name in [*targets, *self.edges, *interrupt_before, self.entry]:
             if name not in self.nodes and name != END:
                 raise GraphError(f"unknown node {name!r}")
@@ -162,6 +195,9 @@ class CompiledGraph(Generic[S]):
             return edge
         router, mapping = edge
         choice = router(state)
+        if mapping is not None and choice not in mapping:
+            raise GraphError(f"router of {node!r} chose {choice!r}, which its mapping "
+                             f"{list(mapping)} does not name")
         target = mapping[choice] if mapping is not None else choice
         if target not in self.graph.nodes and target != END:
             raise GraphError(f"router of {node!r} chose unknown node {target!r}")
@@ -170,6 +206,18 @@ class CompiledGraph(Generic[S]):
     def _save(self, thread_id: str, step: int, node: str | None, nxt: str, status: str,
               state: S) -> None:
         self.checkpointer.put(Checkpoint(thread_id, step, node, nxt, status, state.model_dump()))
+
+    def _apply(self, source: str, state: S, update: Any) -> S:
+        """``state`` with ``update``; a field the state type lacks is a :class:`GraphError`
+        (pydantic would drop it silently, losing a misspelt field's value)."""
+        update = _update(source, update)
+        state_type = self.graph.state_type
+        unknown = [k for k in update if k not in state_type.model_fields]
+        if unknown and state_type.model_config.get("extra") != "allow":
+            raise GraphError(f"{source} updated unknown field(s) {unknown} of "
+                             f"{state_type.__name__}, whose fields are "
+                             f"{list(state_type.model_fields)}")
+        return state_type.model_validate({**state.model_dump(), **update})
 
     def invoke(self, state: S | Mapping[str, Any], *, thread_id: str = "main") -> GraphRun[S]:
         """Runs from the entry node until the end or an interrupt."""
@@ -184,7 +232,7 @@ class CompiledGraph(Generic[S]):
         last = self.checkpointer.latest(thread_id)
         if last is None or last.status != "interrupted":
             raise GraphError(f"thread {thread_id!r} is not interrupted")
-        state = self.graph.state_type.model_validate({**last.state, **(edit or {})})
+        state = self._apply("edit", self.graph.state_type.model_validate(last.state), edit)
         if not approve:
             self._save(thread_id, last.step, None, last.next, "rejected", state)
             return GraphRun(state, "rejected", last.next, ())
@@ -204,8 +252,7 @@ class CompiledGraph(Generic[S]):
             if step >= self.max_steps:
                 raise GraphError(f"more than max_steps={self.max_steps} node runs: a cycle "
                                  f"without exit?")
-            update = self.graph.nodes[node](state) or {}
-            state = self.graph.state_type.model_validate({**state.model_dump(), **update})
+            state = self._apply(f"node {node!r}", state, self.graph.nodes[node](state))
             path.append(node)
             step += 1
             nxt = self._next(node, state)

@@ -21,8 +21,8 @@ This module drives the official SDK (``mcp``, 2.x) from the synchronous harness:
 * **Progress and cancellation.**  ``call_tool(progress=fn)`` receives the server's progress
   notifications; ``start_call`` returns a future whose ``cancel()`` cancels the request, and a
   timeout does the same (the SDK then sends ``notifications/cancelled``).
-* **Reconnection.**  A dropped connection is noticed by the request that hits it; the next
-  request reconnects, with up to ``reconnect.max_attempts`` attempts spaced by exponential
+* **Reconnection.**  A dropped connection (or a Streamable HTTP session the server no longer
+  knows) is noticed by the request that hits it; the next request reconnects, with up to ``reconnect.max_attempts`` attempts spaced by exponential
   backoff with full jitter (``RetryPolicy``: attempt k waits ``uniform(0, min(max_delay,
   base_delay * 2**k))``).  Listing and reading requests are then retried once; a tool call is
   not (it may have had effects before the connection dropped): that is the executor's decision.
@@ -68,6 +68,9 @@ MAX_PAGES = 100  # of one listing: a server whose cursor never ends cannot hang 
 _SERVER_NAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]|_(?!_))*$")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")  # what OpenAI-style tool names do not allow
 _DROPPED = (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream, OSError)
+# What a Streamable HTTP server's 404 for a session it no longer has (it restarted, or expired the
+# session) reads as: the Python and TypeScript SDKs' servers, and the SDK client's own stand-in.
+_SESSION_GONE = ("Session not found", "Session terminated")
 
 ProgressFn = Callable[[float, float | None, str | None], None]
 
@@ -102,8 +105,10 @@ def as_target(target: Any) -> Any:
 
 
 def _is_drop(error: BaseException) -> bool:
+    """A lost connection, or a lost HTTP session, which the specification says to replace with a
+    new one (2025-06-18, Streamable HTTP, session management)."""
     if isinstance(error, MCPError):
-        return error.code == mcp_types.CONNECTION_CLOSED
+        return error.code == mcp_types.CONNECTION_CLOSED or error.message in _SESSION_GONE
     return isinstance(error, _DROPPED)
 
 

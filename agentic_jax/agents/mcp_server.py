@@ -66,10 +66,17 @@ async def _call(tool: Tool, arguments: dict[str, Any], context) -> mcp_types.Cal
         kwargs = tool.validate(arguments)
     except ToolArgumentError as e:
         return _error(str(e))
+    # A thread abandoned at a timeout or cancellation runs on, but progress must stop when its
+    # call ends (MCP 2025-06-18, progress); checked on the event loop, where the call ends.
+    ended = False
     report = None
     if context is not None:
+        async def send(progress, total, message):
+            if not ended:
+                await context.report_progress(progress, total, message)
+
         def report(progress, total=None, message=None):
-            anyio.from_thread.run(context.report_progress, progress, total, message)
+            anyio.from_thread.run(send, progress, total, message)
 
     def work():  # runs in a copy of the caller's context, so the setting stays in this call
         _PROGRESS.set(report)
@@ -84,6 +91,8 @@ async def _call(tool: Tool, arguments: dict[str, Any], context) -> mcp_types.Cal
     # server either.
     except (Exception, SystemExit) as e:  # noqa: BLE001
         return _error(f"{tool.name} failed: {type(e).__name__}: {e}")
+    finally:
+        ended = True
     if scope.cancelled_caught:
         return _error(f"{tool.name} timed out after {tool.timeout_s}s")
     return mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text",

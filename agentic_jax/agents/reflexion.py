@@ -9,6 +9,8 @@ so reflections also carry over between runs of the same task.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,20 +29,33 @@ REFLECT_PROMPT = ("You failed a task. In two or three sentences, diagnose why an
 
 class ReflectionMemory:
     """Reflections per task, newest last; at most ``max_per_task`` kept.  With ``path`` they are
-    read from and written to a JSON file."""
+    read from and written to a JSON file.  Each :meth:`add` re-reads the file first, so memories
+    of other runs on the same file keep what they wrote, and replaces it atomically (a temporary
+    file, then ``os.replace``), so a crash mid-write cannot leave it half-written."""
 
     def __init__(self, path: str | Path | None = None, max_per_task: int = 3):
+        if max_per_task < 1:
+            raise ValueError(f"max_per_task={max_per_task} must be at least 1")
         self.path, self.max_per_task = None if path is None else Path(path), max_per_task
-        exists = self.path is not None and self.path.exists()
-        self._store: dict[str, list[str]] = json.loads(self.path.read_text()) if exists else {}
+        self._store: dict[str, list[str]] = self._read()
+
+    def _read(self) -> dict[str, list[str]]:
+        if self.path is None or not self.path.exists():
+            return {}
+        return json.loads(self.path.read_text(encoding="utf-8"))
 
     def get(self, task: str) -> list[str]:
         return list(self._store.get(task, []))
 
     def add(self, task: str, reflection: str) -> None:
-        self._store[task] = (self._store.get(task, []) + [reflection])[-self.max_per_task:]
         if self.path is not None:
-            self.path.write_text(json.dumps(self._store, indent=1))
+            self._store = self._read()
+        self._store[task] = (self.get(task) + [reflection])[-self.max_per_task:]
+        if self.path is not None:
+            with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=self.path.parent,
+                                             suffix=".tmp", delete=False) as f:
+                f.write(json.dumps(self._store, indent=1))
+            os.replace(f.name, self.path)
 
 
 class Reflexion:

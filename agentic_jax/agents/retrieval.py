@@ -8,8 +8,10 @@ and Beyond*) in Lucene's variant, computed by ``bm25s``: for a query of tokens `
     idf(t)   = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))
 
 with ``N`` documents, ``df(t)`` of them containing ``t`` and ``avgdl`` the mean document length.
-Text is tokenised by ``bm25s`` alone, with no downloads: lower-cased runs of two or more word
-characters, English stop words (a list shipped inside ``bm25s``) removed, no stemming.
+Text is NFKC-normalised, so that a composed ``é`` (as typed) and a decomposed one (as macOS
+stores file names, and some editors text) are the same letter, then tokenised by ``bm25s`` alone,
+with no downloads: lower-cased runs of two or more word characters, English stop words (a list
+shipped inside ``bm25s``) removed, no stemming.
 
 A hit is a document sharing at least one query token (score > 0); hits come best first, ties in
 the order the documents were given, so a search is deterministic.
@@ -17,6 +19,7 @@ the order the documents were given, so a search is deterministic.
 from __future__ import annotations
 
 import logging
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, NamedTuple
@@ -49,7 +52,8 @@ class Hit(NamedTuple):
 
 
 def _tokens(texts: list[str]) -> list[list[str]]:
-    return bm25s().tokenize(texts, stopwords="en", return_ids=False, show_progress=False)
+    return bm25s().tokenize([unicodedata.normalize("NFKC", t) for t in texts], stopwords="en",
+                            return_ids=False, show_progress=False)
 
 
 def _paragraphs(text: str) -> list[str]:

@@ -93,9 +93,24 @@ def make_agent(config: AgentConfig, policy: Policy, *, tracer: Tracer | None = N
 
 
 def read_tasks(path: str | Path) -> list[str]:
-    """Tasks from a file: JSONL objects with a ``task`` field, or one task per non-empty line."""
-    lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
-    return [json.loads(line)["task"] if line.startswith("{") else line for line in lines if line]
+    """Tasks from a file: JSONL objects with a ``task`` field, or one task per non-empty line.
+    A line opening with ``{`` that is not such an object is a ``ValueError`` naming the file and
+    line, not a bare ``JSONDecodeError`` or ``KeyError: 'task'``."""
+    tasks = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        line = line.strip()
+        if not line.startswith("{"):
+            if line:
+                tasks.append(line)
+            continue
+        try:
+            task = json.loads(line).get("task")
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{n}: not a JSON object: {e}") from None
+        if not isinstance(task, str):
+            raise ValueError(f"{path}:{n}: a JSON task line needs a string 'task' field")
+        tasks.append(task)
+    return tasks
 
 
 def interactive_tasks(prompt: str = "task> ") -> Iterator[str]:

@@ -25,10 +25,9 @@ names of other hosts) are accepted and not used; any other key is an error, so a
 
 **Selection** scores each skill's text (name, description, examples, instructions) against the
 task with Okapi BM25 (Robertson & Zaragoza 2009, *The Probabilistic Relevance Framework: BM25
-and Beyond*; the ``bm25s`` implementation): for query terms ``q``,
-``score(d) = sum_q idf(q) * tf(q, d) * (k1 + 1) / (tf(q, d) + k1 * (1 - b + b * |d| / avgdl))``.
-Matching is on whole lowercased words without stemming, English stop words removed; skills that
-share no word with the task are never selected.
+and Beyond*) by a :class:`~agentic_jax.agents.retrieval.Retriever`, whose docstring gives the
+formula and tokenisation: whole lowercased words without stemming, English stop words removed.
+Skills that share no word with the task are never selected.
 """
 from __future__ import annotations
 
@@ -40,7 +39,7 @@ from pathlib import Path
 import yaml
 
 from agentic_jax.agents.builtin_tools import builtin_tool
-from agentic_jax.agents.retrieval import bm25s
+from agentic_jax.agents.retrieval import Retriever
 from agentic_jax.agents.tools import Tool
 
 SKILLS_DIR = Path(__file__).resolve().parents[1] / "skills"  # the skills shipped with the package
@@ -98,7 +97,9 @@ class Skill:
 
 
 def parse_skill(text: str, source: str = "<string>") -> Skill:
-    """A skill from a Markdown file's text (front matter, then instructions)."""
+    """A skill from a Markdown file's text (front matter, then instructions).  A leading byte
+    order mark (as some Windows editors write) is ignored."""
+    text = text.removeprefix("\ufeff")
     match = _FRONT_MATTER.match(text)
     if match is None:
         raise SkillError(f"{source}: a skill file starts with a '---' front-matter block "
@@ -110,9 +111,9 @@ def parse_skill(text: str, source: str = "<string>") -> Skill:
     if not isinstance(fields, dict):
         raise SkillError(f"{source}: front matter must be a mapping of fields, got {fields!r}")
     unknown = set(fields) - _FIELDS - _FOREIGN_FIELDS
-    if unknown:
-        raise SkillError(f"{source}: unknown front-matter field(s) {sorted(unknown)}; "
-                         f"expected {sorted(_FIELDS)}")
+    if unknown:  # YAML keys need not be strings (``1:``, ``yes:``), nor sort together
+        raise SkillError(f"{source}: unknown front-matter field(s) "
+                         f"{sorted(map(str, unknown))}; expected {sorted(_FIELDS)}")
     missing = {"name", "description"} - set(fields)
     if missing:
         raise SkillError(f"{source}: missing front-matter field(s) {sorted(missing)}")
@@ -146,7 +147,7 @@ class SkillRegistry:
 
     def __init__(self, skills: Iterable[Skill] = ()):
         self._skills: dict[str, Skill] = {}
-        self._index: tuple[object, list[Skill]] | None = None
+        self._index: Retriever | None = None
         for skill in skills:
             self.register(skill)
 
@@ -197,23 +198,11 @@ class SkillRegistry:
         order); skills sharing no word with the task are left out."""
         if k < 0:
             raise ValueError(f"k={k} must be >= 0")
-        query = bm25s().tokenize(task, return_ids=False, show_progress=False)[0]
-        if not query or not self._skills or k == 0:
+        if not self._skills or k == 0:
             return []
-        retriever, skills = self._bm25()
-        scores = retriever.get_scores(query)
-        ranked = sorted(range(len(skills)), key=lambda i: -scores[i])
-        return [skills[i] for i in ranked[:k] if scores[i] > 0]
-
-    def _bm25(self) -> tuple[object, list[Skill]]:
         if self._index is None:
-            skills = self.skills()
-            corpus = bm25s().tokenize([s.search_text() for s in skills], return_ids=False,
-                                    show_progress=False)
-            retriever = bm25s().BM25()
-            retriever.index(corpus, show_progress=False)
-            self._index = retriever, skills
-        return self._index
+            self._index = Retriever([s.search_text() for s in self], list(self._skills))
+        return [self._skills[hit.id] for hit in self._index.search(task, k)]
 
 
 def compose(*skills: Skill, name: str, description: str | None = None) -> Skill:

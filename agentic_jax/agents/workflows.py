@@ -16,6 +16,7 @@ policy; invoke it with ``{"input": ...}`` and read ``output`` from the final sta
 from __future__ import annotations
 
 import concurrent.futures
+import re
 from collections.abc import Callable, Mapping, Sequence
 
 import pydantic
@@ -62,14 +63,20 @@ class RouteState(pydantic.BaseModel):
 
 def routing(policy: Policy, routes: Mapping[str, str], **compile_args) -> CompiledGraph:
     """``routes``: name -> instruction.  A classifier call picks a name (the first route if its
-    reply names none); that route's instruction answers."""
+    reply names none); that route's instruction answers.  A name counts only as a whole word of
+    the reply, the longest one found winning, so ``code_review`` is not taken for ``code``, nor
+    ``aftermath`` for ``math``."""
     names = list(routes)
+    if not names:
+        raise ValueError("routing needs at least one route")
     classify_prompt = ("Classify the request into exactly one category and reply with its name "
                        "only. Categories: " + ", ".join(names))
+    patterns = {n: re.compile(rf"(?<!\w){re.escape(n.lower())}(?!\w)") for n in names}
 
     def classify(state: RouteState):
         reply = ask(policy, classify_prompt, state.input).lower()
-        return {"route": next((n for n in names if n.lower() in reply), names[0])}
+        named = [n for n in names if patterns[n].search(reply)]
+        return {"route": max(named, key=len) if named else names[0]}
 
     graph = StateGraph(RouteState).add_node("classify", classify)
     for name, instruction in routes.items():
