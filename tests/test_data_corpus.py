@@ -1,7 +1,9 @@
 """Shipped corpus, multi-document text files and the unigram-entropy baseline."""
 import hashlib
 import math
+import os
 import pathlib
+import stat
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ from hypothesis import strategies as st
 from agentic_jax.data.corpus import corpus_files, corpus_manifest
 from agentic_jax.data.corpus.build import is_heldout
 from agentic_jax.data.documents import read_documents, write_documents
-from agentic_jax.data.stats import unigram_entropy
+from agentic_jax.data.stats import entropy_of_counts, unigram_entropy
 from agentic_jax.data.tokenized_corpus import tokenize_files
 from agentic_jax.data.tokenizer import IM_END, Tokenizer, train_tokenizer
 
@@ -79,10 +81,16 @@ def test_unigram_entropy_matches_numpy(ids):
 
 
 def test_unigram_entropy_known_values():
-    assert unigram_entropy([7, 7, 7]) == 0.0
+    assert math.copysign(1.0, unigram_entropy([7, 7, 7])) == 1.0  # 0.0, not -0.0
     assert unigram_entropy(np.arange(8).reshape(2, 4)) == pytest.approx(math.log(8))
     with pytest.raises(ValueError):
         unigram_entropy([])
+
+
+@pytest.mark.parametrize("counts", [[0, 0, 0], [], [-1, 2]])
+def test_entropy_of_counts_rejects_counts_without_a_distribution(counts):
+    with pytest.raises(ValueError, match="positive total"):
+        entropy_of_counts(counts)
 
 
 def test_tokenized_cache_follows_the_special_tokens_not_only_the_vocabulary(tmp_path):
@@ -96,3 +104,27 @@ def test_tokenized_cache_follows_the_special_tokens_not_only_the_vocabulary(tmp_
     for tok in (plain, chat):
         corpus = tokenize_files(tok, [tmp_path / "docs.txt"], cache_dir=tmp_path / "cache")
         assert set(corpus.tokens[corpus.offsets[1:] - 1]) == {tok.eos_id}
+
+
+def test_tokenized_cache_write_cleans_up_and_respects_umask(tmp_path, monkeypatch):
+    """A failed write (disk full) leaves no temporary file; a written cache is readable by
+    whoever the umask allows (mkstemp's 0600 would hide a shared cache)."""
+    write_documents(tmp_path / "docs.txt", ["one document"])
+    tokenizer = train_tokenizer(tmp_path / "tokenizer.json", files=[tmp_path / "docs.txt"],
+                                vocab_size=300)
+    cache = tmp_path / "cache"
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    with monkeypatch.context() as m:
+        m.setattr(np, "savez", disk_full)
+        with pytest.raises(OSError, match="No space"):
+            tokenize_files(tokenizer, [tmp_path / "docs.txt"], cache_dir=cache)
+    assert list(cache.iterdir()) == []
+    old_umask = os.umask(0o022)
+    try:
+        tokenize_files(tokenizer, [tmp_path / "docs.txt"], cache_dir=cache)
+    finally:
+        os.umask(old_umask)
+    (cached,) = cache.iterdir()
+    assert cached.suffix == ".npz" and stat.S_IMODE(cached.stat().st_mode) == 0o644

@@ -13,6 +13,8 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from agentic_jax.data.documents import write_documents
+from agentic_jax.data.tokenizer import IM_END, Tokenizer, train_tokenizer
 from agentic_jax.models import TransformerConfig, forward, param_shapes
 from agentic_jax.models.hf import (INDEX_FILE, SINGLE_FILE, from_hf_config, hf_model_type,
                                    load_hf_checkpoint, save_hf_checkpoint, to_hf_config)
@@ -247,6 +249,26 @@ def test_missing_shard_is_named(tmp_path):
     (tmp_path / shard).unlink()
     with pytest.raises(FileNotFoundError, match=shard):
         load_hf_checkpoint(tmp_path)
+
+
+def test_index_without_weight_map_is_named(tmp_path):
+    save_hf_checkpoint(tmp_path, BASE, _random_params(BASE), max_shard_bytes=20_000)
+    (tmp_path / INDEX_FILE).write_text(json.dumps({"metadata": {}}))
+    with pytest.raises(ValueError, match=INDEX_FILE):
+        load_hf_checkpoint(tmp_path)
+
+
+def test_saved_config_carries_the_tokenizer_ids(tmp_path):
+    """``generate`` reads BOS/EOS/PAD from config.json; Llama's defaults (1, 2) are not ours."""
+    transformers = pytest.importorskip("transformers")
+    write_documents(tmp_path / "docs.txt", ["some text"])
+    trained = train_tokenizer(tmp_path / "tokenizer.json", files=[tmp_path / "docs.txt"],
+                              vocab_size=300)
+    tokenizer = Tokenizer(trained.backend, eos_token=IM_END, pad_token=None)
+    save_hf_checkpoint(tmp_path / "hf", BASE, _random_params(BASE), tokenizer=tokenizer)
+    hf = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
+    assert (hf.bos_token_id, hf.eos_token_id) == (tokenizer.bos_id, tokenizer.token_id(IM_END))
+    assert hf.pad_token_id is None
 
 
 def test_save_refuses_mismatched_params_and_existing_weights(tmp_path):

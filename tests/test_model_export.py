@@ -97,6 +97,9 @@ def test_conversions_carry_the_tokenizer(tmp_path):
         loaded = load_tokenizer(tmp_path / out)
         assert loaded.fingerprint == tokenizer.fingerprint
         assert loaded.eos_id == tokenizer.token_id(IM_END) != tokenizer.eos_id
+    # transformers' generate stops at the config's eos_token_id, not at the tokenizer's.
+    hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert hf_config["eos_token_id"] == tokenizer.token_id(IM_END)
 
 
 def test_convert_names_missing_input(tmp_path):

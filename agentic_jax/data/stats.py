@@ -17,7 +17,11 @@ def unigram_entropy(token_ids) -> float:
 
 
 def entropy_of_counts(counts) -> float:
-    """Entropy in nats of the distribution proportional to ``counts`` (token frequencies)."""
+    """Shannon entropy ``H = -sum_i p_i log p_i`` in nats of the distribution proportional to
+    ``counts`` (token frequencies).  Counts that are negative or all zero define no distribution
+    (the formula would silently give -0.0 or a meaningless value), so they fail instead."""
     counts = np.asarray(counts)
+    if counts.size == 0 or counts.min() < 0 or counts.sum() == 0:
+        raise ValueError("entropy_of_counts needs non-negative counts with a positive total")
     p = counts[counts > 0] / counts.sum()
-    return float(-(p * np.log(p)).sum())
+    return float((p * -np.log(p)).sum())  # not -(...), which makes one token's 0.0 into -0.0

@@ -12,7 +12,7 @@ import itertools
 import json
 import os
 import pathlib
-import tempfile
+import secrets
 from collections.abc import Sequence
 
 import numpy as np
@@ -84,8 +84,15 @@ def tokenize_files(tokenizer: Tokenizer, files: Sequence[str | os.PathLike], *,
             return TokenizedCorpus(cached["tokens"], cached["offsets"])
     corpus = _tokenize(tokenizer, files)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    # Write-then-rename, so a concurrent reader never sees a partial file.
-    with tempfile.NamedTemporaryFile(dir=cache_dir, suffix=".tmp", delete=False) as f:
-        np.savez(f, tokens=corpus.tokens, offsets=corpus.offsets)
-    os.replace(f.name, path)
+    # Write-then-rename, so a concurrent reader never sees a partial file.  A plain exclusive
+    # open (not mkstemp, whose 0600 would hide a shared cache from other users) gets the usual
+    # umask permissions; a failed write (disk full) removes its temporary file.
+    tmp = path.with_suffix(f".{secrets.token_hex(8)}.tmp")
+    try:
+        with open(tmp, "xb") as f:
+            np.savez(f, tokens=corpus.tokens, offsets=corpus.offsets)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return corpus

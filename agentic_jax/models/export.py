@@ -16,6 +16,7 @@ from pathlib import Path
 
 import orbax.checkpoint as ocp
 
+from agentic_jax.data.tokenizer import load_tokenizer
 from agentic_jax.models.config import TransformerConfig
 from agentic_jax.models.hf import check_params, load_hf_checkpoint, save_hf_checkpoint
 from agentic_jax.models.transformer import param_shapes
@@ -65,12 +66,14 @@ def load_model(path) -> tuple[TransformerConfig, dict]:
     return config, params
 
 
-def _copy_tokenizer(candidates, out_dir) -> None:
-    """Copies ``TOKENIZER_FILES`` from the first of ``candidates`` holding a ``tokenizer.json``."""
-    src = next((Path(d) for d in candidates if (Path(d) / TOKENIZER_FILES[0]).is_file()), None)
-    if src is None:
-        return
-    for name in TOKENIZER_FILES:
+def _tokenizer_dir(*candidates) -> Path | None:
+    """The first of ``candidates`` holding a ``tokenizer.json``."""
+    return next((Path(d) for d in candidates if (Path(d) / TOKENIZER_FILES[0]).is_file()), None)
+
+
+def _copy_tokenizer(src: Path | None, out_dir) -> None:
+    """Copies the ``TOKENIZER_FILES`` present in ``src`` (none without one)."""
+    for name in TOKENIZER_FILES if src is not None else ():
         if (src / name).is_file():
             shutil.copyfile(src / name, Path(out_dir) / name)
 
@@ -80,7 +83,7 @@ def hf_to_native(hf_dir, out_dir, *, param_dtype: str = "float32") -> Transforme
     tokenizer files included."""
     config, params = load_hf_checkpoint(hf_dir, param_dtype=param_dtype)
     save_model(out_dir, config, params)
-    _copy_tokenizer([hf_dir], out_dir)
+    _copy_tokenizer(_tokenizer_dir(hf_dir), out_dir)
     return config
 
 
@@ -89,9 +92,10 @@ def native_to_hf(native_dir, out_dir, *, dtype: str | None = None,
     """Converts a native model directory to a HF checkpoint (tensors in ``dtype``, default the
     model's ``param_dtype``; sharded above ``max_shard_bytes``).  The tokenizer files come from
     the model directory or, as training writes ``workdir/model`` beside ``workdir/tokenizer.json``,
-    from its parent."""
+    from its parent; the HF config then names the tokenizer's BOS/EOS/PAD ids."""
     config, params = load_model(native_dir)
-    save_hf_checkpoint(out_dir, config, params, dtype=dtype, max_shard_bytes=max_shard_bytes)
-    native_dir = Path(native_dir)
-    _copy_tokenizer([native_dir, native_dir.absolute().parent], out_dir)
+    src = _tokenizer_dir(native_dir, Path(native_dir).absolute().parent)
+    save_hf_checkpoint(out_dir, config, params, dtype=dtype, max_shard_bytes=max_shard_bytes,
+                       tokenizer=None if src is None else load_tokenizer(src))
+    _copy_tokenizer(src, out_dir)
     return config

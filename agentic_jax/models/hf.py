@@ -167,8 +167,13 @@ def _rope_to_hf(config: TransformerConfig) -> tuple[float, int, dict | None]:
     return config.rope_theta, max_pos, {"rope_type": kind, **rest}
 
 
-def to_hf_config(config: TransformerConfig, dtype: str | None = None) -> dict:
-    """The HF ``config.json`` dict of ``config`` (:func:`hf_model_type` picks the architecture)."""
+def to_hf_config(config: TransformerConfig, dtype: str | None = None, tokenizer=None) -> dict:
+    """The HF ``config.json`` dict of ``config`` (:func:`hf_model_type` picks the architecture).
+
+    ``tokenizer`` (anything with ``bos_id`` / ``eos_id`` / ``pad_id``) supplies the special-token
+    ids; without them ``generate`` falls back to the architecture's defaults (Llama's 1 and 2,
+    Qwen2's none), which need not be the tokenizer's.  An id the tokenizer lacks is left out.
+    """
     model_type = hf_model_type(config)
     theta, max_pos, scaling = _rope_to_hf(config)
     hf = {
@@ -188,6 +193,10 @@ def to_hf_config(config: TransformerConfig, dtype: str | None = None) -> dict:
     else:
         hf.update(use_sliding_window=config.sliding_window is not None,
                   sliding_window=config.sliding_window, max_window_layers=0)
+    if tokenizer is not None:
+        ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
+               "pad_token_id": tokenizer.pad_id}
+        hf.update({k: v for k, v in ids.items() if v is not None})
     return hf
 
 
@@ -262,8 +271,11 @@ def _weight_files(path: Path) -> dict[str, list[str]]:
     """{file: [tensor names]} from the shard index, or from the single weights file."""
     index = path / INDEX_FILE
     if index.exists():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"shard index {index} has no 'weight_map' object")
         names: dict[str, list[str]] = {}
-        for name, file in json.loads(index.read_text())["weight_map"].items():
+        for name, file in weight_map.items():
             names.setdefault(file, []).append(name)
         files = names
     elif (path / SINGLE_FILE).exists():
@@ -371,12 +383,13 @@ def _shards(table: list[_Tensor], itemsize: int, max_shard_bytes: int) -> list[l
 
 
 def save_hf_checkpoint(path, config: TransformerConfig, params, *, dtype: str | None = None,
-                       max_shard_bytes: int = 5 * 10**9) -> Path:
+                       max_shard_bytes: int = 5 * 10**9, tokenizer=None) -> Path:
     """Writes ``config.json`` and safetensors weights that ``transformers`` loads as
     :func:`hf_model_type` (``config``).  Tensors are cast to ``dtype`` (default
     ``config.param_dtype``) and written one at a time; over ``max_shard_bytes`` the weights are
     sharded with a ``model.safetensors.index.json``.  Refuses a directory that already holds
-    weights, since stale shards would mix with the new ones.
+    weights, since stale shards would mix with the new ones.  ``tokenizer``, if given, puts its
+    special-token ids in ``config.json`` (see :func:`to_hf_config`).
     """
     path = Path(path)
     if path.exists() and any(path.glob("*.safetensors*")):
@@ -403,5 +416,5 @@ def save_hf_checkpoint(path, config: TransformerConfig, params, *, dtype: str | 
         index = {"metadata": {"total_size": total},
                  "weight_map": {t.name: name for name, shard in zip(names, shards) for t in shard}}
         (path / INDEX_FILE).write_text(json.dumps(index, indent=2))
-    (path / "config.json").write_text(json.dumps(to_hf_config(config, dtype), indent=2))
+    (path / "config.json").write_text(json.dumps(to_hf_config(config, dtype, tokenizer), indent=2))
     return path

@@ -105,7 +105,8 @@ def evaluate(eval_step, params, batches, batch_sharding, vocab_size: int,
         counts = multihost_utils.process_allgather(counts).sum(axis=0)
     loss = nll / max(count, 1.0)
     return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0)), "eval_tokens": count,
-            "heldout_unigram_entropy": entropy_of_counts(counts)}
+            # No held-out target (all masked) has no unigram baseline.
+            "heldout_unigram_entropy": entropy_of_counts(counts) if counts.any() else math.nan}
 
 
 @gin.configurable
