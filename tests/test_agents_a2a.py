@@ -443,6 +443,19 @@ def test_missing_credentials_fail_at_card_resolution():
     agent.close()
 
 
+def test_close_stops_the_loop_thread_even_when_closing_the_connection_fails():
+    class Broken:
+        async def close(self):
+            raise RuntimeError("connection already gone")
+
+    agent = RemoteAgent("http://echo.test")
+    agent._client, agent._http = Broken(), httpx.AsyncClient()
+    with pytest.raises(RuntimeError, match="already gone"):
+        agent.close()
+    assert agent._http.is_closed and not agent._thread.is_alive() and agent._loop.is_closed()
+    agent.close()  # and a second close is a no-op
+
+
 class Flaky(httpx.AsyncBaseTransport):
     """``app``'s transport, refusing the first ``refusals`` requests of ``method``."""
 

@@ -6,6 +6,7 @@ import pytest
 
 from agentic_jax.agents import (END, FileCheckpointer, GraphError, ScriptedPolicy, StateGraph,
                                 parallel)
+from agentic_jax.agents.graph import Checkpoint
 from agentic_jax.agents.policy import AssistantMessage
 from agentic_jax.agents.workflows import (evaluator_optimizer, orchestrator_workers,
                                           parallelization, prompt_chain, routing)
@@ -41,6 +42,17 @@ def test_state_is_typed_and_checkpointed_after_every_node(tmp_path):
     bad = StateGraph(Counter).add_node("oops", lambda s: {"n": "many"}).compile()
     with pytest.raises(pydantic.ValidationError):
         bad.invoke({})
+
+
+def test_any_thread_id_gets_its_own_file_inside_the_directory(tmp_path):
+    ids = ["a/b", "a%2Fb", "../x", "..", ".", "", "a\\b", "x y:z"]
+    directory = tmp_path / "checkpoints"
+    writer = FileCheckpointer(directory)
+    for step, thread_id in enumerate(ids):
+        writer.put(Checkpoint(thread_id, step, None, END, "done", {}))
+    reader = FileCheckpointer(directory)  # a fresh process
+    assert [reader.latest(t).step for t in ids] == list(range(len(ids)))
+    assert all(p.parent == directory for p in tmp_path.rglob("*") if p.is_file())
 
 
 def test_human_in_the_loop_interrupt_edit_approve_and_reject():
@@ -196,3 +208,12 @@ def test_routing_parallelization_orchestrator_and_evaluator_optimizer():
     run = evaluator_optimizer(optimizer).invoke({"input": "write"})
     assert run.state.accepted and run.state.output == "draft 2" and run.state.rounds == 2
     assert "Feedback: more detail" in optimizer.calls[2][1]
+
+
+@pytest.mark.parametrize("verdict,accepted", [
+    ("ACCEPT", True), ("**ACCEPT**", True), ("__Accept__ - clear", True), ("ACCEPT.", True),
+    ("ACCEPTABLE? No, add a source.", False), ("Not ACCEPT yet", False)])
+def test_the_evaluator_accepts_only_the_word_accept_first(verdict, accepted):
+    policy = KeywordPolicy({"Write": "draft", "Evaluate": verdict})
+    run = evaluator_optimizer(policy, max_rounds=1).invoke({"input": "write"})
+    assert run.state.accepted is accepted

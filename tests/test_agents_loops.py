@@ -1,13 +1,16 @@
 """Agent loops on ScriptedPolicy: answers, loop detection, budgets, retries, gates, re-planning."""
 import io
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given, settings
 
 from agentic_jax.agents import (AssistantMessage, Budget, Evaluation, GenerateVerifyRetry,
                                 HTTPPolicy, LoopDetector, PlanAndExecute, Pricing, ReActAgent,
                                 ReflectionMemory, Reflexion, RetryPolicy, ScriptedPolicy,
                                 StopReason, ToolExecutor, TransientToolError, tool)
 from agentic_jax.agents.builtin_tools import calculator
+from agentic_jax.data.chat import ToolCall
 
 
 def call(expression, text=""):
@@ -39,6 +42,18 @@ def test_a_repeated_identical_call_is_redirected_then_stopped():
     assert len(policy.calls) == 3
     decisions = [e["decision"] for e in result.trace if e["kind"] == "decision"]
     assert decisions == ["redirect", "stop"]
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.dictionaries(st.text(max_size=3), st.integers(-2**40, 2**40) | st.booleans(),
+                       max_size=3))
+def test_arguments_equal_in_value_are_the_same_call(arguments):
+    as_floats = {k: v if isinstance(v, bool) else float(v) for k, v in arguments.items()}
+    detector = LoopDetector()
+    assert detector.check_call(ToolCall("f", {"a": [arguments]})).action == "continue"
+    assert detector.check_call(ToolCall("f", {"a": [as_floats]})).action == "redirect"
+    assert detector.check_call(ToolCall("f", {"a": 1})).action == "continue"
+    assert detector.check_call(ToolCall("f", {"a": True})).action == "continue"  # True is not 1
 
 
 def test_a_stop_midway_through_a_turn_still_answers_every_call():
@@ -99,6 +114,13 @@ def test_budgets_stop_the_loop_with_the_right_reason(budget, reason):
     if reason is StopReason.COST_BUDGET:
         assert result.cost >= 0.05
         assert result.cost == pytest.approx(result.usage.total_tokens / 1000)
+
+
+def test_a_limit_of_none_is_off():
+    off = Budget(max_steps=None, max_tokens=None, max_cost=None, max_wall_s=None)
+    policy = ScriptedPolicy([call(f"{i} + 1") for i in range(12)] + ["done"])
+    result = ReActAgent(policy, [calculator], budget=off).run("count")
+    assert result.ok and result.steps == 13  # past the default max_steps=10
 
 
 def test_the_token_budget_caps_max_tokens_even_when_the_sampling_sets_none():
@@ -190,6 +212,13 @@ def test_plan_and_execute_replans_after_a_failed_step():
         "plan", "step_done", "replan", "step_done"]
     assert "no table tool" in policy.calls[4][0][1].content  # the planner heard why
     assert "391" in policy.calls[7][0][1].content  # the synthesis saw the results
+
+
+def test_plan_and_execute_fails_a_step_only_on_the_failed_marker():
+    policy = ScriptedPolicy(["1. Count failed logins", "Failed logins: 3", "There were 3."])
+    result = PlanAndExecute(policy, ReActAgent(policy)).run("How many failed logins?")
+    assert result.ok and result.answer == "There were 3."
+    assert "replan" not in [e["decision"] for e in result.trace if e["kind"] == "decision"]
 
 
 def test_plan_and_execute_gives_up_after_max_replans_and_respects_the_budget():

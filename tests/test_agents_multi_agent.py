@@ -432,8 +432,9 @@ def test_research_example_runs_from_the_cli_and_its_trace_shows_the_work(tmp_pat
     shown = capsys.readouterr().out
     assert "[round 2] critic -> writer (accept): ACCEPT" in shown
     assert json.loads(trace.read_text().splitlines()[0])["agent"] == "research"
-    # A critic that never accepts: the draft limit ends it, with the last draft as the answer.
+    # A critic that never accepts ("ACCEPTABLE? No" is no ACCEPT): the draft limit ends it, with
+    # the last draft as the answer.
     assert main(["team", "--gin_file", "research_scripted", "--gin_param",
-                 "critic/agents.ScriptedPolicy.responses=['fix it', 'fix it again']",
+                 "critic/agents.ScriptedPolicy.responses=['fix it', 'ACCEPTABLE? No']",
                  "--gin_param", "multi_agent.TeamLimits.max_rounds=2"]) == 1
     assert "stop: max_rounds (the critic accepted none of 2 drafts)" in capsys.readouterr().out

@@ -103,6 +103,19 @@ def test_golden_trajectory_catches_a_change_in_tool_order():
     assert "FAIL" in result.report()
 
 
+def test_a_trace_file_of_several_runs_compares_one_run(tmp_path):
+    path = tmp_path / "session.jsonl"  # a session appends one run per task
+    first, first_tracer = run_agent(calls("search") + ["1"], path)
+    last, _ = run_agent(calls("calculator", "calculator") + ["2"], path)
+    events = load(path)
+    assert Trajectory.from_events(events) == Trajectory.from_events(last.trace)
+    assert Trajectory.from_events(events, run=first_tracer.run_id) == Trajectory.from_events(
+        first.trace)
+    assert compare_events(events, last.trace).passed
+    with pytest.raises(ValueError, match="no run 'nope'"):
+        Trajectory.from_events(events, run="nope")
+
+
 def test_golden_trajectory_token_overhead_and_stop_reason():
     golden = Trajectory(("a", "b"), 1000, "x", "answer")
     assert compare(golden, Trajectory(("a", "b"), 1100, "x", "answer")).passed

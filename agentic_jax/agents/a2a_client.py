@@ -22,6 +22,7 @@ Two adapters put a remote agent into agentic-jax:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import re
 import threading
@@ -207,14 +208,22 @@ class RemoteAgent:
         """Closes the connection and the client's event-loop thread."""
         if self._loop.is_closed():
             return
-        if self._client is not None:
-            self._run(self._client.close())
-        if self._http is not None:
-            self._run(self._http.aclose())
-        self._run(_cancel_pending())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
+        try:
+            self._run(self._shutdown())
+        finally:  # a connection that fails to close must not leave the thread running
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+    async def _shutdown(self) -> None:
+        """Closes the client, then the connection, then cancels what is left: each step runs
+        even when one before it raised (the callbacks run last pushed first)."""
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(_cancel_pending)
+            if self._http is not None:
+                stack.push_async_callback(self._http.aclose)
+            if self._client is not None:
+                stack.push_async_callback(self._client.close)
 
     def __enter__(self) -> Self:
         return self

@@ -50,7 +50,7 @@ class Pricing:
 @dataclasses.dataclass(frozen=True)
 class Budget:
     """Limits of one run; ``None`` switches a limit off.  ``max_steps`` counts model calls."""
-    max_steps: int = 10
+    max_steps: int | None = 10
     max_tokens: int | None = None
     max_cost: float | None = None
     max_wall_s: float | None = None
@@ -87,7 +87,7 @@ class BudgetTracker:
     def exceeded(self) -> tuple[StopReason, str] | None:
         """The first limit reached, with its reason, or ``None`` if another call may start."""
         b = self.budget
-        if self.steps >= b.max_steps:
+        if b.max_steps is not None and self.steps >= b.max_steps:
             return StopReason.MAX_STEPS, f"reached max_steps={b.max_steps} model calls"
         if b.max_tokens is not None and self.usage.total_tokens >= b.max_tokens:
             return StopReason.TOKEN_BUDGET, (f"used {self.usage.total_tokens} tokens of "

@@ -5,7 +5,8 @@ order) often still answers correctly, at more cost and risk.  Comparing the *tra
 sequence of tool calls, against a recorded golden run catches that.  Similarity is
 ``difflib.SequenceMatcher``'s ratio over the tool sequence (``2 M / T``: 1 for identical order,
 lower for insertions, deletions and reorderings); token overhead is the new run's tokens
-relative to the golden run's.  Both traces are ordinary JSONL traces (``tracing.py``).
+relative to the golden run's.  Both traces are ordinary JSONL traces (``tracing.py``); of a
+file holding several runs, the last one is compared unless another is named.
 """
 from __future__ import annotations
 
@@ -26,9 +27,19 @@ class Trajectory:
     stop_reason: str | None
 
     @classmethod
-    def from_events(cls, events: Iterable[Event], *, with_arguments: bool = False) -> "Trajectory":
+    def from_events(cls, events: Iterable[Event], *, run: str | None = None,
+                    with_arguments: bool = False) -> "Trajectory":
+        """The trajectory of the run with id ``run``, by default of the last run in ``events``:
+        a :class:`Tracer` appends to its file (a session writes one run per task), and runs
+        merged would compare as one long run."""
+        events = list(events)
+        runs = list(dict.fromkeys(e.get("run") for e in events))
+        if run is None:
+            run = runs[-1] if runs else None
+        elif run not in runs:
+            raise ValueError(f"no run {run!r} in the trace; it has {runs}")
         tools, tokens, answer, stop = [], 0, None, None
-        for e in events:
+        for e in (e for e in events if e.get("run") == run):
             if e["kind"] == "tool_call":
                 key = e["name"]
                 if with_arguments:

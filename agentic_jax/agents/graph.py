@@ -19,6 +19,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import json
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -70,20 +71,24 @@ class MemoryCheckpointer:
 
 class FileCheckpointer(MemoryCheckpointer):
     """Also appends each checkpoint to ``directory/<thread_id>.jsonl``, and reads them back, so a
-    run survives the process."""
+    run survives the process.  The thread id is percent-encoded in the file name, so that any id
+    (``a/b``, ``../x``) names one file of its own inside ``directory``."""
 
     def __init__(self, directory: str | Path):
         super().__init__()
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
 
+    def _path(self, thread_id: str) -> Path:
+        return self.directory / f"{urllib.parse.quote(thread_id, safe='')}.jsonl"
+
     def put(self, checkpoint: Checkpoint) -> None:
         super().put(checkpoint)
-        with (self.directory / f"{checkpoint.thread_id}.jsonl").open("a") as f:
+        with self._path(checkpoint.thread_id).open("a") as f:
             f.write(checkpoint.to_json() + "\n")
 
     def latest(self, thread_id: str) -> Checkpoint | None:
-        path = self.directory / f"{thread_id}.jsonl"
+        path = self._path(thread_id)
         if thread_id not in self.history and path.exists():
             self.history[thread_id] = [Checkpoint(**json.loads(line))
                                        for line in path.read_text().splitlines() if line]

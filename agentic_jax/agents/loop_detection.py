@@ -24,8 +24,20 @@ class Verdict(NamedTuple):
     message: str = ""
 
 
+def _canonical(value):
+    """``1.0`` as ``1``, so that arguments equal in value make one key (JSON writes them apart);
+    a bool stays a bool."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return value
+
+
 def call_key(call: ToolCall) -> str:
-    return json.dumps([call.name, call.arguments], sort_keys=True, default=str)
+    return json.dumps([call.name, _canonical(call.arguments)], sort_keys=True, default=str)
 
 
 @dataclasses.dataclass

@@ -27,7 +27,7 @@ STEP_PROMPT = ("Carry out one step of a plan. Reply with the step's result and n
                "it is done; if it cannot be done, reply 'FAILED: <why>'.")
 FINAL_PROMPT = "Answer the task from the results of the plan's steps. Reply with the answer only."
 _STEP_LINE = re.compile(r"^\s*(?:\d+[.)]|[-*])\s+(.*\S)")
-_FAILED = re.compile(r"^\s*FAILED\b", re.IGNORECASE)
+_FAILED = re.compile(r"^\s*FAILED:")  # STEP_PROMPT's marker; not "Failed logins: 3"
 
 
 def parse_plan(text: str) -> list[str]:

@@ -145,6 +145,16 @@ class OptimizerState(pydantic.BaseModel):
     accepted: bool = False
 
 
+# ACCEPT as the first word, past markdown emphasis or quoting ("**ACCEPT**", "> _Accept_"), but
+# not as the start of another word ("ACCEPTABLE? No").
+_ACCEPT = re.compile(r"^[\W_]*ACCEPT(?![^\W_])", re.IGNORECASE)
+
+
+def accepts(verdict: str) -> bool:
+    """Whether a reviewer's ``verdict`` starts with the word ACCEPT."""
+    return bool(_ACCEPT.match(verdict))
+
+
 def evaluator_optimizer(policy: Policy, generator_prompt: str = "Write the best answer you can.",
                         evaluator_prompt: str = ("Evaluate the answer. Reply ACCEPT if it is "
                                                  "good, otherwise say what to improve."),
@@ -156,7 +166,7 @@ def evaluator_optimizer(policy: Policy, generator_prompt: str = "Write the best 
 
     def evaluate(state: OptimizerState):
         verdict = ask(policy, evaluator_prompt, f"Task: {state.input}\nAnswer: {state.output}")
-        return {"accepted": verdict.upper().startswith("ACCEPT"), "feedback": verdict}
+        return {"accepted": accepts(verdict), "feedback": verdict}
 
     return (StateGraph(OptimizerState).add_node("generate", generate).add_node("evaluate", evaluate)
             .add_edge("generate", "evaluate")

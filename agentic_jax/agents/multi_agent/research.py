@@ -23,6 +23,7 @@ from agentic_jax.agents.multi_agent.team import Pattern, Team, TeamLimits, TeamM
 from agentic_jax.agents.multi_agent.voting import normalize
 from agentic_jax.agents.plan_execute import parse_plan
 from agentic_jax.agents.retrieval import Retriever, retrieval_tool
+from agentic_jax.agents.workflows import accepts
 
 RESEARCH_CORPUS = Path(__file__).resolve().parents[2] / "data" / "research_corpus"
 
@@ -88,7 +89,7 @@ class ResearchWorkflow(Pattern):
                                                               draft=draft))
             if review is None:
                 return draft, StopReason.AGENTS_FAILED, "the critic failed"
-            accepted = review.strip().upper().startswith("ACCEPT")
+            accepted = accepts(review)
             team.send(critic, writer, "accept" if accepted else "feedback", review)
             if accepted:
                 return draft, StopReason.ANSWER, f"the critic accepted draft {len(drafts)}"
