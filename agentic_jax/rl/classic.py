@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from agentic_jax.rl import validation as check
+from agentic_jax.rl.numerics import expectation
 
 sg = jax.lax.stop_gradient
 
@@ -143,8 +144,7 @@ def entropy_loss(logits_t) -> jax.Array:
     """
     logits_t = check.floating("logits_t", logits_t)
     log_probs = jax.nn.log_softmax(logits_t, axis=-1)
-    probs = jnp.exp(log_probs)
-    return jnp.sum(probs * jnp.where(probs > 0, log_probs, 0.0), axis=-1)
+    return expectation(log_probs, log_probs)
 
 
 def clipped_surrogate_loss(ratio_t, adv_t, epsilon: float = 0.2) -> jax.Array:

@@ -11,19 +11,16 @@ import jax.numpy as jnp
 
 from agentic_jax.rl import validation as check
 from agentic_jax.rl.aggregation import aggregate
+from agentic_jax.rl.numerics import expectation
 from agentic_jax.rl.types import LossOutput
 
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd")
 
 
 def _kl(log_p, log_q):
-    """Σ_v p_v·(log p_v − log q_v) over the last axis, with 0·log 0 = 0.
-
-    Entries with p_v = 0 (logits at −inf: a masked or padded vocabulary) are left out of the
-    sum; computed plainly they give 0·(−inf + inf) = NaN, in the value and the gradient.
-    """
-    p = jnp.exp(log_p)
-    return jnp.sum(p * jnp.where(p > 0, log_p - log_q, 0.0), axis=-1)
+    """Σ_v p_v·(log p_v − log q_v) over the last axis, with 0·log 0 = 0 (a masked or padded
+    vocabulary entry, at −inf in both, adds nothing, not NaN)."""
+    return expectation(log_p, log_p - log_q)
 
 
 def _output(per_token, mask, aggregation) -> LossOutput:

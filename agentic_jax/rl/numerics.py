@@ -34,6 +34,18 @@ def log1mexp(x: jax.Array, max_value: float = -1e-6) -> jax.Array:
     return jnp.where(near_zero, small, large)
 
 
+def expectation(log_p: jax.Array, x: jax.Array) -> jax.Array:
+    """Σ_v p_v·x_v over the last axis, p = e^{log_p}, the entries with p_v = 0 left out.
+
+    There (a logit at −inf: a masked action or vocabulary entry) x_v is often infinite (log p_v,
+    or log p_v − log q_v), and 0·inf is NaN in the value and the gradient; they contribute 0
+    instead, the limit 0·log 0 = 0.  Entropy is −expectation(log p, log p), KL(p‖q) is
+    expectation(log p, log p − log q).
+    """
+    p = jnp.exp(log_p)
+    return jnp.sum(p * jnp.where(p > 0, x, 0.0), axis=-1)
+
+
 def safe_div(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
     """numerator / denominator, and 0 where the denominator is not positive (empty masks)."""
     positive = denominator > 0

@@ -23,6 +23,7 @@ import numpy as np
 import optax
 
 from agentic_jax.models import TransformerConfig, hidden_states, logits_from_hidden
+from agentic_jax.rl.numerics import expectation
 
 
 def token_logprobs(params, config: TransformerConfig, tokens, *, segment_ids=None, positions=None,
@@ -31,7 +32,7 @@ def token_logprobs(params, config: TransformerConfig, tokens, *, segment_ids=Non
 
     Column 0 is 0 (no context).  With ``with_entropy`` also returns the entropy ``[B, L]`` of the
     distribution each token was drawn from, ``H_t = −Σ p·log p`` with ``0·log 0 = 0`` (logits of
-    −inf, a masked vocabulary entry, give no NaN, as in ``rl.classic.entropy_loss``).  Float32.
+    −inf, a masked vocabulary entry, give no NaN: ``rl.numerics.expectation``).  Float32.
     Packed rows (``segment_ids``) score a segment's first token as 0 as well.
     """
     tokens = jnp.asarray(tokens)
@@ -46,8 +47,7 @@ def token_logprobs(params, config: TransformerConfig, tokens, *, segment_ids=Non
     if not with_entropy:
         return logp
     log_probs = z - log_z[..., None]
-    probs = jnp.exp(log_probs)
-    entropy = -jnp.sum(probs * jnp.where(probs > 0, log_probs, 0.0), axis=-1)
+    entropy = -expectation(log_probs, log_probs)
     return logp, jnp.concatenate([pad, entropy], axis=1)
 
 
