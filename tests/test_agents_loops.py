@@ -1,5 +1,5 @@
 """Agent loops on ScriptedPolicy: answers, loop detection, budgets, retries, gates, re-planning."""
-import io
+import builtins
 
 import hypothesis.strategies as st
 import pytest
@@ -265,7 +265,7 @@ def test_reflection_memories_sharing_a_file_keep_each_others_reflections(tmp_pat
 def test_a_crash_while_writing_reflections_leaves_the_file_intact(tmp_path, monkeypatch):
     path = tmp_path / "reflections.json"
     ReflectionMemory(path).add("task", "kept")
-    real_open = io.open
+    real_open = builtins.open
 
     class Crashing:  # writes half of what it is given, then the disk fills up
         def __init__(self, file):
@@ -286,9 +286,9 @@ def test_a_crash_while_writing_reflections_leaves_the_file_intact(tmp_path, monk
 
     def crashing_open(file, mode="r", *args, **kwargs):
         handle = real_open(file, mode, *args, **kwargs)
-        return Crashing(handle) if "w" in mode else handle
+        return Crashing(handle) if "w" in mode or "x" in mode else handle
 
-    monkeypatch.setattr(io, "open", crashing_open)
+    monkeypatch.setattr(builtins, "open", crashing_open)
     with pytest.raises(OSError, match="no space"):
         ReflectionMemory(path).add("task", "lost")
     monkeypatch.undo()

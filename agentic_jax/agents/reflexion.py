@@ -9,8 +9,6 @@ so reflections also carry over between runs of the same task.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +19,7 @@ from agentic_jax.agents.policy import PolicyError
 from agentic_jax.agents.react import ReActAgent
 from agentic_jax.agents.tracing import Tracer
 from agentic_jax.data.chat import Message
+from agentic_jax.files import atomic_write
 
 Evaluator = Callable[[str, str | None], Evaluation]
 REFLECT_PROMPT = ("You failed a task. In two or three sentences, diagnose why and state concretely "
@@ -30,8 +29,8 @@ REFLECT_PROMPT = ("You failed a task. In two or three sentences, diagnose why an
 class ReflectionMemory:
     """Reflections per task, newest last; at most ``max_per_task`` kept.  With ``path`` they are
     read from and written to a JSON file.  Each :meth:`add` re-reads the file first, so memories
-    of other runs on the same file keep what they wrote, and replaces it atomically (a temporary
-    file, then ``os.replace``), so a crash mid-write cannot leave it half-written."""
+    of other runs on the same file keep what they wrote, and replaces it atomically
+    (:func:`~agentic_jax.files.atomic_write`), so a crash mid-write cannot leave it half-written."""
 
     def __init__(self, path: str | Path | None = None, max_per_task: int = 3):
         if max_per_task < 1:
@@ -52,10 +51,8 @@ class ReflectionMemory:
             self._store = self._read()
         self._store[task] = (self.get(task) + [reflection])[-self.max_per_task:]
         if self.path is not None:
-            with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=self.path.parent,
-                                             suffix=".tmp", delete=False) as f:
+            with atomic_write(self.path, encoding="utf-8") as f:
                 f.write(json.dumps(self._store, indent=1))
-            os.replace(f.name, self.path)
 
 
 class Reflexion:

@@ -12,13 +12,13 @@ import itertools
 import json
 import os
 import pathlib
-import secrets
 from collections.abc import Sequence
 
 import numpy as np
 
 from agentic_jax.data.documents import read_documents
 from agentic_jax.data.tokenizer import Tokenizer
+from agentic_jax.files import atomic_write
 
 _CACHE_FORMAT = 1
 
@@ -84,15 +84,6 @@ def tokenize_files(tokenizer: Tokenizer, files: Sequence[str | os.PathLike], *,
             return TokenizedCorpus(cached["tokens"], cached["offsets"])
     corpus = _tokenize(tokenizer, files)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    # Write-then-rename, so a concurrent reader never sees a partial file.  A plain exclusive
-    # open (not mkstemp, whose 0600 would hide a shared cache from other users) gets the usual
-    # umask permissions; a failed write (disk full) removes its temporary file.
-    tmp = path.with_suffix(f".{secrets.token_hex(8)}.tmp")
-    try:
-        with open(tmp, "xb") as f:
-            np.savez(f, tokens=corpus.tokens, offsets=corpus.offsets)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_write(path, "wb") as f:  # a concurrent reader never sees a partial file
+        np.savez(f, tokens=corpus.tokens, offsets=corpus.offsets)
     return corpus
