@@ -38,6 +38,7 @@ from agentic_jax.data.tokenizer import Tokenizer, load_tokenizer
 from agentic_jax.inference.block_manager import BlockManager
 from agentic_jax.inference.paged_cache import (PagedBatch, PagedKVCache, copy_blocks,
                                                decode_attention_fn, paged_forward)
+from agentic_jax.inference.prompts import check_token_ids
 from agentic_jax.inference.sampling import SamplingArrays, SamplingParams, add_tokens, sample
 from agentic_jax.inference.scheduler import Scheduler, Sequence
 from agentic_jax.models.config import TransformerConfig
@@ -216,8 +217,7 @@ class Engine:
         if not 0 < len(prompt) < self.max_model_len:
             raise ValueError(f"prompt length {len(prompt)} must be in [1, max_model_len="
                              f"{self.max_model_len})")
-        if not all(0 <= t < self.config.vocab_size for t in prompt):
-            raise ValueError(f"prompt token ids must be in [0, {self.config.vocab_size})")
+        check_token_ids([prompt], self.config.vocab_size)
         if request.params.stop_strings and self.tokenizer is None:
             raise ValueError("stop_strings need an Engine with a tokenizer")
         return prompt

@@ -66,6 +66,14 @@ class PromptBatch(NamedTuple):
         return [tokens[b, start[b]:end[b]].tolist() for b in range(tokens.shape[0])]
 
 
+def check_token_ids(rows, vocab_size: int) -> None:
+    """Raises unless every id of the host sequences ``rows`` is in ``[0, vocab_size)``: the
+    embedding lookup would silently clamp any other."""
+    rows = [np.asarray(row, np.int64).ravel() for row in rows]
+    if any(row.size and (row.min() < 0 or row.max() >= vocab_size) for row in rows):
+        raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+
+
 def as_prompt_batch(prompts, *, padding: str = "left", pad_id: int = 0,
                     vocab_size: int | None = None) -> PromptBatch:
     """A ``PromptBatch`` from itself, an unpadded ``[B, P]`` array, or token lists.
@@ -76,9 +84,7 @@ def as_prompt_batch(prompts, *, padding: str = "left", pad_id: int = 0,
     if isinstance(prompts, PromptBatch):
         return prompts
     if vocab_size is not None and not isinstance(prompts, jax.Array):
-        rows = [np.asarray(row, np.int64).ravel() for row in prompts]
-        if any(row.size and (row.min() < 0 or row.max() >= vocab_size) for row in rows):
-            raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+        check_token_ids(prompts, vocab_size)
     if isinstance(prompts, (jax.Array, np.ndarray)):
         return PromptBatch.from_array(prompts)
     return PromptBatch.from_lists(prompts, padding=padding, pad_id=pad_id)
