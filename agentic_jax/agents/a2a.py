@@ -153,7 +153,7 @@ class _TaskRun:
 
     def approve(self, tool_: Tool, call: ToolCall) -> bool:
         try:
-            answer = self.ask(f"Approve running {call.name}({json.dumps(dict(call.arguments))})?"
+            answer = self.ask(f"Approve running {call.name}({call.arguments_text()})?"
                               f" Reply yes or no.")
         except ToolError:
             return False

@@ -25,11 +25,6 @@ from agentic_jax.data.chat import Message, ToolCall
 RETRY_STATUS = (408, 429, 500, 502, 503, 504)
 
 
-def _arguments_text(call: ToolCall) -> str:
-    """The wire form: JSON text; arguments that never parsed go back as the model wrote them."""
-    return call.arguments if isinstance(call.arguments, str) else json.dumps(dict(call.arguments))
-
-
 def openai_messages(messages: Sequence[Message]) -> list[dict]:
     """Chat messages in the OpenAI wire format, with positional tool-call ids."""
     out, pending = [], []
@@ -45,7 +40,7 @@ def openai_messages(messages: Sequence[Message]) -> list[dict]:
             entry["content"] = m.content or None
             entry["tool_calls"] = [
                 {"id": i, "type": "function",
-                 "function": {"name": c.name, "arguments": _arguments_text(c)}}
+                 "function": {"name": c.name, "arguments": c.arguments_text()}}
                 for i, c in zip(ids, m.tool_calls)]
         out.append(entry)
     return out

@@ -148,7 +148,7 @@ def _usage(g: Generation) -> dict:
 
 def _tool_calls(g: Generation) -> list[dict]:
     return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+             "function": {"name": c.name, "arguments": c.arguments_text()}}
             for c in g.tool_calls]
 
 

@@ -129,7 +129,7 @@ def terminal_approver(tool, call) -> bool:
     """Asks on the terminal before a dangerous tool runs; no terminal means no."""
     if not sys.stdin.isatty():
         return False
-    answer = input(f"approve {call.name}({json.dumps(dict(call.arguments))})? [y/N] ")
+    answer = input(f"approve {call.name}({call.arguments_text()})? [y/N] ")
     return answer.strip().lower() in ("y", "yes")
 
 

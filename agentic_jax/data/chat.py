@@ -56,6 +56,13 @@ class ToolCall:
             if isinstance(parsed, dict):
                 object.__setattr__(self, "arguments", parsed)
 
+    def arguments_text(self) -> str:
+        """The arguments as JSON text, the form the OpenAI API carries; text that never parsed
+        as a JSON object, as the model wrote it."""
+        if isinstance(self.arguments, str):
+            return self.arguments
+        return json.dumps(dict(self.arguments), ensure_ascii=False)
+
 
 @dataclasses.dataclass(frozen=True)
 class Message:
