@@ -17,6 +17,7 @@ no key are zeroed afterwards, as the contract requires.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import logging
@@ -33,8 +34,18 @@ _log = logging.getLogger(__name__)
 _CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 
 
-def _tokamax_installed() -> bool:
-    return importlib.util.find_spec("tokamax") is not None
+@functools.cache
+def tokamax_module():
+    """The ``tokamax`` module, or None when it is not installed or does not import (a broken
+    install -- a missing dependency, a JAX too old for it -- is logged, then ignored)."""
+    if importlib.util.find_spec("tokamax") is None:
+        return None
+    try:
+        return importlib.import_module("tokamax")
+    except Exception as err:  # noqa: BLE001 - any import failure means: do not use it
+        _log.warning("tokamax is installed but does not import (%s: %s); not using it",
+                     type(err).__name__, err)
+        return None
 
 
 def choose_attention_backend(q, k, v, *, causal=True, segment_ids=None, sliding_window=None,
@@ -48,7 +59,7 @@ def choose_attention_backend(q, k, v, *, causal=True, segment_ids=None, sliding_
         return "pallas"
     if platform != "gpu":
         return "xla"
-    if _tokamax_installed():
+    if tokamax_module() is not None:
         return "tokamax"
     h = q.shape[-1]
     cudnn_ok = (q.dtype in _CUDNN_DTYPES and logits_soft_cap is None and h % 8 == 0 and h <= 256
@@ -78,10 +89,9 @@ def _fused(backend, q, k, v, options):
                                       segment_ids=options["segment_ids"],
                                       sliding_window=options["sliding_window"])
     if backend == "tokamax":
-        tokamax = importlib.import_module("tokamax")
-        out = tokamax.dot_product_attention(q, k, v, scale=options["sm_scale"],
-                                            logits_soft_cap=options["logits_soft_cap"],
-                                            **mask_args)
+        out = tokamax_module().dot_product_attention(q, k, v, scale=options["sm_scale"],
+                                                     logits_soft_cap=options["logits_soft_cap"],
+                                                     **mask_args)
     else:
         out = jax.nn.dot_product_attention(q, k, v, scale=options["sm_scale"],
                                            implementation="cudnn", **mask_args)

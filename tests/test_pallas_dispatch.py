@@ -26,7 +26,7 @@ def _qkv(t, s, n=4, k=2, h=16, dtype=jnp.float32, seed=0):
     ("gpu", jnp.bfloat16, dict(causal=False, sliding_window=4), False, "xla"),
 ])
 def test_backend_choice(monkeypatch, platform, dtype, options, tokamax, want):
-    monkeypatch.setattr(dispatch, "_tokamax_installed", lambda: tokamax)
+    monkeypatch.setattr(dispatch, "tokamax_module", lambda: object() if tokamax else None)
     q, k, v = _qkv(8, 8, dtype=dtype)
     assert choose_attention_backend(q, k, v, platform=platform, **options) == want
 
@@ -76,3 +76,21 @@ def test_rejected_fused_call_falls_back_to_xla_and_says_so(monkeypatch, caplog):
     assert backend == "xla"
     assert "cudnn rejected the call" in caplog.text and "using xla" in caplog.text
     np.testing.assert_array_equal(out, reference_attention(q, k, v))
+
+
+def test_tokamax_that_does_not_import_is_not_used(monkeypatch, caplog):
+    """An installed but broken tokamax (a missing dependency, say) must not break GPU attention."""
+    monkeypatch.setattr(dispatch.importlib.util, "find_spec", lambda name: object())
+
+    def broken(name):
+        raise ModuleNotFoundError("No module named 'qwix'")
+
+    monkeypatch.setattr(dispatch.importlib, "import_module", broken)
+    dispatch.tokamax_module.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger=dispatch.__name__):
+            q, k, v = _qkv(8, 8, dtype=jnp.bfloat16)
+            assert choose_attention_backend(q, k, v, platform="gpu") == "cudnn"
+        assert "tokamax is installed but does not import" in caplog.text and "qwix" in caplog.text
+    finally:
+        dispatch.tokamax_module.cache_clear()
