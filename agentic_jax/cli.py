@@ -15,8 +15,9 @@
     agentic-jax agent --gin_file F [--checkpoint DIR] [--task TEXT | --task_file FILE]
                       [--trace FILE] [--yes] [--gin_param P]...
     agentic-jax team --gin_file F [--task TEXT] [--trace FILE] [--gin_param P]...
-    agentic-jax trace show FILE
-    agentic-jax trace compare GOLDEN NEW [--min_similarity S] [--max_token_overhead O]
+    agentic-jax trace show FILE [--run ID]
+    agentic-jax trace compare GOLDEN NEW [--golden_run ID] [--new_run ID] [--with_arguments]
+                              [--min_similarity S] [--max_token_overhead O]
 
 A misspelt configurable or parameter fails while parsing, before any work starts, with gin's
 message naming the binding.
@@ -128,9 +129,16 @@ def _parser() -> argparse.ArgumentParser:
     trace_verbs = trace.add_subparsers(dest="trace_verb", required=True)
     show = trace_verbs.add_parser("show", help="render a JSONL trace as a transcript")
     show.add_argument("file")
+    show.add_argument("--run", default=None, help="render only this run id (default: every run)")
     compare = trace_verbs.add_parser("compare", help="golden-trajectory regression check")
     compare.add_argument("golden")
     compare.add_argument("new")
+    compare.add_argument("--golden_run", default=None,
+                         help="run id in the golden trace (default: its last run)")
+    compare.add_argument("--new_run", default=None,
+                         help="run id in the new trace (default: its last run)")
+    compare.add_argument("--with_arguments", action="store_true",
+                         help="a call matches only with the same arguments")
     compare.add_argument("--min_similarity", type=float, default=0.9)
     compare.add_argument("--max_token_overhead", type=float, default=0.25)
     return parser
@@ -288,12 +296,21 @@ def _team(args) -> int:
 def _trace(args) -> int:
     from agentic_jax.agents import golden, tracing
 
-    if args.trace_verb == "show":
-        print(tracing.render(tracing.load(args.file)))
-        return 0
-    result = golden.compare_events(tracing.load(args.golden), tracing.load(args.new),
-                                   min_similarity=args.min_similarity,
-                                   max_token_overhead=args.max_token_overhead)
+    try:
+        if args.trace_verb == "show":
+            events = tracing.load(args.file)
+            if args.run is not None:
+                events = tracing.run_events(events, args.run)
+            print(tracing.render(events))
+            return 0
+        result = golden.compare_events(tracing.load(args.golden), tracing.load(args.new),
+                                       golden_run=args.golden_run, new_run=args.new_run,
+                                       with_arguments=args.with_arguments,
+                                       min_similarity=args.min_similarity,
+                                       max_token_overhead=args.max_token_overhead)
+    except (OSError, ValueError) as err:   # a missing or malformed file, an unknown run id
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(result.report())
     return 0 if result.passed else 1
 

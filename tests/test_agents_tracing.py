@@ -116,6 +116,37 @@ def test_a_trace_file_of_several_runs_compares_one_run(tmp_path):
         Trajectory.from_events(events, run="nope")
 
 
+def test_trace_cli_names_a_run_of_a_session_file(tmp_path, capsys):
+    """Of a file holding several runs, ``show --run`` renders one and ``compare`` takes any run
+    of either file; an unknown run id or a missing file is an error that names it."""
+    path = tmp_path / "session.jsonl"
+    _, first = run_agent(calls("search") + ["1"], path)
+    _, second = run_agent(calls("calculator", "calculator") + ["2"], path)
+    golden = tmp_path / "golden.jsonl"
+    run_agent(calls("search") + ["1"], golden)
+    assert main(["trace", "show", str(path), "--run", first.run_id]) == 0
+    out = capsys.readouterr().out
+    assert f"run {first.run_id}" in out and f"run {second.run_id}" not in out
+    assert "tool   search ok" in out and "calculator" not in out
+    assert main(["trace", "compare", str(golden), str(path)]) == 1   # the last run differs
+    assert "FAIL" in capsys.readouterr().out
+    assert main(["trace", "compare", str(golden), str(path), "--new_run", first.run_id]) == 0
+    assert "PASS" in capsys.readouterr().out
+    assert main(["trace", "compare", str(path), str(golden), "--golden_run", second.run_id]) == 1
+    capsys.readouterr()
+    assert main(["trace", "show", str(path), "--run", "nope"]) == 2
+    assert "no run 'nope'" in capsys.readouterr().err
+    assert main(["trace", "compare", str(tmp_path / "missing.jsonl"), str(path)]) == 2
+    assert "missing.jsonl" in capsys.readouterr().err
+
+
+def test_compare_with_arguments_tells_calls_apart():
+    golden, _ = run_agent([{"tool_calls": [{"name": "search", "arguments": {"query": "a"}}]}, "1"])
+    other, _ = run_agent([{"tool_calls": [{"name": "search", "arguments": {"query": "b"}}]}, "1"])
+    assert compare_events(golden.trace, other.trace).passed
+    assert not compare_events(golden.trace, other.trace, with_arguments=True).passed
+
+
 def test_golden_trajectory_token_overhead_and_stop_reason():
     golden = Trajectory(("a", "b"), 1000, "x", "answer")
     assert compare(golden, Trajectory(("a", "b"), 1100, "x", "answer")).passed

@@ -16,7 +16,7 @@ import json
 import math
 from collections.abc import Iterable, Sequence
 
-from agentic_jax.agents.tracing import Event
+from agentic_jax.agents.tracing import Event, run_events
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,17 +29,10 @@ class Trajectory:
     @classmethod
     def from_events(cls, events: Iterable[Event], *, run: str | None = None,
                     with_arguments: bool = False) -> "Trajectory":
-        """The trajectory of the run with id ``run``, by default of the last run in ``events``:
-        a :class:`Tracer` appends to its file (a session writes one run per task), and runs
-        merged would compare as one long run."""
-        events = list(events)
-        runs = list(dict.fromkeys(e.get("run") for e in events))
-        if run is None:
-            run = runs[-1] if runs else None
-        elif run not in runs:
-            raise ValueError(f"no run {run!r} in the trace; it has {runs}")
+        """The trajectory of the run with id ``run``, by default of the last run in ``events``
+        (runs merged would compare as one long run)."""
         tools, tokens, answer, stop = [], 0, None, None
-        for e in (e for e in events if e.get("run") == run):
+        for e in run_events(events, run):
             if e["kind"] == "tool_call":
                 key = e["name"]
                 if with_arguments:
@@ -91,6 +84,9 @@ def compare(golden: Trajectory, new: Trajectory, *, min_similarity: float = 0.9,
 
 
 def compare_events(golden: Sequence[Event], new: Sequence[Event], *, with_arguments: bool = False,
+                   golden_run: str | None = None, new_run: str | None = None,
                    **thresholds) -> Comparison:
-    return compare(Trajectory.from_events(golden, with_arguments=with_arguments),
-                   Trajectory.from_events(new, with_arguments=with_arguments), **thresholds)
+    """:func:`compare` on two traces' runs (each trace's last run unless one is named)."""
+    return compare(Trajectory.from_events(golden, run=golden_run, with_arguments=with_arguments),
+                   Trajectory.from_events(new, run=new_run, with_arguments=with_arguments),
+                   **thresholds)

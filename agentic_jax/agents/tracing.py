@@ -152,6 +152,18 @@ def load(path: str | Path) -> list[Event]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def run_events(events: Iterable[Event], run: str | None = None) -> list[Event]:
+    """The events of the run with id ``run`` -- by default the last run -- of a trace that may
+    hold several: a :class:`Tracer` appends to its file, and a session writes one run per task."""
+    events = list(events)
+    runs = list(dict.fromkeys(e.get("run") for e in events))
+    if run is None:
+        run = runs[-1] if runs else None
+    elif run not in runs:
+        raise ValueError(f"no run {run!r} in the trace; it has {runs}")
+    return [e for e in events if e.get("run") == run]
+
+
 def _short(value: Any, limit: int = 200) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     text = " ".join(text.split())
