@@ -244,7 +244,7 @@ def _a2a_server(args) -> None:
 
     from agentic_jax.agents.a2a import A2AServerConfig, config_app
     from agentic_jax.agents.jax_policy import JaxPolicy
-    from agentic_jax.agents.session import AgentConfig, make_policy
+    from agentic_jax.agents.session import AgentConfig, make_policy, open_mcp_client
 
     token = None
     if args.bearer_token_env is not None:
@@ -253,13 +253,18 @@ def _a2a_server(args) -> None:
             raise SystemExit(f"--bearer_token_env: ${args.bearer_token_env} is unset or empty")
     config = AgentConfig()
     policy = make_policy(config, args.checkpoint)
-    url = args.url or f"http://{args.host}:{args.port}"
-    app = config_app(url, config, A2AServerConfig(), policy, bearer_token=token)
-    print(f"serving A2A at {url} (card: {url}/.well-known/agent-card.json; Ctrl-C stops)",
-          flush=True)
+    mcp = None
     try:
+        mcp = open_mcp_client(config.mcp_servers)
+        url = args.url or f"http://{args.host}:{args.port}"
+        app = config_app(url, config, A2AServerConfig(), policy, bearer_token=token,
+                         mcp_tools=mcp.tools() if mcp is not None else ())
+        print(f"serving A2A at {url} (card: {url}/.well-known/agent-card.json; Ctrl-C stops)",
+              flush=True)
         uvicorn.run(app, host=args.host, port=args.port)
     finally:
+        if mcp is not None:
+            mcp.close()
         if isinstance(policy, JaxPolicy):
             policy.close()
 

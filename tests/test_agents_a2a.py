@@ -18,6 +18,7 @@ from a2a.types import (AgentCapabilities, AgentCard, AgentInterface, AgentSkill,
                        Task, TaskState, TaskStatus)
 from a2a.utils.errors import A2AError
 from google.protobuf.json_format import MessageToDict
+from mcp.server import MCPServer
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 
@@ -28,6 +29,7 @@ from agentic_jax.agents.a2a_client import (DelegationError, RemoteAgent, delegat
                                            delegate_tool)
 from agentic_jax.agents.builtin_tools import calculator
 from agentic_jax.agents.executor import RetryPolicy
+from agentic_jax.agents.mcp_client import MCPClient
 from agentic_jax.agents.session import AgentConfig
 from agentic_jax.agents.skills import SkillRegistry
 from agentic_jax.cli import _parser
@@ -322,6 +324,32 @@ def test_config_app_selects_skills_per_task_and_the_cli_verb_parses():
     args = _parser().parse_args(["a2a-server", "--gin_file", "agent_calculator_scripted",
                                  "--port", "9000", "--bearer_token_env", "TOKEN"])
     assert (args.verb, args.port, args.bearer_token_env) == ("a2a-server", 9000, "TOKEN")
+
+
+def test_config_app_gives_served_agents_the_configured_mcp_tools():
+    """``agentic-jax a2a-server`` lists ``AgentConfig.mcp_servers``' tools once; every task's
+    agent gets them, and without skills the card names them."""
+    server = MCPServer("words")
+
+    @server.tool()
+    def shout(text: str) -> str:
+        """Upper-cases text."""
+        return text.upper()
+
+    policy = ScriptedPolicy([call("words__shout", text="hi"), "HI"])
+    config = AgentConfig(policy=policy, tools=["calculator"])
+    with MCPClient({"words": server}) as mcp:
+        app = config_app(BASE, config, A2AServerConfig(), policy, mcp_tools=mcp.tools())
+
+        async def body(client, http):
+            card = await A2ACardResolver(http, BASE).get_agent_card()
+            (response,) = await collect(client, user("Shout hi."))
+            return card, response.task
+        card, task = scenario(app, body, streaming=False)
+    assert [s.id for s in card.skills] == ["calculator", "words__shout"]
+    assert get_artifact_text(task.artifacts[0]) == "HI"
+    assert "words__shout" in policy.calls[0][1]
+    assert policy.calls[1][0][-1].content == "HI"     # the MCP server's answer reached the model
 
 
 # ------------------------------------------------------------------------ delegation client

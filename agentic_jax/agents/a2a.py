@@ -416,24 +416,27 @@ class A2AServerConfig:
 
 
 def config_factory(config: AgentConfig, policy: Policy, skills: SkillRegistry | None = None,
-                   k: int = 3) -> AgentFactory:
+                   k: int = 3, mcp_tools: Sequence[Tool] = ()) -> AgentFactory:
     """Builds the agent ``config`` describes for each task, with the ``k`` skills of ``skills``
-    most relevant to the task in its system prompt and their tools added."""
+    most relevant to the task in its system prompt and their tools added, and ``mcp_tools``
+    (those of ``config.mcp_servers``, listed once by the host)."""
     def make(setup: TaskSetup) -> Agent:
         selected = skills.select(setup.task, k) if skills is not None else []
         tools = dict.fromkeys([*config.tools, *(t for s in selected for t in s.tools)])
         equipped = dataclasses.replace(config, tools=list(tools),
                                        system_prompt=with_skills(config.system_prompt, selected))
         return make_agent(equipped, policy, tracer=setup.tracer, approver=setup.approver,
-                          extra_tools=setup.tools)
+                          extra_tools=setup.tools, mcp_tools=mcp_tools)
     return make
 
 
 def config_app(url: str, config: AgentConfig, server: A2AServerConfig, policy: Policy, *,
-               bearer_token: str | None = None) -> Starlette:
-    """The app ``agentic-jax a2a-server`` serves at ``url``."""
+               bearer_token: str | None = None, mcp_tools: Sequence[Tool] = ()) -> Starlette:
+    """The app ``agentic-jax a2a-server`` serves at ``url``; ``mcp_tools`` are the tools of
+    ``config.mcp_servers``, which the caller lists and closes (see ``session.open_mcp_client``)."""
     registry = server.registry()
+    tools = [*(builtin_tool(name) for name in config.tools), *mcp_tools]
     card = agent_card(server.name, server.description, url, skills=registry.skills(),
-                      tools=[builtin_tool(name) for name in config.tools], version=server.version)
-    return a2a_app(config_factory(config, policy, registry, server.skills_k), card,
+                      tools=tools, version=server.version)
+    return a2a_app(config_factory(config, policy, registry, server.skills_k, mcp_tools), card,
                    bearer_token=bearer_token, input_timeout_s=server.input_timeout_s)

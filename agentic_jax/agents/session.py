@@ -133,9 +133,9 @@ def terminal_approver(tool, call) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
-def _mcp_client(servers: Mapping[str, Any]):
+def open_mcp_client(servers: Mapping[str, Any]):
     """An ``MCPClient`` for the configured servers (``None`` if there are none); the MCP SDK
-    is imported only then."""
+    is imported only then.  The caller closes it."""
     if not servers:
         return None
     from agentic_jax.agents.mcp_client import MCPClient
@@ -151,7 +151,7 @@ def run_session(config: AgentConfig, tasks: Sequence[str] | Iterator[str], *,
     results = []
     mcp = None
     try:
-        mcp = _mcp_client(config.mcp_servers)
+        mcp = open_mcp_client(config.mcp_servers)
         mcp_tools = mcp.tools() if mcp is not None else []
         for task in tasks:
             tracer = Tracer(trace_path, sinks=[console_sink(write)], pricing=config.pricing)
