@@ -29,6 +29,22 @@ def test_q_learning_converges_to_value_iteration():
     assert metrics["episode_return"].shape == (2, 30)
 
 
+def test_table_step_reports_the_loss_it_descended():
+    """The logged loss is the one at the table before the update (after it, the errors have
+    already shrunk); entries seen twice move by their mean error."""
+    from agentic_jax.rl.agents.tabular import averaged_table_step
+
+    targets, index = jnp.asarray([1.0, 3.0, -2.0]), jnp.asarray([0, 0, 2])
+
+    def loss(table):
+        return 0.5 * jnp.sum(jnp.square(targets - table[index]))
+
+    table = jnp.zeros(4)
+    new, value = averaged_table_step(table, loss, index, 0.5)
+    assert float(value) == pytest.approx(float(loss(table))) == pytest.approx(7.0)
+    np.testing.assert_allclose(new, [1.0, 0.0, -1.0, 0.0])   # 0.5 × mean(1, 3); 0.5 × (−2)
+
+
 def test_td_lambda_converges_to_value_iteration():
     optimal_policy = jax.nn.one_hot(jnp.argmax(Q_STAR, axis=1), 2)
     config = agents.TDLambdaConfig(num_envs=16, num_steps=32, num_updates=300, gamma=GAMMA, lambda_=0.8)

@@ -28,10 +28,12 @@ from agentic_jax.envs import Env, EpisodeStatistics, bootstrap_inputs, run_steps
 from agentic_jax.rl.agents.common import episode_metrics, epsilon_greedy, make_train, space_sizes
 
 
-def averaged_table_step(table: jax.Array, loss_fn, index, lr) -> jax.Array:
-    """table − lr·∇loss / visits: each entry moves by the mean of its errors in the batch."""
+def averaged_table_step(table: jax.Array, loss_fn, index, lr) -> tuple[jax.Array, jax.Array]:
+    """(table − lr·∇loss / visits, the loss at ``table``): each entry moves by the mean of its
+    errors in the batch; the loss reported is the one this step descended, before the update."""
     visits = jnp.zeros(table.shape, jnp.float32).at[index].add(1.0)
-    return table - lr * jax.grad(loss_fn)(table) / jnp.maximum(visits, 1.0)
+    loss, grad = jax.value_and_grad(loss_fn)(table)
+    return table - lr * grad / jnp.maximum(visits, 1.0), loss
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +66,8 @@ def make_q_learning(env: Env, config: QLearningConfig = QLearningConfig(), env_p
         def loss(q):
             return jnp.sum(jax.vmap(rl.q_learning_loss)(q[t.obs], t.action, t.reward, discount, q[t.final_obs]))
 
-        q = averaged_table_step(q, loss, (t.obs, t.action), lr(step))
-        return ((q, step + 1), obs, env_state), {"loss": loss(q), **episode_metrics(traj)}
+        q, loss_value = averaged_table_step(q, loss, (t.obs, t.action), lr(step))
+        return ((q, step + 1), obs, env_state), {"loss": loss_value, **episode_metrics(traj)}
 
     def init(key):
         return jnp.zeros((num_states, num_actions), jnp.float32), jnp.int32(0)
@@ -110,8 +112,8 @@ def make_td_lambda(env: Env, policy: jax.Array, config: TDLambdaConfig = TDLambd
             errors = td_lambda(v[traj.obs], reward, discount, v[traj.next_obs], config.lambda_)
             return 0.5 * jnp.sum(jnp.square(errors))
 
-        v = averaged_table_step(v, loss, traj.obs, lr(step))
-        return ((v, step + 1), obs, env_state), {"loss": loss(v), **episode_metrics(traj)}
+        v, loss_value = averaged_table_step(v, loss, traj.obs, lr(step))
+        return ((v, step + 1), obs, env_state), {"loss": loss_value, **episode_metrics(traj)}
 
     def init(key):
         return jnp.zeros((num_states,), jnp.float32), jnp.int32(0)
