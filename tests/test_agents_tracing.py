@@ -74,7 +74,8 @@ def test_scoped_views_in_threads_number_events_uniquely_in_file_order(tmp_path,
     assert [e["seq"] for e in load(tmp_path / "trace.jsonl")] == list(range(800))
 
 
-def test_opentelemetry_spans_when_installed():
+def otel_tracer():
+    """A Tracer exporting to memory, and the exporter."""
     sdk = pytest.importorskip("opentelemetry.sdk.trace")
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -84,12 +85,40 @@ def test_opentelemetry_spans_when_installed():
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = Tracer()
     tracer._otel = provider.get_tracer("test")
+    return tracer, exporter
+
+
+def test_opentelemetry_spans_when_installed():
+    tracer, exporter = otel_tracer()
     ReActAgent(ScriptedPolicy(calls("search") + ["done"]), [search], tracer=tracer).run("t")
     spans = {s.name: s for s in exporter.get_finished_spans()}
     assert {"agent.run", "agent.model_call", "agent.tool_call search"} <= set(spans)
     root = spans["agent.run"]
     assert spans["agent.tool_call search"].parent.span_id == root.context.span_id
     assert root.attributes["agent.stop_reason"] == "answer"
+
+
+def test_opentelemetry_spans_of_views_and_nested_runs_have_their_run_as_parent():
+    """A view made before ``run_start`` (a team's own log) parents its spans to the run; a run
+    started inside another (a sub-agent) is a child of it, and holds its own spans."""
+    tracer, exporter = otel_tracer()
+    team_log = tracer.scoped(agent="debate")
+    tracer.emit("run_start", task="t", agent="debate")
+    team_log.decision(1, "round")
+    member = tracer.scoped(agent="critic")
+    member.emit("run_start", task="sub", agent="critic")
+    member.decision(1, "inner")
+    member.emit("run_end", stop_reason="answer")
+    team_log.decision(2, "outer")
+    tracer.emit("run_end", stop_reason="answer")
+    spans = exporter.get_finished_spans()
+    (outer,) = [s for s in spans if s.name == "agent.run" and s.parent is None]
+    (inner,) = [s for s in spans if s.name == "agent.run" and s.parent is not None]
+    by_name = {s.name: s for s in spans}
+    assert inner.parent.span_id == outer.context.span_id
+    assert by_name["agent.decision round"].parent.span_id == outer.context.span_id
+    assert by_name["agent.decision inner"].parent.span_id == inner.context.span_id
+    assert by_name["agent.decision outer"].parent.span_id == outer.context.span_id
 
 
 def test_golden_trajectory_catches_a_change_in_tool_order():

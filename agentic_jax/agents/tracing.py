@@ -74,8 +74,12 @@ class Tracer:
         self.events: list[Event] = []
         self.fields: dict[str, Any] = {}
         self._otel = _otel_tracer() if otel else None
-        self._root = None
-        self._lock = threading.Lock()  # shared with the scoped views, which may run in threads
+        # Shared with the scoped views (``copy.copy`` keeps these references), which may run in
+        # threads: the lock, and the stack of open ``agent.run`` spans, innermost last, so that
+        # a view made before ``run_start`` still parents its spans to the run, and a nested
+        # run's span to the run around it.
+        self._open_runs: list = []
+        self._lock = threading.Lock()
 
     def scoped(self, **fields: Any) -> Tracer:
         """A view that adds ``fields`` (e.g. ``agent="critic"``) to each event it emits; the
@@ -104,19 +108,26 @@ class Tracer:
             return
         from opentelemetry import trace
 
-        if event["kind"] == "run_start":
-            self._root = self._otel.start_span("agent.run", attributes=_attributes(event))
+        kind = event["kind"]
+        with self._lock:
+            parent = self._open_runs[-1] if self._open_runs else None
+            if kind == "run_end" and parent is not None:
+                self._open_runs.pop()
+        context = None if parent is None else trace.set_span_in_context(parent)
+        if kind == "run_start":
+            span = self._otel.start_span("agent.run", context=context,
+                                         attributes=_attributes(event))
+            with self._lock:
+                self._open_runs.append(span)
             return
-        if event["kind"] == "run_end" and self._root is not None:
-            self._root.set_attributes(_attributes(event))
-            self._root.end()
-            self._root = None
+        if kind == "run_end" and parent is not None:
+            parent.set_attributes(_attributes(event))
+            parent.end()
             return
         end = time.time_ns()
         start = end - int(event.get("latency_s", 0.0) * 1e9)
-        context = None if self._root is None else trace.set_span_in_context(self._root)
         name = event.get("name") or event.get("decision") or ""
-        span = self._otel.start_span(f"agent.{event['kind']}" + (f" {name}" if name else ""),
+        span = self._otel.start_span(f"agent.{kind}" + (f" {name}" if name else ""),
                                      context=context, start_time=start,
                                      attributes=_attributes(event))
         span.end(end_time=end)
