@@ -44,6 +44,67 @@ def test_a_repeated_identical_call_is_redirected_then_stopped():
     assert decisions == ["redirect", "stop"]
 
 
+def notebook():
+    """A stateful pair of tools: ``read`` returns what ``write`` last stored."""
+    page = {"text": "empty"}
+
+    @tool
+    def read() -> str:
+        """Reads the page."""
+        return page["text"]
+
+    @tool
+    def write(text: str) -> str:
+        """Writes the page."""
+        page["text"] = text
+        return f"wrote {len(text)} characters"
+
+    return [read, write]
+
+
+def turn(*calls):
+    return {"tool_calls": [{"name": name, "arguments": args} for name, args in calls]}
+
+
+READ, WRITE = ("read", {}), ("write", {"text": "plan: A"})
+
+
+def test_a_call_repeated_after_new_results_runs_again():
+    """Re-reading after a write sees the write; re-reading with nothing new in between is a loop."""
+    policy = ScriptedPolicy([turn(READ), turn(WRITE), turn(READ), turn(READ), "done"])
+    result = ReActAgent(policy, notebook()).run("update the page")
+    tool_turns = [m.content for m in result.messages if m.role == "tool"]
+    assert tool_turns[:3] == ["empty", "wrote 7 characters", "plan: A"]
+    assert tool_turns[3].startswith("error: repeated call: read")
+    assert result.ok and result.answer == "done"
+
+
+def test_results_new_earlier_in_the_same_turn_do_not_excuse_a_repeat():
+    """[write, read] then [read]: the first read already saw the write, so the second repeats it;
+    [read, write] then [read]: the second read may see what the write changed."""
+    after = ReActAgent(ScriptedPolicy([turn(WRITE, READ), turn(READ), "x"]), notebook()).run("t")
+    assert [m.content for m in after.messages if m.role == "tool"][2].startswith("error: repeated")
+    before = ReActAgent(ScriptedPolicy([turn(READ, WRITE), turn(READ), "x"]), notebook()).run("t")
+    assert [m.content for m in before.messages if m.role == "tool"][2] == "plan: A"
+
+
+def test_a_loop_of_two_calls_is_caught_on_its_second_lap():
+    policy = ScriptedPolicy([call("2 + 2"), call("3 + 3"), call("2 + 2"), call("3 + 3"),
+                             call("2 + 2"), "never reached"])
+    result = ReActAgent(policy, [calculator]).run("add")
+    tool_turns = [m.content for m in result.messages if m.role == "tool"]
+    assert tool_turns[:3] == ["4", "6", "4"]       # the second lap's first call: 6 was new
+    assert tool_turns[3].startswith("error: repeated call: calculator")
+    assert result.stop_reason is StopReason.REPEATED_CALL
+
+
+def test_check_step_needs_one_result_per_checked_call():
+    detector = LoopDetector()
+    detector.check_call(ToolCall("f", {}))
+    with pytest.raises(ValueError, match="2 results for 1 checked calls"):
+        detector.check_step([(True, "a"), (True, "b")])
+
+
 @settings(max_examples=20, deadline=None)
 @given(st.dictionaries(st.text(max_size=3), st.integers(-2**40, 2**40) | st.booleans(),
                        max_size=3))

@@ -3,8 +3,13 @@
 Small models (and large ones) get stuck re-issuing a call whose answer they already have.  The
 detector first *redirects*: the repeated call is not run, and the model is told why and what to do
 instead (use the earlier result, try another approach, or answer).  Only when it persists does the
-run stop, with :data:`StopReason.REPEATED_CALL` or :data:`StopReason.NO_PROGRESS`.  A step makes
-no progress when every tool result it got was an error or had been seen before.
+run stop, with :data:`StopReason.REPEATED_CALL` or :data:`StopReason.NO_PROGRESS`.
+
+A call *repeats* an earlier identical call only if no tool result seen since that call was new:
+re-reading a file after a write (whose result was new) runs, re-reading it with nothing new in
+between does not.  A loop of several calls is caught on its second lap, when none of its results
+is new any more.  A step makes no progress when every tool result it got was an error or had been
+seen before.
 """
 from __future__ import annotations
 
@@ -49,7 +54,9 @@ class LoopDetector:
     redirects: int = 1
 
     def __post_init__(self):
-        self._calls: dict[str, int] = {}
+        self._calls: dict[str, tuple[int, int]] = {}  # key -> (repeats, news when last run)
+        self._pending: list[str] = []  # keys checked since the last step, in call order
+        self._news = 0  # new successful results so far
         self._results: set[str] = set()
         self._stalled = 0
         self._redirected = 0
@@ -63,19 +70,33 @@ class LoopDetector:
     def check_call(self, call: ToolCall) -> Verdict:
         """Before running ``call``."""
         key = call_key(call)
-        self._calls[key] = self._calls.get(key, 0) + 1
-        if self._calls[key] <= self.max_repeats:
+        count, news_then = self._calls.get(key, (0, self._news))
+        count = count + 1 if news_then == self._news else 1  # something new since: not a loop
+        self._calls[key] = (count, self._news)
+        self._pending.append(key)
+        if count <= self.max_repeats:
             return Verdict(CONTINUE)
         return self._escalate(StopReason.REPEATED_CALL,
                               f"repeated call: {call.name} was already called with these "
-                              f"arguments {self._calls[key] - 1} time(s); use the earlier result, "
-                              f"try a different approach, or give the final answer")
+                              f"arguments {count - 1} time(s) and nothing new has come back "
+                              f"since; use the earlier result, try a different approach, or "
+                              f"give the final answer")
 
     def check_step(self, results: list[tuple[bool, str]]) -> Verdict:
-        """After a step's tool results ``(ok, content)``."""
-        new = [content for ok, content in results if ok and content not in self._results]
-        self._results.update(content for _, content in results)
-        self._stalled = 0 if new else self._stalled + 1
+        """After a step's tool results ``(ok, content)``: one per call checked since the last
+        step, in the same order (a redirected call's result is ``(False, message)``)."""
+        if len(results) != len(self._pending):
+            raise ValueError(f"check_step got {len(results)} results for "
+                             f"{len(self._pending)} checked calls")
+        progress = False
+        for key, (ok, content) in zip(self._pending, results):
+            if ok and content not in self._results:
+                self._news += 1
+                progress = True
+            self._results.add(content)
+            self._calls[key] = (self._calls[key][0], self._news)  # its own result is no news
+        self._pending.clear()
+        self._stalled = 0 if progress else self._stalled + 1
         if self._stalled < self.patience:
             return Verdict(CONTINUE)
         self._stalled = 0
