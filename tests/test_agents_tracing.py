@@ -122,9 +122,9 @@ def test_opentelemetry_spans_of_views_and_nested_runs_have_their_run_as_parent()
 
 
 def test_golden_trajectory_catches_a_change_in_tool_order():
-    golden, _ = run_agent(calls("search", "calculator", "calculator") + ["2"])
-    same, _ = run_agent(calls("search", "calculator", "calculator") + ["2"])
-    swapped, _ = run_agent(calls("calculator", "search", "calculator") + ["2"])
+    golden, _ = run_agent(calls("search", "calculator") + ["2"])
+    same, _ = run_agent(calls("search", "calculator") + ["2"])
+    swapped, _ = run_agent(calls("calculator", "search") + ["2"])
     assert compare_events(golden.trace, same.trace).passed
     result = compare_events(golden.trace, swapped.trace)
     assert not result.passed and result.similarity < 0.9
