@@ -30,6 +30,17 @@ def test_gymnax_cartpole_matches_ours_and_splits_truncation():
     assert bool(tr.terminated.any()) and not bool(tr.truncated.any())
 
 
+def test_a_gymnax_env_without_truncation_is_refused_by_name():
+    """gymnax < 1.0 (all that installs beside jax >= 0.12) folds the time limit into ``done``;
+    the adapter would misread it, so it says which version it needs instead of failing mid-step."""
+    class OldCartPole:
+        default_params = None
+
+    with pytest.raises(TypeError, match="OldCartPole has no is_truncated: GymnaxEnv needs "
+                                        "gymnax >= 1.0"):
+        envs.GymnaxEnv(OldCartPole())
+
+
 def test_pgx_tic_tac_toe_self_play_view():
     pytest.importorskip("pgx")
     env = envs.PgxEnv("tic_tac_toe")

@@ -99,17 +99,17 @@ def test_outcome_reward_model_ranks_held_out_pairs():
 
 
 def test_process_reward_model_learns_each_step_label():
-    params = _fit(process_loss(SYNTHETIC, 3), _process_set, steps=30, lr=3e-2)
+    params = _fit(process_loss(SYNTHETIC, 3), _process_set, steps=40, lr=2e-2)
     heldout = _process_set(256, np.random.default_rng(1))
     logits, valid = (np.asarray(x) for x in jax.jit(step_scores, static_argnums=(1, 4))(
         params, SYNTHETIC, heldout["tokens"], heldout["mask"], 3))
     assert logits.shape == (256, 3) and valid.all()
     good = heldout["labels"] > 0.5
     right = (logits > 0) == good
-    assert right.mean(axis=0).min() >= 0.9, right.mean(axis=0)  # every step position; measured ~0.99
+    assert right.mean(axis=0).min() >= 0.9, right.mean(axis=0)  # every step; measured 0.98-1.0
     mixed = good.any(axis=1) & ~good.all(axis=1)  # rows with good and bad steps
     assert right[mixed].mean() >= 0.9
-    assert logits[good].mean() - logits[~good].mean() > 2.0  # measured ~9
+    assert logits[good].mean() - logits[~good].mean() > 2.0  # measured ~11
 
 
 @pytest.fixture(scope="module")

@@ -72,7 +72,7 @@ def test_special_ids_bos_eos_pad(tokenizer):
 
 def test_loads_tokenizer_saved_by_transformers(tmp_path):
     from tokenizers import Tokenizer as Backend, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    PreTrainedTokenizerFast = pytest.importorskip("transformers").PreTrainedTokenizerFast
     backend = Backend(models.WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3, "hello": 4,
                                         "world": 5}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()

@@ -44,6 +44,10 @@ class GymnaxEnv(Env):
         if isinstance(env_or_id, str):
             env_or_id, made_params = _require("gymnax").make(env_or_id, **make_kwargs)
             params = made_params if params is None else params
+        if not hasattr(env_or_id, "is_truncated"):
+            raise TypeError(f"{type(env_or_id).__name__} has no is_truncated: GymnaxEnv needs "
+                            "gymnax >= 1.0, whose environments tell truncation from termination "
+                            "(gymnax 1.0.1 supports jax < 0.12)")
         self.env = env_or_id
         self._params = self.env.default_params if params is None else params
 
