@@ -81,7 +81,7 @@ def make_train_step(config: TransformerConfig, optimizer: optax.GradientTransfor
             "loss": total / denom,
             "nll": nll / denom,
             "perplexity": jnp.exp(nll / denom),
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": optax.tree.norm(grads),
             "lr": schedule(state.step),
             "tokens": count,
         }

@@ -175,7 +175,7 @@ def make_update(loss_fn, optimizer: optax.GradientTransformation, finetune=FullF
         grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, state.params)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = {**metrics, "loss": total / denom, "count": count, "grad_norm": optax.global_norm(grads)}
+        metrics = {**metrics, "loss": total / denom, "count": count, "grad_norm": optax.tree.norm(grads)}
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return update
