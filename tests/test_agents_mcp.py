@@ -44,6 +44,7 @@ from agentic_jax.agents.mcp_client import (
 from agentic_jax.agents.mcp_server import (
     RUN_URI,
     AgentMCPServer,
+    CallEnded,
     build_server,
     generation_tool,
     report_progress,
@@ -179,21 +180,24 @@ def test_a_tool_that_exits_is_an_error_result_not_the_end_of_the_server():
         assert session.call_tool("exits", {"x": 2}).is_error and session.connects == 1
 
 
-def test_no_progress_after_a_call_times_out():
-    reported = threading.Event()
+def test_a_timed_out_call_sends_no_progress_and_its_tool_stops_at_its_next_report():
+    stopped = threading.Event()
 
     @tool(timeout_s=0.1)
     def slow() -> str:
         """Reports progress after its call has timed out."""
         time.sleep(0.3)
-        report_progress(1, 1, "late")
-        reported.set()
+        try:
+            report_progress(1, 1, "late")
+        except CallEnded:
+            stopped.set()
+            raise
         return "done"
     progress = []
     with MCPSession(AgentMCPServer(agent_tools=[slow]), name="slow") as session:
         result = session.call_tool("slow", {}, progress=lambda *p: progress.append(p))
         assert result.is_error and result.content[0].text == "slow timed out after 0.1s"
-        assert reported.wait(10)
+        assert stopped.wait(10)
     assert progress == []
 
 

@@ -106,6 +106,38 @@ def test_the_engine_loop_batches_concurrent_callers(model):
     assert outputs == alone  # batching does not change the tokens
 
 
+def test_a_caller_that_stops_reading_aborts_its_request(model):
+    """A callback that raises (a client gone, an MCP call timed out) ends the request in the
+    engine too: its slot and blocks are free at once, not after max_tokens more steps."""
+    class Gone(Exception):
+        pass
+
+    def gone(piece):
+        raise Gone(piece)
+
+    engine = model.engine
+
+    def steps_until_idle(start):
+        deadline = time.monotonic() + 30
+        while (not model.loop._inbox.empty() or engine.has_unfinished()) and \
+                time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not engine.has_unfinished()
+        return engine.step_count - start
+
+    start = engine.step_count
+    with pytest.raises(Gone):
+        model.complete("Once upon a time", SamplingParams(temperature=0.0, max_tokens=200), gone)
+    assert steps_until_idle(start) < 20
+    assert engine.blocks.num_free_blocks == engine.blocks.num_blocks
+    # An iterator closed before its first event aborts its request as well.
+    start = engine.step_count
+    events = model.loop.submit(model.encode("A dog"), SamplingParams(max_tokens=200))
+    events.close()
+    events.close()  # twice is harmless
+    assert steps_until_idle(start) < 20 and list(events) == []
+
+
 def test_text_stream_holds_back_possible_stop_strings(model):
     tok = model.tokenizer
     stream = TextStream(tok, ["STOP"])
@@ -241,6 +273,23 @@ def test_streaming_matches_the_non_streamed_reply(client):
     [delta] = [c.choices[0].delta.tool_calls for c in tool_chunks if c.choices[0].delta.tool_calls]
     assert delta[0].function.name == "weather" and tool_chunks[-1].choices[0].finish_reason == \
         "tool_calls"
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_engine_slot(server, model):
+    engine = model.engine
+    start = engine.step_count
+    host, port = server.httpd.server_address[:2]
+    body = json.dumps({"model": MODEL, "messages": MESSAGES, "temperature": 0, "stream": True,
+                       "max_tokens": 400}).encode()
+    with socket.create_connection((host, port), timeout=60) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")   # streaming has begun
+    deadline = time.monotonic() + 60
+    while engine.has_unfinished() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not engine.has_unfinished() and engine.step_count - start < 100  # not 400
 
 
 def test_completions_batch_and_stream(client):

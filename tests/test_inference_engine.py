@@ -172,6 +172,35 @@ def test_stream_stops_and_validation(params):
         Engine(params, CFG, EngineConfig(block_size=4, num_blocks=11))
 
 
+def test_abort_frees_a_request_and_leaves_the_others_unchanged(params):
+    greedy = SamplingParams(temperature=0.0, max_tokens=10)
+    requests = [Request(_prompt(i, 6), greedy, f"r{i}") for i in range(6)]  # 6 for 4 slots
+    engine = Engine(params, CFG, ENGINE)
+    for r in requests:
+        engine.add_request(r)
+    for _ in range(3):
+        engine.step()
+    assert engine.abort_request("r1")       # running
+    assert engine.abort_request("r5")       # still waiting for a slot
+    assert not engine.abort_request("r1") and not engine.abort_request("nope")
+    done = {}
+    while engine.has_unfinished():
+        for event in engine.step():
+            assert event.request_id not in ("r1", "r5")
+            if event.finished:
+                done[event.request_id] = event.completion
+    assert sorted(done) == ["r0", "r2", "r3", "r4"]
+    for r in requests:
+        if r.request_id in done:
+            _assert_same(done[r.request_id], _alone(params, r))
+    assert engine.blocks.num_free_blocks == ENGINE.num_blocks
+    # A stream the consumer stops reading aborts its request.
+    stream = engine.stream(Request(_prompt(9, 6), greedy))
+    next(stream)
+    stream.close()
+    assert not engine.has_unfinished() and engine.blocks.num_free_blocks == ENGINE.num_blocks
+
+
 def test_rejected_requests_leave_the_engine_unchanged(params):
     # A sampled request's key comes from its arrival number: rejections must not consume one.
     request = Request(_prompt(41, 4), SamplingParams(temperature=1.0, max_tokens=6))

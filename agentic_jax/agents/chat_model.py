@@ -3,7 +3,9 @@
 **Continuous batching across callers.**  :class:`EngineLoop` owns an :class:`Engine` in one
 background thread: callers (server request threads, agent loops) submit requests to its inbox and
 read their token events from their own queues, while the thread admits new requests between engine
-steps.  Requests that arrive while others are decoding join the running batch.
+steps.  Requests that arrive while others are decoding join the running batch.  A caller that stops
+reading (a client gone, a callback that raised, a call that timed out) aborts its request, which
+frees its slot and blocks for the others.
 
 **Tool calls that always parse.**  A turn is generated in two phases:
 
@@ -24,12 +26,13 @@ template of ``data/chat.py`` has no slot of its own for them.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
 import queue
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -159,37 +162,38 @@ class EngineLoop:
         if self._thread.is_alive():
             self._thread.join(timeout=10)
 
-    def submit(self, prompt: Sequence[int], params: SamplingParams) -> Iterator[StepOutput]:
-        """Queues a request; iterate the result for its token events (errors are raised)."""
+    def submit(self, prompt: Sequence[int], params: SamplingParams) -> "RequestEvents":
+        """Queues a request; iterate the result for its token events (errors are raised), and
+        ``close()`` it to abort the request before its last event."""
         outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._inbox.put((Request(list(prompt), params, f"chat-{next(self._ids)}"), outbox))
-        return self._events(outbox)
+        request = Request(list(prompt), params, f"chat-{next(self._ids)}")
+        self._inbox.put((request, outbox))
+        return RequestEvents(self, request.request_id, outbox)
 
-    def _events(self, outbox: queue.SimpleQueue) -> Iterator[StepOutput]:
-        while True:
-            try:
-                item = outbox.get(timeout=1.0)
-            except queue.Empty:
-                if not self._thread.is_alive():
-                    raise RuntimeError("the engine loop is not running") from None
-                continue
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if item.finished:
-                return
+    def abort(self, request_id: str) -> None:
+        """Stops ``request_id`` between engine steps (a no-op once it has finished)."""
+        self._inbox.put((request_id, None))  # after the request's own submission: FIFO
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
 
     def _admit(self, block: bool) -> None:
+        """Takes what is in the inbox: new requests, and aborts (``(request_id, None)``)."""
         try:
             item = self._inbox.get(timeout=0.05) if block else self._inbox.get_nowait()
         except queue.Empty:
             return
         while True:
             request, outbox = item
-            try:
-                self._outboxes[self.engine.add_request(request)] = outbox
-            except Exception as e:  # a bad request fails alone
-                outbox.put(e)
+            if outbox is None:
+                self.engine.abort_request(request)
+                self._outboxes.pop(request, None)
+            else:
+                try:
+                    self._outboxes[self.engine.add_request(request)] = outbox
+                except Exception as e:  # a bad request fails alone
+                    outbox.put(e)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -212,6 +216,40 @@ class EngineLoop:
                 self._outboxes[event.request_id].put(event)
                 if event.finished:
                     del self._outboxes[event.request_id]
+
+
+class RequestEvents:
+    """One request's token events from an :class:`EngineLoop`; ``close()`` before the last
+    event aborts the request (after it, or twice, it does nothing)."""
+
+    def __init__(self, loop: EngineLoop, request_id: str, outbox: queue.SimpleQueue):
+        self.loop, self.request_id, self._outbox = loop, request_id, outbox
+        self._done = False
+
+    def __iter__(self) -> "RequestEvents":
+        return self
+
+    def __next__(self) -> StepOutput:
+        if self._done:
+            raise StopIteration
+        while True:
+            try:
+                item = self._outbox.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self.loop.running:
+                    self._done = True
+                    raise RuntimeError("the engine loop is not running") from None
+        if isinstance(item, BaseException):  # the request failed: nothing left to abort
+            self._done = True
+            raise item
+        self._done = item.finished
+        return item
+
+    def close(self) -> None:
+        if not self._done:
+            self._done = True
+            self.loop.abort(self.request_id)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,13 +301,14 @@ class ChatModel:
         """Phase 1: (tokens, visible text, finish reason) of a free-running completion."""
         stream = TextStream(self.tokenizer, params.stop_strings)
         tokens, finish = [], "stop"
-        for event in self.loop.submit(prompt, params):
-            tokens.append(event.token)
-            delta = stream.push(event.token, event.finished)
-            if delta and on_text is not None:
-                on_text(delta)
-            if event.finished:
-                finish = event.completion.finish_reason
+        with contextlib.closing(self.loop.submit(prompt, params)) as events:  # on_text may raise
+            for event in events:
+                tokens.append(event.token)
+                delta = stream.push(event.token, event.finished)
+                if delta and on_text is not None:
+                    on_text(delta)
+                if event.finished:
+                    finish = event.completion.finish_reason
         return tokens, stream.text, finish
 
     def _check_length(self, prompt: Sequence[int]) -> None:

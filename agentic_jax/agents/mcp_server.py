@@ -49,11 +49,17 @@ _PROGRESS: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("mcp
 
 def report_progress(progress: float, total: float | None = None,
                     message: str | None = None) -> None:
-    """Reports the progress of the MCP tool call that runs this code; a no-op anywhere else
-    (and when the client asked for no progress)."""
+    """Reports the progress of the MCP tool call that runs this code; a no-op anywhere else.
+    Raises :class:`CallEnded` once that call has timed out or been cancelled."""
     report = _PROGRESS.get()
     if report is not None:
         report(progress, total, message)
+
+
+class CallEnded(Exception):
+    """Raised in a tool's worker thread by its next ``report_progress`` once its call has ended,
+    so that a tool that reports progress (``generate``) stops, and frees what it holds, instead
+    of running on unobserved."""
 
 
 def _error(text: str) -> mcp_types.CallToolResult:
@@ -67,15 +73,18 @@ async def _call(tool: Tool, arguments: dict[str, Any], context) -> mcp_types.Cal
     except ToolArgumentError as e:
         return _error(str(e))
     # A thread abandoned at a timeout or cancellation runs on, but progress must stop when its
-    # call ends (MCP 2025-06-18, progress); checked on the event loop, where the call ends.
+    # call ends (MCP 2025-06-18, progress); checked on the event loop, where the call ends.  A
+    # tool that reports progress is stopped at its next report instead (CallEnded).
     ended = False
-    report = None
-    if context is not None:
-        async def send(progress, total, message):
-            if not ended:
-                await context.report_progress(progress, total, message)
 
-        def report(progress, total=None, message=None):
+    async def send(progress, total, message):
+        if not ended:
+            await context.report_progress(progress, total, message)
+
+    def report(progress, total=None, message=None):
+        if ended:
+            raise CallEnded(f"{tool.name}: the call has ended (timed out or cancelled)")
+        if context is not None:
             anyio.from_thread.run(send, progress, total, message)
 
     def work():  # runs in a copy of the caller's context, so the setting stays in this call

@@ -11,8 +11,9 @@ feed one :class:`EngineLoop`, so concurrent requests are batched continuously by
 Streaming uses server-sent events over chunked transfer encoding, ending with ``data: [DONE]``.
 Bad requests get the API's error object (``{"error": {"message", "type", "param", "code"}}``)
 with a 4xx status; unexpected failures a 500 with the same shape; the server keeps running.
-Not supported: ``n > 1``, logprobs, images; a client that disconnects mid-stream does not cancel
-its generation (the engine has no abort yet).
+A client that disconnects mid-stream ends its generation: the next write fails, and the request
+is aborted in the engine, freeing its slot.  A non-streaming request runs to completion whether
+or not its client is still there.  Not supported: ``n > 1``, logprobs, images.
 """
 from __future__ import annotations
 

@@ -232,6 +232,16 @@ class Engine:
         self.scheduler.add(seq)
         return request_id
 
+    def abort_request(self, request_id: str) -> bool:
+        """Stops ``request_id`` now, freeing its slot and blocks (a client that went away, a
+        call that timed out); its blocks stay in the prefix cache like a finished request's.
+        False if it is not in flight (finished, aborted or never added)."""
+        seq = self._sequences.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.abort(seq)
+        return True
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -275,12 +285,15 @@ class Engine:
         """Yields ``request``'s token events as they are sampled, driving the engine meanwhile
         (as :meth:`generate`, other requests advance but their events are dropped)."""
         request_id = self.add_request(request)
-        while True:
-            for event in self.step():
-                if event.request_id == request_id:
-                    yield event
-                    if event.finished:
-                        return
+        try:
+            while True:
+                for event in self.step():
+                    if event.request_id == request_id:
+                        yield event
+                        if event.finished:
+                            return
+        finally:  # the consumer stopped early: stop generating for it
+            self.abort_request(request_id)
 
     # ----------------------------------------------------------------------------- internals
     def _copy(self, copies: list[tuple[int, int]]) -> None:

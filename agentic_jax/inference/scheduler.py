@@ -90,6 +90,14 @@ class Scheduler:
         self.running.remove(seq)
         self._release(seq)
 
+    def abort(self, seq: Sequence) -> None:
+        """Drops ``seq`` wherever it is: a waiting one holds no slot or blocks (a preempted one
+        gave them back), a running one releases both."""
+        if seq in self.running:
+            self.finish(seq)
+        else:
+            self.waiting.remove(seq)
+
     def _release(self, seq: Sequence) -> None:
         self.blocks.free(seq.request_id)
         self._free_slots.append(seq.slot)
