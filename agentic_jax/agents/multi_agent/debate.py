@@ -56,6 +56,7 @@ class Debate(Pattern):
         debaters = [d.name for d in self.debaters]
         replies: dict[str, str] = {}  # the latest reply of each debater still in
         history = artifacts.setdefault("rounds", [])
+        last: dict[str, str] = {}  # the previous round's normalised answers
         while team.next_round():
             previous = dict(replies)
             for name in team.available(debaters):
@@ -81,8 +82,8 @@ class Debate(Pattern):
                 return (parse_vote(next(iter(replies.values())))[0], StopReason.ANSWER,
                         f"all {len(answers)} debaters agreed in round {team.round}")
             # Only the debaters still in: one dropping out changes nobody's answer.
-            changed = any(n not in previous or a != normalize(parse_vote(previous[n])[0])
-                          for n, a in answers.items())
+            changed = any(last.get(n) != a for n, a in answers.items())
+            last = answers
             if team.progress(changed):
                 return self._conclude(team, task, replies, StopReason.NO_PROGRESS,
                                       f"no answer changed for {team.limits.patience} rounds")
