@@ -204,16 +204,17 @@ class ContextManager:
         if over > 0 and self.summary:  # the summary itself grew too long
             self.summary = truncate(self.summary, max(count(self.summary) - over - 4, 0), count)
             messages = prompt()
+            over = messages_tokens(messages, count) - available
         # Huge newest messages (one, or a call with its results): cut their text, newest first.
         for i in range(len(messages) - 1, 0, -1):
-            over = messages_tokens(messages, count) - available
             if over <= 0:
                 break
             text = messages[i].content
             messages[i] = dataclasses.replace(
                 messages[i], content=truncate(text, max(count(text) - over - 4, 0), count))
-        if messages_tokens(messages, count) > available:
-            raise ContextOverflow(f"the prompt needs {messages_tokens(messages, count)} tokens; "
+            over = messages_tokens(messages, count) - available
+        if over > 0:
+            raise ContextOverflow(f"the prompt needs {over + available} tokens; "
                                   f"the window leaves {available}")
         return messages
 
