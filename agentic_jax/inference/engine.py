@@ -42,7 +42,7 @@ from agentic_jax.inference.prompts import check_token_ids
 from agentic_jax.inference.sampling import SamplingArrays, SamplingParams, add_tokens, sample
 from agentic_jax.inference.scheduler import Scheduler, Sequence
 from agentic_jax.models.config import TransformerConfig
-from agentic_jax.models.export import CONFIG_FILE, load_model
+from agentic_jax.models.export import CONFIG_FILE, load_model, tokenizer_dir
 
 BATCHING = ("continuous", "static")
 _GENERATED_ID = re.compile(r"req-\d+")  # the ids add_request gives requests without one
@@ -416,13 +416,11 @@ def load_checkpoint(path) -> tuple[TransformerConfig, dict, Tokenizer]:
     or a native model directory holding a ``tokenizer.json`` (or with one beside it)."""
     path = Path(path)
     model_dir = path / "model" if (path / "model" / CONFIG_FILE).exists() else path
-    candidates = [path / "tokenizer.json", model_dir / "tokenizer.json",
-                  model_dir.parent / "tokenizer.json"]
-    tokenizer_file = next((c for c in candidates if c.exists()), None)
-    if tokenizer_file is None:
+    tokenizer_src = tokenizer_dir(path, model_dir, model_dir.parent)
+    if tokenizer_src is None:
         raise FileNotFoundError(f"no tokenizer.json in {path} or beside {model_dir}")
     config, params = load_model(model_dir)
-    return config, params, load_tokenizer(tokenizer_file)
+    return config, params, load_tokenizer(tokenizer_src)
 
 
 def stream_text(engine: Engine, request: Request, tokenizer: Tokenizer) -> Iterator[str]:

@@ -66,8 +66,8 @@ def load_model(path) -> tuple[TransformerConfig, dict]:
     return config, params
 
 
-def _tokenizer_dir(*candidates) -> Path | None:
-    """The first of ``candidates`` holding a ``tokenizer.json``."""
+def tokenizer_dir(*candidates) -> Path | None:
+    """The first of the directories ``candidates`` holding a ``tokenizer.json``."""
     return next((Path(d) for d in candidates if (Path(d) / TOKENIZER_FILES[0]).is_file()), None)
 
 
@@ -83,7 +83,7 @@ def hf_to_native(hf_dir, out_dir, *, param_dtype: str = "float32") -> Transforme
     tokenizer files included."""
     config, params = load_hf_checkpoint(hf_dir, param_dtype=param_dtype)
     save_model(out_dir, config, params)
-    _copy_tokenizer(_tokenizer_dir(hf_dir), out_dir)
+    _copy_tokenizer(tokenizer_dir(hf_dir), out_dir)
     return config
 
 
@@ -94,7 +94,7 @@ def native_to_hf(native_dir, out_dir, *, dtype: str | None = None,
     the model directory or, as training writes ``workdir/model`` beside ``workdir/tokenizer.json``,
     from its parent; the HF config then names the tokenizer's BOS/EOS/PAD ids."""
     config, params = load_model(native_dir)
-    src = _tokenizer_dir(native_dir, Path(native_dir).absolute().parent)
+    src = tokenizer_dir(native_dir, Path(native_dir).absolute().parent)
     save_hf_checkpoint(out_dir, config, params, dtype=dtype, max_shard_bytes=max_shard_bytes,
                        tokenizer=None if src is None else load_tokenizer(src))
     _copy_tokenizer(src, out_dir)
