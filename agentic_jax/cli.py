@@ -147,8 +147,8 @@ def _parser() -> argparse.ArgumentParser:
 def _setup(args) -> str:
     """Parses gin (failing fast on bad bindings) and returns the work directory."""
     from agentic_jax import config as gin_config
-    if args.verb == "serve":  # the engine's configurables only: the server starts no other stack
-        import agentic_jax.inference.engine  # noqa: F401
+    if args.verb == "serve":  # the engine's and server's configurables only: no other stack
+        import agentic_jax.agents.server  # noqa: F401
     else:
         import agentic_jax.registry  # noqa: F401  (registers every configurable before parsing)
 
@@ -196,7 +196,7 @@ def _interrupt(signum, frame):
 
 
 def _serve(args) -> None:
-    """Serves until Ctrl-C or SIGTERM; the engine's EngineConfig comes from gin.
+    """Serves until Ctrl-C or SIGTERM; EngineConfig and ServerLimits come from gin.
 
     Both signals are caught explicitly: a process started in the background by a shell
     inherits an ignored SIGINT, and container runtimes stop servers with SIGTERM.
@@ -205,11 +205,12 @@ def _serve(args) -> None:
     import signal
 
     from agentic_jax.agents.chat_model import ChatModel
-    from agentic_jax.agents.server import OpenAIServer
+    from agentic_jax.agents.server import OpenAIServer, ServerLimits
 
     name = args.model_name or os.path.basename(os.path.abspath(args.checkpoint))
     model = ChatModel.from_checkpoint(args.checkpoint)
-    server = OpenAIServer(model, host=args.host, port=args.port, model_name=name)
+    server = OpenAIServer(model, host=args.host, port=args.port, model_name=name,
+                          limits=ServerLimits())
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     print(f"serving {name!r} at {server.url} (Ctrl-C stops)", flush=True)
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,6 +1,7 @@
 """A2A: the SDK's own client against our server (in-process over httpx's ASGI transport), and our
 delegation client against a server built directly with the SDK."""
 import asyncio
+import json
 import threading
 import time
 
@@ -539,3 +540,73 @@ def test_delegate_node_in_a_state_graph_routes_on_the_remote_state():
         with pytest.raises(DelegationError, match="ended rejected: not my job") as error:
             strict.invoke({"input": "reject"})
         assert error.value.result.state == "rejected"
+
+
+# ------------------------------------------------------------------------------ no request can stop it
+def rpc_body(method, params, id_=1):
+    return {"jsonrpc": "2.0", "id": id_, "method": method, "params": params}
+
+
+def text_message(text, message_id, task_id=None):
+    message = {"role": "ROLE_USER", "messageId": message_id, "parts": [{"text": text}]}
+    return {"message": {**message, **({"taskId": task_id} if task_id else {})}}
+
+
+def raw_rpc(app, bodies):
+    """Posts each body (bytes, or an object sent as JSON) to the JSON-RPC route, concurrently;
+    returns ``(status, parsed reply)`` for each."""
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url=BASE) as http:
+            async def post(body):
+                content = body if isinstance(body, bytes) else json.dumps(body).encode()
+                reply = await http.post("/", content=content, headers={
+                    "Content-Type": "application/json", "A2A-Version": "1.0"})
+                return reply.status_code, reply.json()
+            return await asyncio.gather(*map(post, bodies))
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("raw, code", [(b"\xff\xfe\x00", -32700), (b"[" * 5000 + b"]" * 5000, -32700),
+                                       (b"{not json", -32700), (b"[]", -32600),
+                                       (b'{"jsonrpc": "2.0", "id": 1}', -32600)])
+def test_malformed_json_rpc_is_a_client_error_not_an_internal_one(raw, code):
+    [(status, reply)] = raw_rpc(serve(ScriptedPolicy([ANSWER])), [raw])
+    assert status == 200 and reply["error"]["code"] == code
+
+
+def test_malformed_messages_unknown_tasks_and_late_cancels_never_wedge_the_server():
+    app = serve(ScriptedPolicy([ANSWER] * 50))
+    malformed = [rpc_body("Nope", {}), rpc_body("SendMessage", {}),
+                 rpc_body("SendMessage", {"message": 5}),
+                 rpc_body("SendMessage", {"message": {"parts": "x"}}),
+                 rpc_body("SendMessage", {"message": {"role": "ROLE_USER", "parts": [{}]}}),
+                 rpc_body("GetTask", {"id": "no-such-task"}),
+                 rpc_body("CancelTask", {"id": "no-such-task"}),
+                 rpc_body("SendMessage", text_message("hi", "m0", task_id="no-such-task"))]
+    replies = raw_rpc(app, malformed)
+    assert all(status == 200 and "error" in reply for status, reply in replies)
+    codes = [reply["error"]["code"] for _, reply in replies]
+    assert codes[0] == -32601 and all(c != -32603 for c in codes)  # never "internal error"
+    assert codes[5:] == [-32001, -32001, -32001]  # task not found
+    [(_, done)] = raw_rpc(app, [rpc_body("SendMessage", text_message("What?", "m1"))])
+    task = done["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+    cancel, follow_up = raw_rpc(app, [rpc_body("CancelTask", {"id": task["id"]}),
+                                      rpc_body("SendMessage", text_message("more", "m2",
+                                                                           task_id=task["id"]))])
+    assert cancel[1]["error"]["code"] == -32002  # a finished task cannot be canceled
+    assert "terminal state" in follow_up[1]["error"]["message"]
+
+
+def test_a_burst_of_concurrent_tasks_all_complete():
+    app = serve(ScriptedPolicy([ANSWER] * 40))
+    replies = raw_rpc(app, [rpc_body("SendMessage", text_message("go", f"b{i}"), i)
+                            for i in range(40)])
+    tasks = [reply["result"]["task"] for _, reply in replies]
+    assert {t["status"]["state"] for t in tasks} == {"TASK_STATE_COMPLETED"}
+    assert len({t["id"] for t in tasks}) == 40
+    [(status, over)] = raw_rpc(a2a_app(lambda setup: None, agent_card("a", "b", BASE),
+                                       max_request_bytes=100),
+                               [rpc_body("SendMessage", text_message("x" * 200, "big"))])
+    assert status == 200 and over["error"]["code"] == -32700 and "at most 100" in \
+        over["error"]["message"]

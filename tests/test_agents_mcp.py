@@ -16,7 +16,7 @@ import anyio
 import gin
 import mcp.types as mcp_types
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import Client
 from mcp.server import MCPServer, Server
@@ -501,3 +501,93 @@ def test_the_shipped_config_runs_an_agent_on_mcp_tools(server):
     assert result.answer == "The sum of the squares of 1 to 10 is 385."
     assert any(line.startswith("[1] tool   local__python ok") and line.endswith(": 385")
                for line in lines)
+
+
+# ------------------------------------------------------------------------- no call can stop the server
+HOSTILE_SERVER = """
+import sys, time
+from agentic_jax.agents import tool
+from agentic_jax.agents.mcp_server import AgentMCPServer, serve
+
+
+@tool
+def noisy(megabytes: int) -> str:
+    \"\"\"Prints to standard output, as careless code does.\"\"\"
+    print("x" * (megabytes * 2**20), flush=True)
+    sys.stdout.write("no newline: the protocol's next line would begin here")
+    sys.stdout.flush()
+    return "printed"
+
+
+@tool
+def huge(megabytes: int) -> str:
+    \"\"\"Returns megabytes of text.\"\"\"
+    return "y" * (megabytes * 2**20)
+
+
+@tool
+def raises(message: str) -> str:
+    \"\"\"Raises.\"\"\"
+    raise RuntimeError(message)
+
+
+@tool(timeout_s=0.5)
+def hangs() -> str:
+    \"\"\"Never returns.\"\"\"
+    time.sleep(3600)
+    return "never"
+
+
+serve(AgentMCPServer("hostile", agent_tools=[noisy, huge, raises, hangs], max_result_chars=1000))
+"""
+
+
+def test_tools_that_print_return_megabytes_raise_or_hang_leave_the_stdio_server_serving(tmp_path):
+    script = tmp_path / "hostile.py"
+    script.write_text(HOSTILE_SERVER)
+    with MCPClient({"h": [sys.executable, str(script)]}) as mcp:
+        session = mcp.session("h")
+        printed = session.call_tool("noisy", {"megabytes": 2})  # went to stderr, not the protocol
+        assert not printed.is_error and printed.content[0].text == "printed"
+        big = session.call_tool("huge", {"megabytes": 4})
+        assert not big.is_error and big.content[0].text.startswith("y" * 1000)
+        assert big.content[0].text.endswith(f"... [{4 * 2**20 - 1000} chars cut]")
+        failed = session.call_tool("raises", {"message": "boom"})
+        assert failed.is_error and failed.content[0].text == "raises failed: RuntimeError: boom"
+        hung = session.call_tool("hangs", {})
+        assert hung.is_error and hung.content[0].text == "hangs timed out after 0.5s"
+        for bad in ({}, {"megabytes": "many"}, {"megabytes": 1, "extra": 2}, {"megabytes": 2**70}):
+            assert session.call_tool("huge", bad).is_error or bad == {"megabytes": 2**70}
+        with pytest.raises(MCPError, match="unknown tool"):
+            session.call_tool("nope", {})
+        assert session.call_tool("raises", {"message": "still here"}).is_error
+        assert session.connects == 1  # one connection throughout: the server never went down
+
+
+EXPRESSION = st.text(st.sampled_from("0123456789+-*/() x"), max_size=80)
+ARGUMENTS = st.one_of(
+    st.fixed_dictionaries({"expression": st.one_of(EXPRESSION, st.text(max_size=300))}),
+    st.dictionaries(st.text(max_size=10), st.one_of(st.none(), st.integers(), st.text(max_size=5),
+                                                    st.lists(st.integers(), max_size=3)),
+                    max_size=3))
+
+
+@settings(max_examples=150, suppress_health_check=list(HealthCheck))
+@given(arguments=ARGUMENTS)
+def test_fuzz_calculator_arguments_at_the_edges_of_its_schema(local, arguments):
+    result = local.call_tool("calculator", arguments)
+    assert result.content and isinstance(result.content[0].text, str)
+    valid = set(arguments) == {"expression"} and len(arguments["expression"]) <= 64 \
+        and isinstance(arguments["expression"], str)
+    if not valid:
+        assert result.is_error
+
+
+@pytest.mark.parametrize("code", [
+    "print('z' * 10**7)", "raise SystemExit(3)", "import os; os._exit(9)",
+    "def f(): return f()\nf()", "x = bytearray(2**40)", "while True: pass",
+    "import sys; sys.stdout.write('\\x00\\xff' * 1000)", "print('\\udcff')"])
+def test_hostile_python_is_an_answer_not_the_end_of_the_server(local, code):
+    result = local.call_tool("python", {"code": code})
+    assert result.content and len(result.content[0].text) <= 20_000
+    assert local.call_tool("calculator", {"expression": "6 * 7"}).content[0].text == "42"

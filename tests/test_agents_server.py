@@ -188,7 +188,7 @@ class _Completer:
         self.running = self.peak = 0
         self.lock = threading.Lock()
 
-    def complete(self, prompt, params, on_text=None):
+    def complete(self, prompt, params, on_text=None, *, strict_max_tokens=False):
         with self.lock:
             self.running += 1
             self.peak = max(self.peak, self.running)

@@ -74,6 +74,7 @@ from agentic_jax.agents.budget import StopReason
 from agentic_jax.agents.builtin_tools import builtin_tool
 from agentic_jax.agents.executor import Approver
 from agentic_jax.agents.policy import Policy
+from agentic_jax.agents.request_body import BodyError, parse_json_body
 from agentic_jax.agents.session import AgentConfig, make_agent
 from agentic_jax.agents.skills import (SKILLS_DIR, Skill, SkillRegistry, skill_tools,
                                        with_skills)
@@ -367,11 +368,57 @@ def with_bearer_auth(card: AgentCard) -> AgentCard:
     return secured
 
 
+class _BodyGuard:
+    """ASGI middleware that reads each POST body first and answers a malformed one itself
+    (``request_body.py``): a JSON-RPC parse error (-32700) on the JSON-RPC route, a 400 or 413
+    elsewhere.  The SDK would answer undecodable bytes and deep nesting with an internal error."""
+
+    def __init__(self, app, *, max_bytes: int, max_depth: int):
+        self.app, self.max_bytes, self.max_depth = app, max_bytes, max_depth
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.max_bytes:
+                break
+        body = b"".join(chunks)
+        try:
+            parse_json_body(body, max_bytes=self.max_bytes, max_depth=self.max_depth)
+        except BodyError as e:
+            if scope["path"] == JSONRPC_PATH:
+                error = JSONResponse({"jsonrpc": "2.0", "id": None,
+                                      "error": {"code": -32700, "message": str(e)}})
+            else:
+                error = JSONResponse({"error": {"code": e.status, "message": str(e)}},
+                                     status_code=e.status)
+            return await error(scope, receive, send)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if replayed:  # later reads wait for the client to disconnect, as usual
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await self.app(scope, replay, send)
+
+
 def a2a_app(agent: AgentFactory | AgentExecutor, card: AgentCard, *,
             bearer_token: str | None = None, task_store: TaskStore | None = None,
-            input_timeout_s: float | None = 3600.0) -> Starlette:
+            input_timeout_s: float | None = 3600.0, max_request_bytes: int = 4 * 2**20,
+            max_json_depth: int = 64) -> Starlette:
     """An ASGI app serving ``agent`` (a factory, or an executor of your own) under ``card``;
-    ``bearer_token`` requires that token on every call (the card then says so)."""
+    ``bearer_token`` requires that token on every call (the card then says so).  A POST body
+    over ``max_request_bytes``, nested deeper than ``max_json_depth`` or not JSON at all is
+    refused before the SDK reads it."""
     executor = (agent if isinstance(agent, AgentExecutor)
                 else AgentTaskExecutor(agent, input_timeout_s=input_timeout_s))
     if bearer_token is not None:
@@ -390,6 +437,8 @@ def a2a_app(agent: AgentFactory | AgentExecutor, card: AgentCard, *,
     middleware = [] if bearer_token is None else [
         Middleware(AuthenticationMiddleware, backend=_BearerTokens(bearer_token),
                    on_error=_unauthorized)]
+    middleware.append(Middleware(_BodyGuard, max_bytes=max_request_bytes,
+                                 max_depth=max_json_depth))
     return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
 
 

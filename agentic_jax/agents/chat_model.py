@@ -30,11 +30,11 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import logging
 import queue
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-import jax
 import numpy as np
 
 from agentic_jax.agents.tools import ToolSpec, as_data
@@ -42,20 +42,19 @@ from agentic_jax.data.chat import Message, ToolCall, as_message, render_ids
 from agentic_jax.data.tokenizer import IM_END, TOOL_CALL, TOOL_CALL_END, Tokenizer
 from agentic_jax.inference.constrained import regex_constraint, schema_regex, token_bytes
 from agentic_jax.inference.engine import Engine, EngineConfig, Request, StepOutput, load_checkpoint
+from agentic_jax.inference.errors import EngineFailure, RequestError
 from agentic_jax.inference.generate import generate
 from agentic_jax.inference.prompts import PromptBatch
-from agentic_jax.inference.sampling import SamplingParams
+from agentic_jax.inference.sampling import SamplingParams, seed_key
+
+log = logging.getLogger(__name__)
 
 # Shapes are padded so that phase 2 compiles rarely: constraints to at least this many states,
 # prompts (left-padded) to a power of two of at least this many tokens.
 CONSTRAINT_STATES = 256
 MIN_CALL_PROMPT = 256
 CACHED_CONSTRAINTS = 32  # tool sets whose automata are kept (a server sees many)
-
-
-class RequestError(ValueError):
-    """The request itself is invalid (content, tools, ``tool_choice``, length), as opposed to a
-    failure of the model or of this code: a server answers it with a 400, not a 500."""
+MAX_CONSTRAINT_STATES = 8192  # a larger tool-call automaton is refused (its tables are [S, V])
 
 
 def tools_system_prompt(specs: Sequence[ToolSpec]) -> str:
@@ -142,29 +141,45 @@ class TextStream:
 
 
 class EngineLoop:
-    """Drives an :class:`Engine` from one thread for many callers; see the module docstring."""
+    """Drives an :class:`Engine` from one thread for many callers; see the module docstring.
+
+    One request can never stop the loop: a request that is invalid (:class:`RequestError`) or
+    whose own work fails is failed alone, with that exception.  If the batched engine step
+    fails, or the thread dies, every request in flight fails with :class:`EngineFailure`, the
+    engine is reset and the loop goes on; :meth:`health` counts these restarts.
+    """
 
     def __init__(self, engine: Engine):
         self.engine = engine
         self.peak_batch = 0  # most requests that produced a token in one step
+        self.restarts = 0
+        self.failed_requests = 0
+        self.last_error: str | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._outboxes: dict[str, queue.SimpleQueue] = {}
         self._ids = itertools.count()
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._lock = threading.Lock()  # (re)starting the thread
+        self._thread: threading.Thread | None = None
 
     def start(self) -> "EngineLoop":
-        self._thread.start()
+        with self._lock:
+            self._start()
         return self
+
+    def _start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
 
     def stop(self) -> None:
         self._stopping.set()
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout=10)
 
     def submit(self, prompt: Sequence[int], params: SamplingParams) -> "RequestEvents":
         """Queues a request; iterate the result for its token events (errors are raised), and
         ``close()`` it to abort the request before its last event."""
+        self._revive()
         outbox: queue.SimpleQueue = queue.SimpleQueue()
         request = Request(list(prompt), params, f"chat-{next(self._ids)}")
         self._inbox.put((request, outbox))
@@ -176,7 +191,41 @@ class EngineLoop:
 
     @property
     def running(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive()
+
+    def health(self) -> dict:
+        """The loop's state as a server reports it: running or not, restarts, failures."""
+        return {"engine_loop": "running" if self.running else "stopped",
+                "restarts": self.restarts, "failed_requests": self.failed_requests,
+                "requests_in_flight": len(self._outboxes), "last_error": self.last_error}
+
+    def _revive(self) -> None:
+        """Restarts a loop whose thread died (it owned the outboxes; now nobody does)."""
+        with self._lock:
+            if self._thread is not None and not self._thread.is_alive() \
+                    and not self._stopping.is_set():
+                self._recover(EngineFailure("the engine loop's thread died"))
+                self._start()
+
+    def _recover(self, error: BaseException) -> None:
+        """Fails every request in flight after ``error`` left the engine's state unknown."""
+        self.restarts += 1
+        self.last_error = f"{type(error).__name__}: {error}"
+        log.error("engine loop failed; failing %d requests and resetting the engine: %s",
+                  len(self._outboxes), self.last_error, exc_info=error)
+        failure = EngineFailure(f"the engine failed while serving this request "
+                                f"({self.last_error}); it was reset")
+        self._fail(self._outboxes, failure)
+        self._outboxes = {}
+        self.engine.reset()
+
+    def _fail(self, outboxes: Mapping[str, queue.SimpleQueue], error: BaseException) -> None:
+        """Ends the requests of ``outboxes`` with ``error``; ``failed_requests`` counts those
+        that failed through no fault of their own."""
+        if not isinstance(error, RequestError):
+            self.failed_requests += len(outboxes)
+        for outbox in outboxes.values():
+            outbox.put(error)
 
     def _admit(self, block: bool) -> None:
         """Takes what is in the inbox: new requests, and aborts (``(request_id, None)``)."""
@@ -193,7 +242,7 @@ class EngineLoop:
                 try:
                     self._outboxes[self.engine.add_request(request)] = outbox
                 except Exception as e:  # a bad request fails alone
-                    outbox.put(e)
+                    self._fail({request.request_id: outbox}, e)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -201,16 +250,24 @@ class EngineLoop:
 
     def _run(self) -> None:
         while not self._stopping.is_set():
+            try:
+                self._serve()
+            except Exception as e:  # noqa: BLE001 - the loop must outlive any request
+                self._recover(e)
+
+    def _serve(self) -> None:
+        while not self._stopping.is_set():
             self._admit(block=not self.engine.has_unfinished())
             if not self.engine.has_unfinished():
                 continue
-            try:
-                events = self.engine.step()
-            except Exception as e:  # the engine's state is unknown now: fail everyone waiting
-                for outbox in self._outboxes.values():
-                    outbox.put(e)
-                self._outboxes.clear()
-                raise
+            events = self.engine.step()
+            for request_id, error in self.engine.take_failures():
+                if not isinstance(error, RequestError):
+                    log.error("request %s failed: %s: %s", request_id, type(error).__name__,
+                              error, exc_info=error)
+                outbox = self._outboxes.pop(request_id, None)
+                if outbox is not None:  # else aborted meanwhile: nobody is waiting
+                    self._fail({request_id: outbox}, error)
             self.peak_batch = max(self.peak_batch, len({e.request_id for e in events}))
             for event in events:
                 self._outboxes[event.request_id].put(event)
@@ -239,7 +296,7 @@ class RequestEvents:
             except queue.Empty:
                 if not self.loop.running:
                     self._done = True
-                    raise RuntimeError("the engine loop is not running") from None
+                    raise EngineFailure("the engine loop is not running") from None
         if isinstance(item, BaseException):  # the request failed: nothing left to abort
             self._done = True
             raise item
@@ -311,16 +368,25 @@ class ChatModel:
                     finish = event.completion.finish_reason
         return tokens, stream.text, finish
 
-    def _check_length(self, prompt: Sequence[int]) -> None:
-        if not 0 < len(prompt) < self.engine.max_model_len:
+    def _check_length(self, prompt: Sequence[int], params: SamplingParams,
+                      strict_max_tokens: bool) -> None:
+        limit = self.engine.max_model_len
+        if not 0 < len(prompt) < limit:
             raise RequestError(f"the prompt has {len(prompt)} tokens; it must have at least one "
-                               f"and fewer than max_model_len={self.engine.max_model_len}")
+                               f"and fewer than max_model_len={limit}")
+        if strict_max_tokens and len(prompt) + params.max_tokens > limit:
+            raise RequestError(f"max_tokens={params.max_tokens} does not fit: the prompt has "
+                               f"{len(prompt)} tokens, so at most {limit - len(prompt)} more "
+                               f"fit in max_model_len={limit}")
 
     def complete(self, prompt: str, params: SamplingParams,
-                 on_text: Callable[[str], None] | None = None) -> Generation:
-        """A raw completion of ``prompt`` (``/v1/completions``)."""
+                 on_text: Callable[[str], None] | None = None, *,
+                 strict_max_tokens: bool = False) -> Generation:
+        """A raw completion of ``prompt`` (``/v1/completions``).  With ``strict_max_tokens`` a
+        ``max_tokens`` that does not fit beside the prompt is a :class:`RequestError` (the
+        OpenAI API's rule); without, the completion stops at ``max_model_len``."""
         ids = self.encode(prompt)
-        self._check_length(ids)
+        self._check_length(ids, params, strict_max_tokens)
         eos = self.tokenizer.eos_id
         params = dataclasses.replace(params, stop_token_ids=() if eos is None else (eos,))
         tokens, text, finish = self._stream(ids, params, on_text)
@@ -338,11 +404,13 @@ class ChatModel:
 
     def chat(self, messages: Sequence[Message], specs: Sequence[ToolSpec] = (), *,
              tool_choice: str | Mapping = "auto", params: SamplingParams = SamplingParams(),
-             on_text: Callable[[str], None] | None = None) -> Generation:
-        """The next assistant turn; ``on_text`` receives its text as it is generated."""
+             on_text: Callable[[str], None] | None = None,
+             strict_max_tokens: bool = False) -> Generation:
+        """The next assistant turn; ``on_text`` receives its text as it is generated
+        (``strict_max_tokens`` as in :meth:`complete`)."""
         specs = _chosen_tools(list(specs), tool_choice)
         prompt = self.prompt_ids(messages, specs)
-        self._check_length(prompt)
+        self._check_length(prompt, params, strict_max_tokens)
         if specs and tool_choice != "auto":  # a call is required: it opens right away
             tokens, text, finish = [self.ids[TOOL_CALL]], "", "stop"
         else:
@@ -366,17 +434,23 @@ class ChatModel:
                         "required": ["name", "arguments"], "additionalProperties": False}
                     if "$defs" in s.parameters:  # references resolve against the root
                         schema["$defs"] = s.parameters["$defs"]
-                    try:
+                    try:  # the schema is the caller's: whatever it breaks is its error
                         alternatives.append(schema_regex(schema, self.whitespace_pattern))
-                    except ValueError as e:
+                    except Exception as e:  # noqa: BLE001
                         raise RequestError(f"the parameters of tool {s.name!r} are not a "
                                            f"supported JSON schema: {e}") from None
                 regex = "\n(?:" + "|".join(f"(?:{r})" for r in alternatives) + ")\n"
                 tokens = token_bytes(self.tokenizer, self.config.vocab_size)
+                try:
+                    constraint = regex_constraint(regex, tokens, self.ids[TOOL_CALL_END],
+                                                  num_states=CONSTRAINT_STATES,
+                                                  max_states=MAX_CONSTRAINT_STATES)
+                except ValueError as e:
+                    raise RequestError(f"the tools' schemas are too large to constrain: {e}") \
+                        from None
                 if len(self._constraints) >= CACHED_CONSTRAINTS:
                     del self._constraints[next(iter(self._constraints))]  # the oldest
-                self._constraints[key] = regex_constraint(regex, tokens, self.ids[TOOL_CALL_END],
-                                                          num_states=CONSTRAINT_STATES)
+                self._constraints[key] = constraint
             return self._constraints[key]
 
     def _tool_call(self, ids: list[int], specs: Sequence[ToolSpec],
@@ -389,7 +463,7 @@ class ChatModel:
         width = max(MIN_CALL_PROMPT, 1 << (len(ids) - 1).bit_length())
         sampling = SamplingParams(temperature=params.temperature, top_p=params.top_p,
                                   top_k=params.top_k, max_tokens=max_new, seed=params.seed)
-        key = jax.random.key(params.seed if params.seed is not None else next(self._keys))
+        key = seed_key(params.seed if params.seed is not None else next(self._keys))
         result = generate(self.params, self.config,
                           PromptBatch.from_lists([ids], length=width, pad_id=self.pad_id),
                           sampling=sampling, key=key, eos_id=self.ids[TOOL_CALL_END],

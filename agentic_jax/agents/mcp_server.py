@@ -35,11 +35,12 @@ from mcp.server.mcpserver.resources import FileResource, FunctionResource
 from mcp.shared.exceptions import MCPError
 
 from agentic_jax.agents.mcp_client import package_version
-from agentic_jax.agents.tools import Tool, ToolArgumentError, ToolError, to_text, tool
+from agentic_jax.agents.tools import Tool, ToolArgumentError, ToolError, clip, to_text, tool
 from agentic_jax.data.chat import Message
 from agentic_jax.training.metrics import read_metrics
 
 RUN_URI = "agentic-jax://run/"
+MAX_RESULT_CHARS = 100_000
 MAX_GENERATE_TOKENS = 1024
 TRANSPORTS = ("stdio", "streamable-http")
 
@@ -67,7 +68,8 @@ def _error(text: str) -> mcp_types.CallToolResult:
                                     is_error=True)
 
 
-async def _call(tool: Tool, arguments: dict[str, Any], context) -> mcp_types.CallToolResult:
+async def _call(tool: Tool, arguments: dict[str, Any], context,
+                max_chars: int) -> mcp_types.CallToolResult:
     try:
         kwargs = tool.validate(arguments)
     except ToolArgumentError as e:
@@ -94,28 +96,31 @@ async def _call(tool: Tool, arguments: dict[str, Any], context) -> mcp_types.Cal
     try:
         with anyio.move_on_after(tool.timeout_s) as scope:
             value = await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+        if scope.cancelled_caught:
+            return _error(f"{tool.name} timed out after {tool.timeout_s}s")
+        text = clip(to_text(value), max_chars)
     except ToolError as e:
-        return _error(str(e))
+        return _error(clip(str(e), max_chars))
     # The model reads what went wrong; SystemExit (argparse's on bad input) must not end the
-    # server either.
+    # server either, nor a result that cannot become text.
     except (Exception, SystemExit) as e:  # noqa: BLE001
-        return _error(f"{tool.name} failed: {type(e).__name__}: {e}")
+        return _error(clip(f"{tool.name} failed: {type(e).__name__}: {e}", max_chars))
     finally:
         ended = True
-    if scope.cancelled_caught:
-        return _error(f"{tool.name} timed out after {tool.timeout_s}s")
-    return mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text",
-                                                                   text=to_text(value))])
+    return mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=text)])
 
 
 class AgentMCPServer(MCPServer):
     """An ``MCPServer`` that also serves agentic-jax tools (see the module docstring).
-    ``close()`` releases what was handed to :meth:`on_close` (a model's engine thread)."""
+    A tool's result or error is cut to ``max_result_chars`` characters (a tool that returns
+    megabytes would flood the model's context and the transport).  ``close()`` releases what
+    was handed to :meth:`on_close` (a model's engine thread)."""
 
     def __init__(self, name: str = "agentic-jax", *, agent_tools: Iterable[Tool] = (),
-                 **kwargs):
+                 max_result_chars: int = MAX_RESULT_CHARS, **kwargs):
         kwargs.setdefault("log_level", "WARNING")  # hosts keep a server's stderr as its log
         super().__init__(name, version=package_version(), **kwargs)
+        self.max_result_chars = max_result_chars
         self.agent_tools: dict[str, Tool] = {}
         self._closers: list[Callable[[], Any]] = []
         for t in agent_tools:
@@ -135,7 +140,8 @@ class AgentMCPServer(MCPServer):
 
     async def call_tool(self, name: str, arguments: dict[str, Any], context=None):
         if name in self.agent_tools:
-            return await _call(self.agent_tools[name], arguments, context)
+            return await _call(self.agent_tools[name], arguments, context,
+                               self.max_result_chars)
         names = [t.name for t in await self.list_tools()]
         if name not in names:
             raise MCPError(mcp_types.INVALID_PARAMS,

@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from agentic_jax.agents.tools import Tool, tool
+from agentic_jax.agents.tools import Tool, clip, tool
 
 _BOOTSTRAP = r'''
 import os, resource, sys
@@ -101,15 +101,9 @@ class SandboxResult:
         return "\n".join(parts) or "(no output)"
 
 
-def _clip(file, limit: int, *, tail: bool = False) -> str:
-    """The file's text cut to ``limit`` characters: its head, or its ``tail`` (where a traceback
-    ends with the error itself)."""
+def _read(file) -> str:
     file.seek(0)
-    text = file.read().decode("utf-8", errors="replace")
-    if len(text) <= limit:
-        return text
-    marker = f"... [{len(text) - limit} chars cut]"
-    return f"{marker}\n{text[len(text) - limit:]}" if tail else f"{text[:limit]}\n{marker}"
+    return file.read().decode("utf-8", errors="replace")
 
 
 def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
@@ -142,7 +136,8 @@ def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
                 proc.wait()
                 timed_out = True
             timed_out = timed_out or proc.returncode == -signal.SIGXCPU
-            out, err = _clip(stdout, max_output_chars), _clip(stderr, max_output_chars, tail=True)
+            out = clip(_read(stdout), max_output_chars)
+            err = clip(_read(stderr), max_output_chars, tail=True)
     return SandboxResult(out, err, proc.returncode, timed_out)
 
 

@@ -1,6 +1,6 @@
 """An OpenAI-compatible HTTP API over a checkpoint (``agentic-jax serve``).
 
-Endpoints: ``POST /v1/chat/completions`` (messages, tools, ``tool_choice``, streaming),
+Endpoints: ``POST /v1/chat/completions`` (messages, tools, ``tool_choice``, ``n``, streaming),
 ``POST /v1/completions`` (a prompt or a list of prompts), ``GET /v1/models``, ``GET /health``.
 Anything that speaks the OpenAI API (the ``openai`` client, LangGraph/LangChain's ``ChatOpenAI``,
 smolagents' ``OpenAIServerModel``, the OpenAI Agents SDK, :class:`HTTPPolicy`) can then use an
@@ -9,15 +9,24 @@ agentic-jax model.
 Built on the standard library's threading HTTP server: each request gets a thread, and all of them
 feed one :class:`EngineLoop`, so concurrent requests are batched continuously by the engine.
 Streaming uses server-sent events over chunked transfer encoding, ending with ``data: [DONE]``.
-Bad requests get the API's error object (``{"error": {"message", "type", "param", "code"}}``)
-with a 4xx status; unexpected failures a 500 with the same shape; the server keeps running.
-A client that disconnects mid-stream ends its generation: the next write fails, and the request
-is aborted in the engine, freeing its slot.  A non-streaming request runs to completion whether
-or not its client is still there.  Not supported: ``n > 1``, logprobs, images.
+
+**No request can take the server down.**  Every field has a range the engine can hold, and the
+limits of :class:`ServerLimits` (gin) bound what one request may ask for.  The client's mistakes
+get the API's error object (``{"error": {"message", "type", "param", "code"}}``) with a 4xx:
+undecodable bytes, invalid or too deeply nested JSON and out-of-range fields a 400, a body over
+the size limit a 413, an unknown path a 404, a method a path does not take a 405, too many
+requests at once a 503 with ``Retry-After``.  A failure of the server's own (the engine failed
+while serving the request) is a 500 for that request alone; the engine loop resets and serves
+the next one, and ``/health`` reports its state (503 while it is not running).  A client that
+disconnects mid-stream ends its generation: the next write fails, and the request is aborted in
+the engine, freeing its slot.  A non-streaming request runs to completion whether or not its
+client is still there.  Not supported: streaming with ``n > 1``, logprobs, images.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
+import functools
 import json
 import logging
 import threading
@@ -26,14 +35,47 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
+import gin
 import pydantic
 
-from agentic_jax.agents.chat_model import ChatModel, Generation, RequestError, sampling_params
+from agentic_jax.agents.chat_model import ChatModel, Generation, sampling_params
+from agentic_jax.agents.request_body import BodyError, check_size, parse_json_body
 from agentic_jax.agents.tools import ToolSpec
 from agentic_jax.data.chat import Message, ToolCall
+from agentic_jax.inference.errors import EngineFailure, RequestError
+from agentic_jax.inference.sampling import INT32_MAX, SEED_RANGE
 
 log = logging.getLogger(__name__)
-PROMPT_THREADS = 16  # most prompts of one /v1/completions request in flight at once
+PROMPT_THREADS = 16  # most generations of one request in flight at once
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class ServerLimits:
+    """What one request may ask of :class:`OpenAIServer`.
+
+    ``max_request_bytes``: the body (413 above it); ``max_json_depth``: nesting of the JSON body;
+    ``max_messages``, ``max_tools``, ``max_prompts`` (of one ``/v1/completions`` request), ``max_n``
+    (choices per prompt), ``max_stop`` stop strings of at most ``max_stop_chars`` characters each;
+    ``max_concurrent_requests`` generating at once (503 beyond); ``read_timeout_s``: how long a
+    connection may stall while sending or receiving.
+    """
+    max_request_bytes: int = 4 * 2**20
+    max_json_depth: int = 64
+    max_messages: int = 1024
+    max_tools: int = 128
+    max_prompts: int = 64
+    max_n: int = 8
+    max_stop: int = 4
+    max_stop_chars: int = 256
+    max_concurrent_requests: int = 256
+    read_timeout_s: float = 60.0
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            if not getattr(self, field.name) > 0:
+                raise ValueError(f"ServerLimits.{field.name} must be positive, got "
+                                 f"{getattr(self, field.name)!r}")
 
 
 class APIError(Exception):
@@ -60,9 +102,14 @@ class _ToolCallIn(_Request):
     function: _Function
 
 
+class _ContentPart(_Request):
+    type: str
+    text: str | None = None
+
+
 class _MessageIn(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[_ContentPart] | None = None
     tool_calls: list[_ToolCallIn] | None = None
     tool_call_id: str | None = None
 
@@ -80,22 +127,32 @@ class _ToolIn(_Request):
 
 class _Sampling(_Request):
     model: str
-    max_tokens: int | None = pydantic.Field(None, ge=1)
+    max_tokens: int | None = pydantic.Field(None, ge=1, le=INT32_MAX)
     temperature: float = pydantic.Field(1.0, ge=0, le=2)
     top_p: float = pydantic.Field(1.0, gt=0, le=1)
+    top_k: int = pydantic.Field(0, ge=0, le=INT32_MAX)  # not OpenAI's; vLLM's extension
     frequency_penalty: float = pydantic.Field(0.0, ge=-2, le=2)
     presence_penalty: float = pydantic.Field(0.0, ge=-2, le=2)
-    seed: int | None = None
+    seed: int | None = pydantic.Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     stop: str | list[str] | None = None
-    n: Literal[1] = 1
+    n: int = pydantic.Field(1, ge=1)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
 
-    def params(self, max_tokens: int | None = None):
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def params(self, choice: int = 0):
+        """The sampling settings of choice ``choice``: seeded choices get consecutive seeds
+        (wrapping around within the int64 range)."""
+        low = SEED_RANGE[0]
+        seed = None if self.seed is None else (self.seed + choice - low) % 2**64 + low
         try:
             return sampling_params(temperature=self.temperature, top_p=self.top_p,
-                                   max_tokens=max_tokens or self.max_tokens, seed=self.seed,
-                                   stop=self.stop, frequency_penalty=self.frequency_penalty,
+                                   top_k=self.top_k, max_tokens=self.requested_max_tokens,
+                                   seed=seed, stop=self.stop,
+                                   frequency_penalty=self.frequency_penalty,
                                    presence_penalty=self.presence_penalty)
         except ValueError as e:  # e.g. an empty stop string
             raise APIError(400, str(e)) from None
@@ -104,28 +161,64 @@ class _Sampling(_Request):
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
 
+    def check(self, limits: ServerLimits) -> None:
+        """The bounds of ``limits`` on what this request asks for."""
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        if len(stops) > limits.max_stop or any(len(s) > limits.max_stop_chars for s in stops):
+            raise APIError(400, f"stop: at most {limits.max_stop} strings of at most "
+                                f"{limits.max_stop_chars} characters", param="stop")
+        if self.n > limits.max_n:
+            raise APIError(400, f"n={self.n}: at most {limits.max_n}", param="n")
+        if self.stream and self.n > 1:
+            raise APIError(400, "streaming supports n=1", param="n")
+
 
 class ChatCompletionRequest(_Sampling):
     messages: list[_MessageIn] = pydantic.Field(min_length=1)
     tools: list[_ToolIn] | None = None
     tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = None
-    max_completion_tokens: int | None = pydantic.Field(None, ge=1)
+    max_completion_tokens: int | None = pydantic.Field(None, ge=1, le=INT32_MAX)
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def check(self, limits: ServerLimits) -> None:
+        super().check(limits)
+        if len(self.messages) > limits.max_messages:
+            raise APIError(400, f"{len(self.messages)} messages: at most {limits.max_messages}",
+                           param="messages")
+        if len(self.tools or ()) > limits.max_tools:
+            raise APIError(400, f"{len(self.tools)} tools: at most {limits.max_tools}",
+                           param="tools")
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str]
 
+    @property
+    def prompts(self) -> list[str]:
+        return [self.prompt] if isinstance(self.prompt, str) else self.prompt
 
-def _text(content) -> str:
+    def check(self, limits: ServerLimits) -> None:
+        super().check(limits)
+        if not self.prompts:
+            raise APIError(400, "prompt must not be empty", param="prompt")
+        if len(self.prompts) > limits.max_prompts:
+            raise APIError(400, f"{len(self.prompts)} prompts: at most {limits.max_prompts}",
+                           param="prompt")
+        if self.stream and len(self.prompts) != 1:
+            raise APIError(400, "streaming supports one prompt", param="prompt")
+
+
+def _text(content: str | list[_ContentPart] | None) -> str:
     if content is None or isinstance(content, str):
         return content or ""
-    parts = []
     for part in content:
-        if part.get("type") != "text":
-            raise APIError(400, f"unsupported content part type {part.get('type')!r}",
-                           param="messages")
-        parts.append(part.get("text", ""))
-    return "".join(parts)
+        if part.type != "text" or part.text is None:
+            raise APIError(400, f"unsupported content part type {part.type!r} (only text parts "
+                                f"with a text field)", param="messages")
+    return "".join(part.text for part in content)
 
 
 def _message(m: _MessageIn) -> Message:
@@ -139,6 +232,7 @@ def _validation_error(e: pydantic.ValidationError) -> APIError:
     first = e.errors(include_url=False)[0]
     param = ".".join(map(str, first["loc"])) or None
     return APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param)
+
 
 
 # ------------------------------------------------------------------------------- responses
@@ -157,10 +251,12 @@ class OpenAIServer:
     """Serves ``model`` on ``host:port`` (port 0: a free one); ``url`` is the API base URL."""
 
     def __init__(self, model: ChatModel, *, host: str = "127.0.0.1", port: int = 0,
-                 model_name: str = "agentic-jax"):
+                 model_name: str = "agentic-jax", limits: ServerLimits | None = None):
         self.model, self.model_name = model, model_name
+        self.limits = limits or ServerLimits()
         self.created = int(time.time())
-        handler = type("Handler", (_Handler,), {"api": self})
+        self._generating = threading.BoundedSemaphore(self.limits.max_concurrent_requests)
+        handler = type("Handler", (_Handler,), {"api": self, "timeout": self.limits.read_timeout_s})
         self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
@@ -193,17 +289,38 @@ class OpenAIServer:
     # ----------------------------------------------------------------------------- routes
     def route(self, method: str, path: str):
         path = path.split("?", 1)[0].rstrip("/")
-        routes = {("GET", "/health"): lambda h, body: h.send_json(200, {"status": "ok"}),
+        routes = {("GET", "/health"): self._health,
                   ("GET", "/v1/models"): self._models,
-                  ("POST", "/v1/chat/completions"): self._chat,
-                  ("POST", "/v1/completions"): self._completions}
+                  ("GET", f"/v1/models/{self.model_name}"):
+                      lambda h, body: h.send_json(200, self._model_card()),
+                  ("POST", "/v1/chat/completions"): self._generating_route(self._chat),
+                  ("POST", "/v1/completions"): self._generating_route(self._completions)}
         if (method, path) in routes:
             return routes[method, path]
-        if method == "GET" and path == f"/v1/models/{self.model_name}":
-            return lambda h, body: h.send_json(200, self._model_card())
-        if any(p == path for _, p in routes):
-            raise APIError(405, f"method {method} not allowed on {path}")
+        allowed = sorted(m for m, p in routes if p == path)
+        if allowed:
+            raise APIError(405, f"method {method} not allowed on {path}; use "
+                                f"{' or '.join(allowed)}", code="method_not_allowed")
         raise APIError(404, f"no route {method} {path}", code="not_found")
+
+    def _generating_route(self, fn):
+        """``fn`` behind the concurrency limit: a request over it is a 503 at once."""
+        @functools.wraps(fn)
+        def limited(h: "_Handler", body) -> None:
+            if not self._generating.acquire(blocking=False):
+                raise APIError(503, f"the server is busy: {self.limits.max_concurrent_requests} "
+                                    f"requests are generating; retry shortly", "server_error",
+                               code="server_busy")
+            try:
+                fn(h, body)
+            finally:
+                self._generating.release()
+        return limited
+
+    def _health(self, h: "_Handler", body) -> None:
+        loop = self.model.loop.health()
+        up = loop["engine_loop"] == "running"
+        h.send_json(200 if up else 503, {"status": "ok" if up else "unavailable", **loop})
 
     def _model_card(self) -> dict:
         return {"id": self.model_name, "object": "model", "created": self.created,
@@ -222,6 +339,7 @@ class OpenAIServer:
         if request.model != self.model_name:
             raise APIError(404, f"the model {request.model!r} does not exist; this server has "
                                 f"{self.model_name!r}", param="model", code="model_not_found")
+        request.check(self.limits)
         return request
 
     def _chunk(self, kind: str, id_: str, choice: dict, usage: dict | None = None) -> dict:
@@ -231,26 +349,40 @@ class OpenAIServer:
             body["usage"] = usage
         return body
 
+    @staticmethod
+    def _all(fn, jobs: list) -> list:
+        """``fn(job)`` for every job, batched by the engine; a bounded pool keeps a long list
+        from costing a thread each."""
+        if len(jobs) == 1:
+            return [fn(jobs[0])]
+        with concurrent.futures.ThreadPoolExecutor(min(len(jobs), PROMPT_THREADS)) as pool:
+            return list(pool.map(fn, jobs))
+
     def _chat(self, h: "_Handler", body) -> None:
         r = self._parse(ChatCompletionRequest, body)
         messages = [_message(m) for m in r.messages]
         specs = [ToolSpec(t.function.name, t.function.description, t.function.parameters)
                  for t in r.tools or ()]
-        params, id_ = r.params(r.max_completion_tokens), f"chatcmpl-{uuid.uuid4().hex}"
+        chat = functools.partial(self.model.chat, messages, specs,
+                                 tool_choice=r.tool_choice or "auto",
+                                 strict_max_tokens=r.requested_max_tokens is not None)
+        id_ = f"chatcmpl-{uuid.uuid4().hex}"
         if r.stream:
-            self._chat_stream(h, r, messages, specs, params, id_)
+            self._chat_stream(h, r, chat, id_)
             return
-        g = self.model.chat(messages, specs, tool_choice=r.tool_choice or "auto", params=params)
-        calls = _tool_calls(g)
-        message = {"role": "assistant", "content": g.text or (None if calls else "")}
-        if calls:
-            message["tool_calls"] = calls
-        h.send_json(200, {**self._chunk("chat.completion", id_, {
-            "index": 0, "message": message, "logprobs": None,
-            "finish_reason": g.finish_reason}), "usage": _usage(g)})
+        done = self._all(lambda i: chat(params=r.params(i)), list(range(r.n)))
+        choices = []
+        for i, g in enumerate(done):
+            calls = _tool_calls(g)
+            message = {"role": "assistant", "content": g.text or (None if calls else "")}
+            if calls:
+                message["tool_calls"] = calls
+            choices.append({"index": i, "message": message, "logprobs": None,
+                            "finish_reason": g.finish_reason})
+        h.send_json(200, {"id": id_, "object": "chat.completion", "created": int(time.time()),
+                          "model": self.model_name, "choices": choices, "usage": _total(done)})
 
-    def _chat_stream(self, h: "_Handler", r: ChatCompletionRequest, messages, specs, params,
-                     id_: str) -> None:
+    def _chat_stream(self, h: "_Handler", r: ChatCompletionRequest, chat, id_: str) -> None:
         stream = _LazyStream(h)
 
         def delta(content: dict, finish: str | None = None) -> dict:
@@ -263,8 +395,7 @@ class OpenAIServer:
             if text:
                 stream.send(delta({"content": text}))
 
-        g = self.model.chat(messages, specs, tool_choice=r.tool_choice or "auto", params=params,
-                            on_text=on_text)
+        g = chat(params=r.params(), on_text=on_text)
         on_text("")  # opens the stream if no text came
         calls = _tool_calls(g)
         if calls:
@@ -276,31 +407,31 @@ class OpenAIServer:
 
     def _completions(self, h: "_Handler", body) -> None:
         r = self._parse(CompletionRequest, body)
-        prompts = [r.prompt] if isinstance(r.prompt, str) else r.prompt
-        if not prompts:
-            raise APIError(400, "prompt must not be empty", param="prompt")
-        params, id_ = r.params(), f"cmpl-{uuid.uuid4().hex}"
+        complete = functools.partial(self.model.complete,
+                                     strict_max_tokens=r.requested_max_tokens is not None)
+        id_ = f"cmpl-{uuid.uuid4().hex}"
         if r.stream:
-            if len(prompts) != 1:
-                raise APIError(400, "streaming supports one prompt", param="prompt")
             stream = _LazyStream(h)
-            g = self.model.complete(prompts[0], params, on_text=lambda d: stream.send(
-                self._chunk("text_completion", id_, {"index": 0, "text": d, "logprobs": None,
-                                                     "finish_reason": None})))
+            g = complete(r.prompt if isinstance(r.prompt, str) else r.prompt[0], r.params(),
+                         lambda d: stream.send(self._chunk("text_completion", id_, {
+                             "index": 0, "text": d, "logprobs": None, "finish_reason": None})))
             stream.send(self._chunk("text_completion", id_, {
                 "index": 0, "text": "", "logprobs": None, "finish_reason": g.finish_reason},
                 _usage(g) if r.include_usage else None))
             stream.close()
             return
-        # Batched by the engine; the pool's bound keeps a long prompt list from costing a thread
-        # per prompt.
-        with concurrent.futures.ThreadPoolExecutor(min(len(prompts), PROMPT_THREADS)) as pool:
-            done = list(pool.map(lambda p: self.model.complete(p, params), prompts))
-        usage = {k: sum(_usage(g)[k] for g in done) for k in _usage(done[0])}
+        # Choice p * n + i is sample i of prompt p, as the OpenAI API numbers them.
+        jobs = [(p, i) for p in r.prompts for i in range(r.n)]
+        done = self._all(lambda job: complete(job[0], r.params(job[1])), jobs)
         h.send_json(200, {"id": id_, "object": "text_completion", "created": int(time.time()),
-                          "model": self.model_name, "usage": usage, "choices": [
+                          "model": self.model_name, "usage": _total(done), "choices": [
                               {"index": i, "text": g.text, "logprobs": None,
                                "finish_reason": g.finish_reason} for i, g in enumerate(done)]})
+
+
+def _total(done: list[Generation]) -> dict:
+    usages = [_usage(g) for g in done]
+    return {k: sum(u[k] for u in usages) for k in usages[0]}
 
 
 class _LazyStream:
@@ -334,27 +465,40 @@ class _LazyStream:
 
 
 class _Handler(BaseHTTPRequestHandler):
+    """Routes every method (``do_GET``, ``do_PUT``, any other) through :meth:`_handle`, so a
+    method a path does not take is the API's 405, not the HTTP layer's 501."""
     protocol_version = "HTTP/1.1"
     api: OpenAIServer
     stream: _LazyStream | None = None
+
+    def __getattr__(self, name: str):
+        if name.startswith("do_"):
+            return functools.partial(self._handle, name[3:])
+        raise AttributeError(name)
 
     def send_json(self, status: int, body: dict) -> None:
         data = json.dumps(body, ensure_ascii=False).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if status == 503:
+            self.send_header("Retry-After", "1")
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
     def _fail(self, error: APIError) -> None:
         """The error object as the response, or as the last event of a started stream."""
-        if self.stream is not None and self.stream.started:
-            self.stream.send(error.body)
-            self.stream.close()
-        else:
-            self.send_json(error.status, error.body)
+        try:
+            if self.stream is not None and self.stream.started:
+                self.stream.send(error.body)
+                self.stream.close()
+            else:
+                self.send_json(error.status, error.body)
+        except OSError:  # the client is gone too
+            self.close_connection = True
 
     def _body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
@@ -370,6 +514,11 @@ class _Handler(BaseHTTPRequestHandler):
             # found (and a negative length would read until the client hangs up): close it.
             self.close_connection = True
             raise APIError(400, f"invalid Content-Length {self.headers['Content-Length']!r}")
+        try:
+            check_size(length, self.api.limits.max_request_bytes)
+        except BodyError:
+            self.close_connection = True  # the body is not read: the connection cannot be reused
+            raise
         return self.rfile.read(length) if length else b""
 
     def _handle(self, method: str) -> None:
@@ -377,27 +526,25 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             raw = self._body()
             handler = self.api.route(method, self.path)
-            try:
-                body = json.loads(raw) if raw else None
-            except json.JSONDecodeError as e:
-                raise APIError(400, f"the request body is not valid JSON: {e}") from None
+            limits = self.api.limits
+            body = parse_json_body(raw, max_bytes=limits.max_request_bytes,
+                                   max_depth=limits.max_json_depth) if raw else None
             handler(self, body)
         except APIError as e:
             self._fail(e)
+        except BodyError as e:
+            self._fail(APIError(e.status, str(e),
+                                code="request_too_large" if e.status == 413 else None))
         except RequestError as e:  # bad content: reserved tokens, a prompt too long, a bad schema
             code = "context_length_exceeded" if "max_model_len" in str(e) else None
             self._fail(APIError(400, str(e), code=code))
-        except (BrokenPipeError, ConnectionResetError):
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
             log.info("client went away")
+            self.close_connection = True
         except Exception as e:  # noqa: BLE001 - the server must survive anything a request does
-            log.exception("request failed")
+            if not isinstance(e, EngineFailure):  # the engine loop has logged its own
+                log.exception("request failed")
             self._fail(APIError(500, f"{type(e).__name__}: {e}", "server_error"))
-
-    def do_GET(self):
-        self._handle("GET")
-
-    def do_POST(self):
-        self._handle("POST")
 
     def log_message(self, format, *args):
         log.info("%s - %s", self.address_string(), format % args)

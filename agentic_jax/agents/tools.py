@@ -139,6 +139,15 @@ def without_titles(schema: Any) -> Any:
     return out
 
 
+def clip(text: str, limit: int, *, tail: bool = False) -> str:
+    """``text`` cut to ``limit`` characters, with a marker saying how much was cut: its head, or
+    its ``tail`` (where a traceback ends with the error itself)."""
+    if len(text) <= limit:
+        return text
+    marker = f"... [{len(text) - limit} chars cut]"
+    return f"{marker}\n{text[len(text) - limit:]}" if tail else f"{text[:limit]}\n{marker}"
+
+
 def to_text(value: Any) -> str:
     """A tool's return value as message text: strings as they are, anything else as JSON."""
     if isinstance(value, str):

@@ -30,15 +30,12 @@ from typing import Any
 
 from agentic_jax.agents.budget import Pricing
 from agentic_jax.agents.policy import AssistantMessage
+from agentic_jax.agents.tools import clip
 from agentic_jax.data.chat import ToolCall
 
 Event = dict[str, Any]
 Sink = Callable[[Event], None]
 CONTENT_LIMIT = 2000
-
-
-def _clip(text: str, limit: int = CONTENT_LIMIT) -> str:
-    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} chars]"
 
 
 def _arguments(call: ToolCall) -> dict | str:
@@ -145,7 +142,7 @@ class Tracer:
     def tool_call(self, step: int, result) -> Event:
         return self.emit("tool_call", step=step, name=result.call.name,
                          arguments=_arguments(result.call), status=result.status,
-                         content=_clip(result.content), attempts=result.attempts,
+                         content=clip(result.content, CONTENT_LIMIT), attempts=result.attempts,
                          latency_s=result.latency_s, data=True)
 
     def decision(self, step: int, decision: str, detail: str = "", **fields: Any) -> Event:
@@ -154,7 +151,7 @@ class Tracer:
     def message(self, round: int, sender: str, recipients: Sequence[str], act: str,
                 content: str) -> Event:
         return self.emit("message", round=round, sender=sender, recipients=list(recipients),
-                         act=act, content=_clip(content))
+                         act=act, content=clip(content, CONTENT_LIMIT))
 
 
 # --------------------------------------------------------------------------------- reading

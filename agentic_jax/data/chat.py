@@ -51,7 +51,7 @@ class ToolCall:
         if isinstance(self.arguments, str):
             try:
                 parsed = json.loads(self.arguments)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # not JSON, or nested past the parser's stack
                 return
             if isinstance(parsed, dict):
                 object.__setattr__(self, "arguments", parsed)

@@ -20,6 +20,7 @@ including tokens that hold only part of a multi-byte character.  Special tokens 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -92,16 +93,58 @@ def _bucket(n: int, at_least: int) -> int:
     return max(at_least, 1 << max(0, (n - 1).bit_length()))
 
 
+def repetition_size(regex: str) -> int:
+    """The largest product of nested bounded repetitions in ``regex``: ``(a{0,50}){0,20}`` is
+    1,000.  An automaton has at least that many states, and building it takes time in proportion,
+    so a caller can refuse a regex (a schema's ``maxLength: 10**6``) before building it."""
+    stack, largest, atom, i = [1], 1, 1, 0
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\":
+            i, atom = i + 2, 1
+            continue
+        if c == "[":  # a class: skip to its closing bracket (one right after "[" or "[^" is literal)
+            j = i + 1 + (regex[i + 1:i + 2] == "^")
+            j += regex[j:j + 1] == "]"
+            while j < len(regex) and regex[j] != "]":
+                j += 2 if regex[j] == "\\" else 1
+            i, atom = j + 1, 1
+            continue
+        if c == "(":
+            stack.append(1)
+        elif c == ")" and len(stack) > 1:
+            atom = stack.pop()
+        elif c == "{" and (bound := re.match(r"\{(\d+)(?:,(\d*))?\}", regex[i:])):
+            low, high = bound.groups()
+            atom *= int(high) if high else int(low)  # {m,}: m copies, then a loop
+            stack[-1] = max(stack[-1], atom)
+            largest = max(largest, atom)
+            i += bound.end()
+            continue
+        else:
+            atom = 1
+        i += 1
+    return largest
+
+
 def regex_constraint(regex: str, tokens: Sequence[bytes | None], eos_id: int, *,
-                     num_states: int = 1) -> TokenConstraint:
+                     num_states: int = 1, max_states: int | None = None) -> TokenConstraint:
     """Dense tables of the token automaton of ``regex`` over ``tokens`` (id -> bytes).
 
     The state count is padded to a power of two and to at least ``num_states`` (equal shapes share
-    a compiled decoder); padding states are never reached and allow only EOS.
+    a compiled decoder); padding states are never reached and allow only EOS.  With
+    ``max_states``, a regex whose bounded repetitions (:func:`repetition_size`) or automaton
+    exceed it is a ``ValueError``, raised before the tables are built.
     """
+    if max_states is not None and repetition_size(regex) > max_states:
+        raise ValueError(f"the regex repeats a part {repetition_size(regex)} times; at most "
+                         f"{max_states} automaton states are allowed")
     index = outlines_core.Index(regex, _vocabulary(tokens, eos_id))
     transitions = index.get_transitions()
     states = sorted(set(transitions) | {s for row in transitions.values() for s in row.values()})
+    if max_states is not None and len(states) > max_states:
+        raise ValueError(f"the regex needs {len(states)} automaton states; at most {max_states} "
+                         f"are allowed")
     number = {s: i for i, s in enumerate(states)}
     size, v = _bucket(len(states), num_states), len(tokens)
     allowed = np.zeros((size, v), bool)

@@ -20,6 +20,7 @@ alone, in any batch, and after being preempted and recomputed.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -36,6 +37,7 @@ import numpy as np
 
 from agentic_jax.data.tokenizer import Tokenizer, load_tokenizer
 from agentic_jax.inference.block_manager import BlockManager
+from agentic_jax.inference.errors import RequestError
 from agentic_jax.inference.paged_cache import (PagedBatch, PagedKVCache, copy_blocks,
                                                decode_attention_fn, paged_forward)
 from agentic_jax.inference.prompts import check_token_ids
@@ -181,23 +183,36 @@ class Engine:
         if num_blocks < self.max_blocks:
             raise ValueError(f"{num_blocks} blocks cannot hold one sequence of max_model_len="
                              f"{self.max_model_len} ({self.max_blocks} blocks of {ec.block_size})")
-        self.blocks = BlockManager(num_blocks, ec.block_size,
-                                   enable_prefix_caching=ec.enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, ec.num_slots,
-                                   watermark_blocks=int(ec.watermark * num_blocks),
-                                   static=ec.batching == "static")
-        self.cache = PagedKVCache.create(config, num_blocks, ec.block_size)
+        self.num_blocks = num_blocks
         self._padding_slot = num_blocks * ec.block_size  # out of range: the write is dropped
-        counts = (ec.num_slots, config.vocab_size)
-        self._gen_counts = jnp.zeros(counts, jnp.int32)  # generated tokens, per slot
-        self._prompt_counts = jnp.zeros(counts, jnp.int32)
         self._static = {"config": config, "eos_id": self.eos_id,
                         "decode_attention": decode_attention_fn(ec.decode_attention)}
         self._base_key = jax.random.key(ec.seed)
         self._arrivals = itertools.count()
+        self.step_count = 0
+        self._new_state()
+
+    def _new_state(self) -> None:
+        """Empty scheduler, block pool, KV cache and penalty counts."""
+        ec = self.engine_config
+        self.blocks = BlockManager(self.num_blocks, ec.block_size,
+                                   enable_prefix_caching=ec.enable_prefix_caching)
+        self.scheduler = Scheduler(self.blocks, ec.num_slots,
+                                   watermark_blocks=int(ec.watermark * self.num_blocks),
+                                   static=ec.batching == "static")
+        self.cache = PagedKVCache.create(self.config, self.num_blocks, ec.block_size)
+        counts = (ec.num_slots, self.config.vocab_size)
+        self._gen_counts = jnp.zeros(counts, jnp.int32)  # generated tokens, per slot
+        self._prompt_counts = jnp.zeros(counts, jnp.int32)
         self._sequences: dict[str, Sequence] = {}
         self._decode_arrays: tuple[tuple, SamplingArrays] | None = None
-        self.step_count = 0
+        self._failures: list[tuple[str, Exception]] = []
+
+    def reset(self) -> None:
+        """Drops every request in flight and starts from an empty cache, after a failure that
+        left the engine's state unknown.  Arrival numbers go on, so later requests keep the keys
+        they would have had."""
+        self._new_state()
 
     # ----------------------------------------------------------------------------- requests
     def add_request(self, request: Request) -> str:
@@ -205,19 +220,22 @@ class Engine:
         return self._queue(request, self._check(request))
 
     def _check(self, request: Request) -> tuple[int, ...]:
-        """``request``'s prompt, or ``ValueError``.  Nothing is recorded, so a rejected request
-        does not shift later requests' arrival numbers (their default ids and keys)."""
+        """``request``'s prompt, or :class:`RequestError`.  Nothing is recorded, so a rejected
+        request does not shift later requests' arrival numbers (their default ids and keys)."""
         request_id = request.request_id
         if request_id is not None and _GENERATED_ID.fullmatch(request_id):
-            raise ValueError(f"request id {request_id!r}: ids of the form 'req-<n>' are reserved "
-                             "for generated ones")
+            raise RequestError(f"request id {request_id!r}: ids of the form 'req-<n>' are "
+                               "reserved for generated ones")
         if request_id in self._sequences:
-            raise ValueError(f"request id {request_id!r} is already in flight")
+            raise RequestError(f"request id {request_id!r} is already in flight")
         prompt = tuple(int(t) for t in request.prompt)
         if not 0 < len(prompt) < self.max_model_len:
-            raise ValueError(f"prompt length {len(prompt)} must be in [1, max_model_len="
-                             f"{self.max_model_len})")
+            raise RequestError(f"prompt length {len(prompt)} must be in [1, max_model_len="
+                               f"{self.max_model_len})")
         check_token_ids([prompt], self.config.vocab_size)
+        if request.params.top_k > self.config.vocab_size:
+            raise RequestError(f"top_k={request.params.top_k} exceeds the vocabulary size "
+                               f"{self.config.vocab_size}")
         if request.params.stop_strings and self.tokenizer is None:
             raise ValueError("stop_strings need an Engine with a tokenizer")
         return prompt
@@ -252,17 +270,47 @@ class Engine:
 
     # ----------------------------------------------------------------------------- stepping
     def step(self) -> list[StepOutput]:
-        """One iteration: admit and prefill, decode every running sequence, retire finished ones."""
+        """One iteration: admit and prefill, decode every running sequence, retire finished ones.
+
+        A request whose own work fails (its prefill, its bookkeeping) is dropped alone and listed
+        by :meth:`take_failures`; the others go on.  An exception out of ``step`` means the
+        batched decode failed, or the device cache was lost: the state is unknown, and the caller
+        should fail everything in flight and :meth:`reset`.
+        """
         plan = self.scheduler.schedule(self.step_count)
         self._copy([c for seq in plan.decodes for c in plan.copies[seq.request_id]])
         sampled = []
         for seq in plan.prefills:  # in admission order: later ones may read earlier ones' blocks
-            self._copy(plan.copies[seq.request_id])
-            sampled.append((seq, *self._prefill(seq)))
+            with self._isolated(seq):
+                self._copy(plan.copies[seq.request_id])
+                sampled.append((seq, *self._prefill(seq)))
         if plan.decodes:
             sampled += self._decode(plan.decodes)
         self.step_count += 1
-        return [self._append(seq, token, logprob) for seq, token, logprob in sampled]
+        events = []
+        for seq, token, logprob in sampled:
+            with self._isolated(seq):
+                events.append(self._append(seq, token, logprob))
+        return events
+
+    def take_failures(self) -> list[tuple[str, Exception]]:
+        """``(request_id, exception)`` of the requests dropped since the last call because their
+        own work failed (see :meth:`step`)."""
+        failures, self._failures = self._failures, []
+        return failures
+
+    @contextlib.contextmanager
+    def _isolated(self, seq: Sequence):
+        """Fails ``seq`` alone if the block raises, unless the device cache went with it."""
+        try:
+            yield
+        except Exception as e:
+            donated = (self.cache, self._gen_counts, self._prompt_counts)
+            if any(x.is_deleted() for x in jax.tree.leaves(donated)):
+                raise  # given to a call that failed: every sequence's state is gone
+            if self._sequences.pop(seq.request_id, None) is not None:
+                self.scheduler.abort(seq)
+            self._failures.append((seq.request_id, e))
 
     def generate(self, requests: Iterable[Request]) -> list[Completion]:
         """Runs ``requests`` to completion; results in order.  Requests queued by others advance
@@ -279,7 +327,16 @@ class Engine:
                 if event.finished and event.request_id in pending:
                     pending.remove(event.request_id)
                     done[event.request_id] = event.completion
+            self._raise_failure(pending)
         return [done[i] for i in ids]
+
+    def _raise_failure(self, pending: set[str]) -> None:
+        """Raises the failure of a request in ``pending``, after aborting the others."""
+        failed = [e for request_id, e in self.take_failures() if request_id in pending]
+        if failed:
+            for request_id in pending:
+                self.abort_request(request_id)
+            raise failed[0]
 
     def stream(self, request: Request) -> Iterator[StepOutput]:
         """Yields ``request``'s token events as they are sampled, driving the engine meanwhile
@@ -292,6 +349,7 @@ class Engine:
                         yield event
                         if event.finished:
                             return
+                self._raise_failure({request_id})
         finally:  # the consumer stopped early: stop generating for it
             self.abort_request(request_id)
 

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentic_jax.inference.errors import RequestError
 from agentic_jax.inference.sampling import SamplingArrays
 
 PADDING_SIDES = ("left", "right")
@@ -69,9 +70,12 @@ class PromptBatch(NamedTuple):
 def check_token_ids(rows, vocab_size: int) -> None:
     """Raises unless every id of the host sequences ``rows`` is in ``[0, vocab_size)``: the
     embedding lookup would silently clamp any other."""
-    rows = [np.asarray(row, np.int64).ravel() for row in rows]
+    try:
+        rows = [np.asarray(row, np.int64).ravel() for row in rows]
+    except OverflowError:
+        raise RequestError(f"prompt token ids must be in [0, {vocab_size})") from None
     if any(row.size and (row.min() < 0 or row.max() >= vocab_size) for row in rows):
-        raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+        raise RequestError(f"prompt token ids must be in [0, {vocab_size})")
 
 
 def as_prompt_batch(prompts, *, padding: str = "left", pad_id: int = 0,

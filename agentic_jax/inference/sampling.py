@@ -34,7 +34,7 @@ ratios in RL and speculative decoding need) and under the raw model (``log_softm
 step 1).
 
 Keys: ``sample`` takes one key (row ``i`` uses ``fold_in(key, i)``) or ``[B]`` keys.  A row whose
-params carry a ``seed`` uses ``key(seed)`` instead, so its tokens do not depend on the batch it
+params carry a ``seed`` uses ``key(seed mod 2**32)`` (:func:`seed_key`) instead, so its tokens do not depend on the batch it
 runs in; either way ``step`` (the number of tokens the sequence has generated) is folded in last.
 """
 from __future__ import annotations
@@ -47,7 +47,31 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentic_jax.inference.errors import RequestError
+
 NEG_INF = -jnp.inf
+INT32_MAX = 2**31 - 1
+SEED_RANGE = (-2**63, 2**63 - 1)  # int64, as the OpenAI API has seeds
+
+
+_REAL = (int, float, np.integer, np.floating)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _integer(name: str, value, low: int, high: int) -> int:
+    """``value`` as an int in ``[low, high]``; an integral float such as 3.0 counts as one."""
+    integral = isinstance(value, int | np.integer) or (
+        isinstance(value, float | np.floating) and float(value).is_integer())
+    if isinstance(value, bool) or not integral:
+        raise RequestError(f"SamplingParams.{name}={value!r} is not an integer")
+    if not low <= value <= high:
+        raise RequestError(f"SamplingParams.{name}={value!r} is out of range [{low}, {high}]")
+    return int(value)
+
+
+def _finite(value) -> bool:
+    """A real number (not a bool) that float32 holds as a finite value; NaN fails ``<=``."""
+    return isinstance(value, _REAL) and not isinstance(value, bool) and abs(value) <= FLOAT32_MAX
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,24 +97,28 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
-        for name in ("top_k", "max_tokens"):  # counts: the int32 arrays would truncate 2.5 to 2
+        # Counts become int32 arrays (2.5 would truncate to 2, 2**31 would overflow); seeds are
+        # int64 as the OpenAI API has them; floats must be finite float32 values.
+        for name, low, high in (("top_k", 0, INT32_MAX), ("max_tokens", 1, INT32_MAX)):
+            object.__setattr__(self, name, _integer(name, getattr(self, name), low, high))
+        if self.seed is not None:
+            object.__setattr__(self, "seed", _integer("seed", self.seed, *SEED_RANGE))
+        for name, ok, rule in (("temperature", lambda x: x >= 0, ">= 0"),
+                               ("top_p", lambda x: 0 < x <= 1, "in (0, 1]"),
+                               ("min_p", lambda x: 0 <= x <= 1, "in [0, 1]"),
+                               ("repetition_penalty", lambda x: x > 0, "> 0"),
+                               ("frequency_penalty", lambda x: True, ""),
+                               ("presence_penalty", lambda x: True, "")):
             value = getattr(self, name)
-            if int(value) != value:
-                raise ValueError(f"SamplingParams.{name}={value!r} is not an integer")
-            object.__setattr__(self, name, int(value))
-        checks = (("temperature", self.temperature >= 0), ("top_k", self.top_k >= 0),
-                  ("top_p", 0 < self.top_p <= 1), ("min_p", 0 <= self.min_p <= 1),
-                  ("repetition_penalty", self.repetition_penalty > 0),
-                  ("max_tokens", self.max_tokens >= 1))
-        for name, ok in checks:
-            if not ok:
-                raise ValueError(f"SamplingParams.{name}={getattr(self, name)!r} is out of range")
-        if any(t < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be non-negative, got {self.stop_token_ids}")
-        if any(not s for s in self.stop_strings):
-            raise ValueError("stop_strings must be non-empty strings")
+            if not (_finite(value) and ok(value)):
+                raise RequestError(f"SamplingParams.{name}={value!r} is out of range: it must "
+                                   f"be a finite number {rule}".rstrip())
+        object.__setattr__(self, "stop_token_ids", tuple(
+            _integer("stop_token_ids", t, 0, INT32_MAX) for t in self.stop_token_ids))
+        if any(not isinstance(s, str) or not s for s in self.stop_strings):
+            raise RequestError("SamplingParams.stop_strings must be non-empty strings")
 
     @property
     def greedy(self) -> bool:
@@ -245,6 +273,11 @@ def filtered_logits(logits, arrays: SamplingArrays, token_counts=None, *, prompt
     sampled = jnp.where(keep | protected, scaled, NEG_INF)
     one_hot = jax.nn.one_hot(jnp.argmax(z, axis=-1), z.shape[-1], dtype=bool)
     return jnp.where(greedy, jnp.where(one_hot, 0.0, NEG_INF), sampled)
+
+
+def seed_key(seed: int) -> jax.Array:
+    """The key of a row whose params carry ``seed``, as :func:`row_keys` derives it."""
+    return jax.random.key(np.uint32(seed % 2**32))
 
 
 def row_keys(key_or_keys, arrays: SamplingArrays, step=0):
