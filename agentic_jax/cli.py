@@ -148,7 +148,7 @@ def _setup(args) -> str:
     """Parses gin (failing fast on bad bindings) and returns the work directory."""
     from agentic_jax import config as gin_config
     if args.verb == "serve":  # the engine's and server's configurables only: no other stack
-        import agentic_jax.agents.server  # noqa: F401
+        import agentic_jax.inference.serving.openai_server  # noqa: F401
     else:
         import agentic_jax.registry  # noqa: F401  (registers every configurable before parsing)
 
@@ -165,9 +165,9 @@ def _generate(args) -> None:
 
     from agentic_jax.data.chat import render_ids
     from agentic_jax.data.tokenizer import IM_END, IM_START
-    from agentic_jax.inference.engine import (Engine, EngineConfig, Request,
-                                              default_sampling_params, load_checkpoint,
-                                              stream_text)
+    from agentic_jax.inference.serving.engine import (Engine, EngineConfig, Request,
+                                                      default_sampling_params, stream_text)
+    from agentic_jax.models.export import load_checkpoint
 
     config, params, tokenizer = load_checkpoint(args.checkpoint)
     chat = args.chat
@@ -204,8 +204,8 @@ def _serve(args) -> None:
     import logging
     import signal
 
-    from agentic_jax.agents.chat_model import ChatModel
-    from agentic_jax.agents.server import OpenAIServer, ServerLimits
+    from agentic_jax.inference.serving.chat_model import ChatModel
+    from agentic_jax.inference.serving.openai_server import OpenAIServer, ServerLimits
 
     name = args.model_name or os.path.basename(os.path.abspath(args.checkpoint))
     model = ChatModel.from_checkpoint(args.checkpoint)
@@ -224,8 +224,8 @@ def _serve(args) -> None:
 
 def _mcp_server(args) -> None:
     """Serves until stdin ends (stdio) or until interrupted (streamable-http)."""
-    from agentic_jax.agents.mcp_server import build_server, serve
-    from agentic_jax.agents.skills import SkillRegistry
+    from agentic_jax.agents.protocols.mcp_server import build_server, serve
+    from agentic_jax.agents.protocols.skills import SkillRegistry
 
     skills = SkillRegistry.load(args.skills) if args.skills else SkillRegistry.load()
     server = build_server(checkpoint=args.checkpoint, corpus=args.corpus, skills=skills)
@@ -243,8 +243,8 @@ def _a2a_server(args) -> None:
     until interrupted."""
     import uvicorn
 
-    from agentic_jax.agents.a2a import A2AServerConfig, config_app
-    from agentic_jax.agents.jax_policy import JaxPolicy
+    from agentic_jax.agents.protocols.a2a_server import A2AServerConfig, config_app
+    from agentic_jax.agents.policies.jax_policy import JaxPolicy
     from agentic_jax.agents.session import AgentConfig, make_policy, open_mcp_client
 
     token = None
@@ -300,7 +300,7 @@ def _team(args) -> int:
 
 
 def _trace(args) -> int:
-    from agentic_jax.agents import golden, tracing
+    from agentic_jax.agents.context import golden, tracing
 
     try:
         if args.trace_verb == "show":

@@ -4,7 +4,7 @@
     python bench/decode.py --large    # d=1024, 8 layers, 32k vocab: for an accelerator
     python bench/decode.py --quick    # tiny sizes, a smoke test
 
-Serving engine (``agentic_jax.inference.engine``), same model, same slots, random weights, greedy
+Serving engine (``agentic_jax.inference.serving.engine``), same model, same slots, random weights, greedy
 decoding with EOS off so every request produces exactly its ``max_tokens``:
 
 * **continuous vs static batching** on skewed output lengths (most requests short, one in eight
@@ -16,7 +16,7 @@ decoding with EOS off so every request produces exactly its ``max_tokens``:
   from the cache and the time to first token (queueing included: all requests arrive at once),
   from the fastest of three runs.
 
-KV cache vs recompute (``agentic_jax.inference.generate`` vs ``generate_recompute``), same model,
+KV cache vs recompute (``agentic_jax.inference.decoding.generate`` vs ``generate_recompute``), same model,
 greedy, at two output lengths: decode tokens/s of each (compilation excluded) and their ratio;
 the recompute decoder runs a full forward pass over the whole buffer for every token.
 
@@ -46,8 +46,8 @@ from agentic_jax.data.pipeline import train_data
 from agentic_jax.data.tokenizer import train_tokenizer
 from agentic_jax.inference import (advise_speculation, generate, generate_recompute,
                                    speculative_generate)
-from agentic_jax.inference.engine import Engine, EngineConfig, Request
-from agentic_jax.inference.sampling import SamplingParams
+from agentic_jax.inference.serving.engine import Engine, EngineConfig, Request
+from agentic_jax.inference.decoding.sampling import SamplingParams
 from agentic_jax.models import TransformerConfig, init_params
 from agentic_jax.training import TrainState, make_optimizer, make_schedule, make_train_step
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from agentic_jax import envs
 from agentic_jax.envs.classic import BernoulliBandit, CartPole, chain_mdp, value_iteration
-from agentic_jax.rl import agents
+from agentic_jax import classic_rl
 from pallas_kernels.benchmarking import describe_device
 
 SOLVED = 475.0  # CartPole-v1 threshold
@@ -78,9 +78,9 @@ def bench_steps(quick: bool):
 
 
 def bench_ppo(quick: bool):
-    config = agents.PPOConfig(num_updates=3 if quick else 30)
-    train = agents.make_ppo(CartPole(), config)
-    greedy = jax.jit(jax.vmap(lambda p, k: agents.evaluate(CartPole(), agents.greedy_policy, p, k, 8, 1000)))
+    config = classic_rl.PPOConfig(num_updates=3 if quick else 30)
+    train = classic_rl.make_ppo(CartPole(), config)
+    greedy = jax.jit(jax.vmap(lambda p, k: classic_rl.evaluate(CartPole(), classic_rl.greedy_policy, p, k, 8, 1000)))
     steps = config.num_envs * config.num_steps * config.num_updates
     print(f"\nPPO on CartPole, {steps:,} env steps per seed; solved = greedy return >= {SOLVED:.0f}")
     print(f"{'seeds':>6} {'compile s':>10} {'run s':>8} {'s/seed':>8} {'steps/s':>12} {'solved':>7} "
@@ -120,16 +120,16 @@ def learning_curves(path: str, quick: bool):
         ax.plot(x, np.nanmean(curves, 0), label=label)
         ax.fill_between(x, np.nanmin(curves, 0), np.nanmax(curves, 0), alpha=0.2)
 
-    ppo = agents.PPOConfig(num_updates=max(3, 60 // scale))
-    reinforce = agents.ReinforceConfig(num_steps=128, num_updates=max(3, 120 // scale))
-    dqn = agents.DQNConfig(num_iterations=max(300, 12000 // scale), log_every=200)
+    ppo = classic_rl.PPOConfig(num_updates=max(3, 60 // scale))
+    reinforce = classic_rl.ReinforceConfig(num_steps=128, num_updates=max(3, 120 // scale))
+    dqn = classic_rl.DQNConfig(num_iterations=max(300, 12000 // scale), log_every=200)
     for name, train, per_point, config in (
-        ("PPO", agents.make_ppo(CartPole(), ppo), ppo.num_envs * ppo.num_steps, ppo),
-        ("REINFORCE + baseline", agents.make_reinforce(CartPole(), reinforce),
+        ("PPO", classic_rl.make_ppo(CartPole(), ppo), ppo.num_envs * ppo.num_steps, ppo),
+        ("REINFORCE + baseline", classic_rl.make_reinforce(CartPole(), reinforce),
          reinforce.num_envs * reinforce.num_steps, reinforce),
-        ("DQN (double, uniform replay)", agents.make_dqn(CartPole(), dqn), dqn.num_envs * dqn.log_every, dqn),
+        ("DQN (double, uniform replay)", classic_rl.make_dqn(CartPole(), dqn), dqn.num_envs * dqn.log_every, dqn),
         ("DQN (double, prioritised replay)",
-         agents.make_dqn(CartPole(), dqn.__class__(**{**dqn.__dict__, "prioritized": True})),
+         classic_rl.make_dqn(CartPole(), dqn.__class__(**{**dqn.__dict__, "prioritized": True})),
          dqn.num_envs * dqn.log_every, dqn),
     ):
         curves = _seeds(train, seeds)
@@ -140,9 +140,9 @@ def learning_curves(path: str, quick: bool):
     bandit = BernoulliBandit()
     small = dict(num_envs=16, num_steps=8, hidden=(16,))
     for name, train in (
-        ("PPO", agents.make_ppo(bandit, agents.PPOConfig(**small, num_updates=40, update_epochs=2,
+        ("PPO", classic_rl.make_ppo(bandit, classic_rl.PPOConfig(**small, num_updates=40, update_epochs=2,
                                                             num_minibatches=2, learning_rate=1e-2))),
-        ("REINFORCE + baseline", agents.make_reinforce(bandit, agents.ReinforceConfig(
+        ("REINFORCE + baseline", classic_rl.make_reinforce(bandit, classic_rl.ReinforceConfig(
             **small, num_updates=40, learning_rate=3e-2))),
     ):
         curves = _seeds(train, seeds)
@@ -160,11 +160,11 @@ def learning_curves(path: str, quick: bool):
     optimal = jax.nn.one_hot(jnp.argmax(q_star, 1), 2)
     keys = jax.random.split(jax.random.key(0), seeds)
     for iters in budgets:
-        q = jax.jit(jax.vmap(agents.make_q_learning(env, agents.QLearningConfig(num_iterations=iters, gamma=gamma))))(
+        q = jax.jit(jax.vmap(classic_rl.make_q_learning(env, classic_rl.QLearningConfig(num_iterations=iters, gamma=gamma))))(
             keys)[0]
         q_err.append(np.abs(np.asarray(q - q_star))[:, alive].max(axis=(1, 2)))
-        td = agents.TDLambdaConfig(num_updates=max(1, iters // 32), gamma=gamma)
-        v = jax.jit(jax.vmap(agents.make_td_lambda(env, optimal, td)))(keys)[0]
+        td = classic_rl.TDLambdaConfig(num_updates=max(1, iters // 32), gamma=gamma)
+        v = jax.jit(jax.vmap(classic_rl.make_td_lambda(env, optimal, td)))(keys)[0]
         v_err.append(np.abs(np.asarray(v - v_star))[:, alive].max(axis=1))
     transitions = 16 * np.asarray(budgets)
     band(ax_chain, transitions, np.stack(q_err, 1), "Q-learning: |Q − Q*|∞")

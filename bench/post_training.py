@@ -30,12 +30,12 @@ import numpy as np
 import agentic_jax.registry  # noqa: F401  (every configurable, before any parsing)
 from agentic_jax import config as gin_config
 from agentic_jax.eval import bootstrap_ci
-from agentic_jax.inference.engine import load_checkpoint
-from agentic_jax.rl.trainers.evaluate import evaluate_policy
-from agentic_jax.rl.trainers.preference import train_preference
-from agentic_jax.rl.trainers.rft import train_rft
-from agentic_jax.rl.trainers.rl import train_rl
-from agentic_jax.rl.trainers.tasks import TaskSpec
+from agentic_jax.models.export import load_checkpoint
+from agentic_jax.post_training.evaluate import evaluate_policy
+from agentic_jax.post_training.preference import train_preference
+from agentic_jax.post_training.rft import train_rft
+from agentic_jax.post_training.rl import train_rl
+from agentic_jax.post_training.tasks import TaskSpec
 
 METHODS = ("sft", "rft", "online_dpo", "grpo", "dapo", "dr_grpo", "rloo", "ppo")
 SAMPLES_PER_STEP = 64

@@ -25,14 +25,14 @@ from starlette.responses import JSONResponse
 
 from agentic_jax.agents import (END, ReActAgent, ScriptedPolicy, StateGraph, ToolExecutor,
                                 ToolError, tool)
-from agentic_jax.agents.a2a import A2AServerConfig, a2a_app, agent_card, config_app
-from agentic_jax.agents.a2a_client import (DelegationError, RemoteAgent, delegate_node,
+from agentic_jax.agents.protocols.a2a_server import A2AServerConfig, a2a_app, agent_card, config_app
+from agentic_jax.agents.protocols.a2a_client import (DelegationError, RemoteAgent, delegate_node,
                                            delegate_tool)
-from agentic_jax.agents.builtin_tools import calculator
-from agentic_jax.agents.executor import RetryPolicy
-from agentic_jax.agents.mcp_client import MCPClient
+from agentic_jax.agents.tools.builtin import calculator
+from agentic_jax.agents.tools.executor import RetryPolicy
+from agentic_jax.agents.protocols.mcp_client import MCPClient
 from agentic_jax.agents.session import AgentConfig
-from agentic_jax.agents.skills import SkillRegistry
+from agentic_jax.agents.protocols.skills import SkillRegistry
 from agentic_jax.cli import _parser
 from agentic_jax.data.chat import ToolCall
 

@@ -5,8 +5,8 @@ from hypothesis import given
 
 from agentic_jax.agents import (ContextBudget, ContextManager, ContextOverflow, ReActAgent,
                                 ScriptedPolicy, ToolError, compaction_tool, truncate)
-from agentic_jax.agents.builtin_tools import calculator
-from agentic_jax.agents.tokens import approx_tokens, messages_tokens
+from agentic_jax.agents.tools.builtin import calculator
+from agentic_jax.agents.context.tokens import approx_tokens, messages_tokens
 from agentic_jax.data.chat import Message, ToolCall
 
 words = st.text(alphabet="abcdefghij 0123456789.,\n", max_size=3000)

@@ -6,9 +6,9 @@ import pytest
 
 from agentic_jax.agents import (END, FileCheckpointer, GraphError, ScriptedPolicy, StateGraph,
                                 parallel)
-from agentic_jax.agents.graph import Checkpoint
-from agentic_jax.agents.policy import AssistantMessage
-from agentic_jax.agents.workflows import (evaluator_optimizer, orchestrator_workers,
+from agentic_jax.agents.loops.graph import Checkpoint
+from agentic_jax.agents.policies.base import AssistantMessage
+from agentic_jax.agents.loops.workflows import (evaluator_optimizer, orchestrator_workers,
                                           parallelization, prompt_chain, routing)
 
 

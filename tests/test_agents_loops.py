@@ -9,7 +9,7 @@ from agentic_jax.agents import (AssistantMessage, Budget, Evaluation, GenerateVe
                                 HTTPPolicy, LoopDetector, PlanAndExecute, Pricing, ReActAgent,
                                 ReflectionMemory, Reflexion, RetryPolicy, ScriptedPolicy,
                                 StopReason, ToolExecutor, TransientToolError, tool)
-from agentic_jax.agents.builtin_tools import calculator
+from agentic_jax.agents.tools.builtin import calculator
 from agentic_jax.data.chat import ToolCall
 
 

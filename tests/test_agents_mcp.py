@@ -31,17 +31,17 @@ from agentic_jax.agents import (
     ScriptedPolicy,
     StopReason,
     ToolExecutor,
-    mcp_client,
     tool,
 )
-from agentic_jax.agents.executor import RetryPolicy
-from agentic_jax.agents.mcp_client import (
+from agentic_jax.agents.protocols import mcp_client
+from agentic_jax.agents.tools.executor import RetryPolicy
+from agentic_jax.agents.protocols.mcp_client import (
     MCPClient,
     MCPConnectionError,
     MCPSession,
     as_target,
 )
-from agentic_jax.agents.mcp_server import (
+from agentic_jax.agents.protocols.mcp_server import (
     RUN_URI,
     AgentMCPServer,
     CallEnded,
@@ -50,10 +50,10 @@ from agentic_jax.agents.mcp_server import (
     report_progress,
 )
 from agentic_jax.agents.session import AgentConfig, run_session
-from agentic_jax.agents.skills import Skill, SkillRegistry
+from agentic_jax.agents.protocols.skills import Skill, SkillRegistry
 from agentic_jax.data.chat import ToolCall
-from agentic_jax.inference.engine import EngineConfig
-from agentic_jax.inference.sampling import SamplingParams
+from agentic_jax.inference.serving.engine import EngineConfig
+from agentic_jax.inference.decoding.sampling import SamplingParams
 
 OUR_SERVER = [sys.executable, "-m", "agentic_jax.cli", "mcp-server"]
 SKILL = Skill("arithmetic", "Exact integer arithmetic.", "Use the calculator for every product.",
@@ -202,7 +202,7 @@ def test_a_timed_out_call_sends_no_progress_and_its_tool_stops_at_its_next_repor
 
 
 def test_generate_streams_its_text_as_progress(run_dir):
-    from agentic_jax.agents.chat_model import ChatModel
+    from agentic_jax.inference.serving.chat_model import ChatModel
 
     model = ChatModel.from_checkpoint(run_dir, EngineConfig(num_slots=1))
     try:
@@ -507,7 +507,7 @@ def test_the_shipped_config_runs_an_agent_on_mcp_tools(server):
 HOSTILE_SERVER = """
 import sys, time
 from agentic_jax.agents import tool
-from agentic_jax.agents.mcp_server import AgentMCPServer, serve
+from agentic_jax.agents.protocols.mcp_server import AgentMCPServer, serve
 
 
 @tool

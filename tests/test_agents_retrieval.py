@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentic_jax.agents import ToolExecutor
-from agentic_jax.agents.retrieval import Hit, Retriever, retrieval_tool
+from agentic_jax.agents.tools.retrieval import Hit, Retriever, retrieval_tool
 from agentic_jax.data.chat import ToolCall
 
 # Words of two or more letters that are not English stop words, so the reference tokeniser is a

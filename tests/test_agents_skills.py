@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentic_jax.agents import ReActAgent, ScriptedPolicy
-from agentic_jax.agents.builtin_tools import calculator
-from agentic_jax.agents.skills import (SKILLS_DIR, Skill, SkillError, SkillRegistry, compose,
+from agentic_jax.agents.tools.builtin import calculator
+from agentic_jax.agents.protocols.skills import (SKILLS_DIR, Skill, SkillError, SkillRegistry, compose,
                                        parse_skill, skill_tools, skills_prompt, with_skills)
 
 SKILL_FILE = """---

@@ -9,8 +9,9 @@ import pytest
 
 from agentic_jax.agents import (RetryPolicy, Tool, ToolError, ToolExecutor, ToolSpec,
                                 TransientToolError, tool)
-from agentic_jax.agents.builtin_tools import builtin_tool, calculator
-from agentic_jax.agents.tools import as_data, tool_specs
+from agentic_jax.agents.tools.builtin import builtin_tool, calculator
+from agentic_jax.agents.tools.base import tool_specs
+from agentic_jax.data.chat import as_data
 from agentic_jax.data.chat import Message, ToolCall, render
 from agentic_jax.data.tokenizer import IM_END, IM_START
 

@@ -8,10 +8,10 @@ import pytest
 
 from agentic_jax.agents import (Budget, ReActAgent, ScriptedPolicy, Tracer, compare_events, load,
                                 render)
-from agentic_jax.agents.builtin_tools import calculator
-from agentic_jax.agents.golden import Trajectory, compare
+from agentic_jax.agents.tools.builtin import calculator
+from agentic_jax.agents.context.golden import Trajectory, compare
 from agentic_jax.agents.session import read_tasks
-from agentic_jax.agents.tools import tool
+from agentic_jax.agents.tools.base import tool
 from agentic_jax.cli import main
 
 

@@ -3,8 +3,8 @@
 import pytest
 
 from agentic_jax.cli import main
-from agentic_jax.inference.engine import Engine, EngineConfig, Request, default_sampling_params
-from agentic_jax.inference.sampling import SamplingParams
+from agentic_jax.inference.serving.engine import Engine, EngineConfig, Request, default_sampling_params
+from agentic_jax.inference.decoding.sampling import SamplingParams
 from tiny_models import make_model_dir
 
 @pytest.fixture(scope="module")

@@ -164,7 +164,7 @@ def test_policy_params_and_extras():
     env = BernoulliBandit(probs=(0.0, 1.0))
 
     def policy(arm, key, obs):
-        return envs.PolicyOutput(arm, {"logp": jnp.float32(-1.0)})
+        return envs.ActionOutput(arm, {"logp": jnp.float32(-1.0)})
 
     tr = envs.rollout(env, policy, jax.random.key(0), None, 4, 3, policy_params=jnp.int32(1))
     assert bool(jnp.all(tr.reward == 1.0)) and tr.extras["logp"].shape == (3, 4)

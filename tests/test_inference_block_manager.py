@@ -6,7 +6,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import (Bundle, RuleBasedStateMachine, consumes, initialize, invariant,
                                  rule)
 
-from agentic_jax.inference.block_manager import BlockManager
+from agentic_jax.inference.serving.block_manager import BlockManager
 
 BLOCK_SIZE, NUM_BLOCKS = 2, 12
 # A two-letter alphabet and short prompts make prefix-cache hits (and full hits) common.

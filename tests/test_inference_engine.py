@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from agentic_jax.inference import generate_recompute
-from agentic_jax.inference.block_manager import BlockManager
-from agentic_jax.inference.engine import Engine, EngineConfig, Request
-from agentic_jax.inference.sampling import SamplingParams
-from agentic_jax.inference.scheduler import Scheduler, Sequence
+from agentic_jax.inference.serving.block_manager import BlockManager
+from agentic_jax.inference.serving.engine import Engine, EngineConfig, Request
+from agentic_jax.inference.decoding.sampling import SamplingParams
+from agentic_jax.inference.serving.scheduler import Scheduler, Sequence
 from agentic_jax.models import TransformerConfig, param_shapes
 
 CFG = TransformerConfig(vocab_size=61, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,

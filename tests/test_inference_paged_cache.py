@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentic_jax.inference.paged_cache import (PagedBatch, PagedKVCache, copy_blocks,
+from agentic_jax.inference.serving.paged_cache import (PagedBatch, PagedKVCache, copy_blocks,
                                                decode_attention_fn, paged_forward)
 from agentic_jax.models import TransformerConfig, forward, param_shapes
 

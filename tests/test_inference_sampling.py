@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from scipy import stats
 
-from agentic_jax.inference.sampling import (SamplingArrays, SamplingParams, count_tokens,
+from agentic_jax.inference.decoding.sampling import (SamplingArrays, SamplingParams, count_tokens,
                                             filtered_logits, sample)
 
 V = 16

@@ -8,10 +8,10 @@ from scipy import stats
 from agentic_jax.inference import (PromptBatch, SamplingArrays, SamplingParams,
                                    advise_speculation, count_tokens, filtered_logits, generate,
                                    init_cache, speculative_generate)
-from agentic_jax.inference.kv_cache import extend_logits, prefill
-from agentic_jax.inference.prompt_lookup import ngram_drafts
-from agentic_jax.inference.speculation_policy import expected_tokens_per_step
-from agentic_jax.inference.speculative import draft_tree
+from agentic_jax.inference.decoding.kv_cache import extend_logits, prefill
+from agentic_jax.inference.decoding.prompt_lookup import ngram_drafts
+from agentic_jax.inference.decoding.speculation_policy import expected_tokens_per_step
+from agentic_jax.inference.decoding.speculative import draft_tree
 from agentic_jax.models import TransformerConfig, forward, param_shapes
 
 CFG = TransformerConfig(vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8,

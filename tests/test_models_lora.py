@@ -17,7 +17,7 @@ from agentic_jax.models.lora import (
     lora_axes,
     save_adapters,
 )
-from agentic_jax.rl.trainers.common import tree_fingerprint
+from agentic_jax.post_training.common import tree_fingerprint
 from sharding import logical_to_specs
 
 CFG = TransformerConfig(vocab_size=61, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=4,

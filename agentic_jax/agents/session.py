@@ -16,18 +16,18 @@ from typing import Any
 
 import gin
 
-from agentic_jax.agents.agent import Agent, AgentResult
-from agentic_jax.agents.budget import Budget, Pricing
-from agentic_jax.agents.builtin_tools import builtin_tool
-from agentic_jax.agents.context import ContextBudget, ContextManager
-from agentic_jax.agents.executor import Approver, ToolExecutor
-from agentic_jax.agents.jax_policy import JaxPolicy
-from agentic_jax.agents.plan_execute import PlanAndExecute
-from agentic_jax.agents.policy import Policy
-from agentic_jax.agents.react import SYSTEM_PROMPT, ReActAgent
-from agentic_jax.agents.tokens import approx_tokens, tokenizer_counter
-from agentic_jax.agents.tools import Tool
-from agentic_jax.agents.tracing import Tracer, console_sink
+from agentic_jax.agents.loops.agent import Agent, AgentResult
+from agentic_jax.agents.tools.budget import Budget, Pricing
+from agentic_jax.agents.tools.builtin import builtin_tool
+from agentic_jax.agents.context.manager import ContextBudget, ContextManager
+from agentic_jax.agents.tools.executor import Approver, ToolExecutor
+from agentic_jax.agents.policies.jax_policy import JaxPolicy
+from agentic_jax.agents.loops.plan_execute import PlanAndExecute
+from agentic_jax.agents.policies.base import Policy
+from agentic_jax.agents.loops.react import SYSTEM_PROMPT, ReActAgent
+from agentic_jax.agents.context.tokens import approx_tokens, tokenizer_counter
+from agentic_jax.agents.tools.base import Tool
+from agentic_jax.agents.context.tracing import Tracer, console_sink
 
 LOOPS = ("react", "plan_execute")
 
@@ -138,7 +138,7 @@ def open_mcp_client(servers: Mapping[str, Any]):
     is imported only then.  The caller closes it."""
     if not servers:
         return None
-    from agentic_jax.agents.mcp_client import MCPClient
+    from agentic_jax.agents.protocols.mcp_client import MCPClient
     return MCPClient(servers)
 
 

@@ -35,6 +35,31 @@ from agentic_jax.data.tokenizer import (IM_END, IM_START, SPECIAL_TOKENS, TOOL_C
 ROLES = ("system", "user", "assistant", "tool")
 
 
+class ToolSpec(NamedTuple):
+    """What a model is told about a tool (an OpenAI ``function`` object's fields)."""
+    name: str
+    description: str
+    parameters: dict
+
+    def openai(self) -> dict:
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": self.parameters}}
+
+    @classmethod
+    def from_openai(cls, spec: Mapping[str, Any]) -> "ToolSpec":
+        function = spec.get("function", spec)
+        return cls(function["name"], function.get("description", ""),
+                   dict(function.get("parameters") or {"type": "object", "properties": {}}))
+
+
+def as_data(text: str) -> str:
+    """Tool output with chat-template tokens defused (``<`` written ``\\u003c``, as tool-call JSON
+    does), so text a tool returns is always rendered as data inside its tool turn."""
+    for token in SPECIAL_TOKENS:
+        text = text.replace(token, "\\u003c" + token[1:])
+    return text
+
+
 @dataclasses.dataclass(frozen=True)
 class ToolCall:
     """A call the assistant makes: tool ``name`` and its JSON-object ``arguments``.

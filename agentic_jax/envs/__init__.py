@@ -20,7 +20,7 @@ from agentic_jax.envs.curriculum import (
     learnability,
 )
 from agentic_jax.envs.host import HostTextEnv, HostTextParams, HostTextState, PythonSandbox, ToolPool
-from agentic_jax.envs.rollout import PolicyOutput, Transition, bootstrap_inputs, rollout, run_steps
+from agentic_jax.envs.rollout import ActionOutput, Transition, bootstrap_inputs, rollout, run_steps
 from agentic_jax.envs.spaces import Box, Dict, Discrete, MultiDiscrete, Space, Tokens
 from agentic_jax.envs.wrappers import (
     EpisodeStatistics,
@@ -53,7 +53,7 @@ __all__ = [
     "PassRateFilter",
     "PassRateState",
     "PgxEnv",
-    "PolicyOutput",
+    "ActionOutput",
     "PrioritizedLevelReplay",
     "PythonSandbox",
     "Space",

@@ -15,14 +15,12 @@ Tool calls of a batch run concurrently on a `ToolPool`
 hung tool costs at most ``timeout_s`` per step: its result becomes
 ``"error: timeout"``.  A thread cannot be killed, so a timed-out Python
 function keeps its worker until it returns; code that may hang belongs in a
-subprocess (`PythonSandbox`), which is killed at its own timeout.
+subprocess (`PythonSandbox`, the guarded sandbox), which is killed at its own timeout.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import subprocess
-import sys
 from collections.abc import Callable, Sequence
 
 import jax
@@ -35,6 +33,7 @@ from agentic_jax.envs.text.rewards import Reward
 from agentic_jax.envs.text.tasks import Task
 from agentic_jax.envs.text.tools import MALFORMED, Tool, parse_call_host
 from agentic_jax.envs.text.vocab import Vocab
+from agentic_jax.sandbox import run_python
 
 TIMEOUT = "error: timeout"
 
@@ -66,27 +65,27 @@ class ToolPool:
 
 
 class PythonSandbox(Tool):
-    """Executes Python code in a fresh isolated interpreter (``python -I``); returns its stdout.
+    """Runs Python code in the guarded sandbox of ``agentic_jax.sandbox`` (an isolated
+    interpreter with time, memory and file-size limits, no network and no writes outside its
+    scratch directory); returns its stdout.
 
-    Host only.  The subprocess is killed after ``timeout_s``; a non-zero
-    exit returns the last line of stderr (the exception).
+    Host only.  The child is killed at ``timeout_s``; a non-zero exit returns the last line of
+    stderr (the exception).
     """
 
     name, argument = "python", "code"
     messages = (TIMEOUT,)
 
-    def __init__(self, timeout_s: float = 5.0, argument_bytes: int = 4096):
+    def __init__(self, timeout_s: float = 5.0, argument_bytes: int = 4096, memory_mb: int = 512):
         super().__init__(argument_bytes)
-        self.timeout_s = timeout_s
+        self.timeout_s, self.memory_mb = timeout_s, memory_mb
 
     def run(self, argument, task, vocab, messages):
         raise NotImplementedError("PythonSandbox runs only in a HostTextEnv")
 
     def run_host(self, argument, task):
-        try:
-            done = subprocess.run([sys.executable, "-I", "-c", argument], capture_output=True, text=True,
-                                  timeout=self.timeout_s, check=False)
-        except subprocess.TimeoutExpired:
+        done = run_python(argument, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+        if done.timed_out:
             return TIMEOUT
         if done.returncode:
             lines = done.stderr.strip().splitlines()

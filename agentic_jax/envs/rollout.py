@@ -8,7 +8,7 @@ Policies. `policy_fn(key, obs) -> action` sees *one* environment's
 observation (it is vmapped over environments, with one key each). Pass
 `policy_params=p` to call `policy_fn(p, key, obs)` instead, with `p` shared
 by every environment (network weights, an ε, a Q-table). A policy may
-return `PolicyOutput(action, extras)` to record per-step extras (log-prob,
+return `ActionOutput(action, extras)` to record per-step extras (log-prob,
 value) in `Transition.extras`.
 """
 
@@ -23,7 +23,7 @@ from agentic_jax.envs.core import Env, PyTree
 from agentic_jax.envs.wrappers import Vectorized
 
 
-class PolicyOutput(NamedTuple):
+class ActionOutput(NamedTuple):
     """What a policy may return instead of a bare action."""
 
     action: PyTree
@@ -102,7 +102,7 @@ def run_steps(
         obs, state = carry
         key_policy, key_env = jax.random.split(step_key)
         out = policy(jax.random.split(key_policy, num_envs), obs)
-        action, extras = out if isinstance(out, PolicyOutput) else (out, None)
+        action, extras = out if isinstance(out, ActionOutput) else (out, None)
         next_obs, state, reward, terminated, truncated, info = venv.step(
             jax.random.split(key_env, num_envs), state, action, env_params
         )

@@ -1,25 +1,26 @@
-"""Decoding: generating tokens from a trained model."""
-from agentic_jax.inference.beam_search import BeamResult, beam_search
-from agentic_jax.inference.block_manager import BlockManager
-from agentic_jax.inference.constrained import (TokenConstraint, json_schema_constraint,
+"""Inference: ``decoding`` (generating tokens inside one jitted loop) and ``serving`` (the engine
+that batches many requests continuously, and what serves it to callers)."""
+from agentic_jax.inference.decoding.beam_search import BeamResult, beam_search
+from agentic_jax.inference.serving.block_manager import BlockManager
+from agentic_jax.inference.decoding.constrained import (TokenConstraint, json_schema_constraint,
                                                regex_constraint, token_bytes)
-from agentic_jax.inference.contrastive import contrastive_search
-from agentic_jax.inference.engine import (Completion, Engine, EngineConfig, Request, StepOutput,
-                                          load_checkpoint, stream_text)
-from agentic_jax.inference.generate import (GenerationResult, TextGeneration, generate,
+from agentic_jax.inference.decoding.contrastive import contrastive_search
+from agentic_jax.inference.serving.engine import (Completion, Engine, EngineConfig, Request, StepOutput,
+                                          stream_text)
+from agentic_jax.inference.decoding.generate import (GenerationResult, TextGeneration, generate,
                                             generate_text, truncate_at_stop_strings)
-from agentic_jax.inference.kv_cache import KVCache, init_cache
-from agentic_jax.inference.paged_cache import PagedBatch, PagedKVCache, paged_forward
-from agentic_jax.inference.prompts import PromptBatch
-from agentic_jax.inference.recompute import generate_recompute
-from agentic_jax.inference.scheduler import Scheduler
-from agentic_jax.inference.sampling import (Sample, SamplingArrays, SamplingParams, add_tokens,
+from agentic_jax.inference.decoding.kv_cache import KVCache, init_cache
+from agentic_jax.inference.serving.paged_cache import PagedBatch, PagedKVCache, paged_forward
+from agentic_jax.inference.decoding.prompts import PromptBatch
+from agentic_jax.inference.decoding.recompute import generate_recompute
+from agentic_jax.inference.serving.scheduler import Scheduler
+from agentic_jax.inference.decoding.sampling import (Sample, SamplingArrays, SamplingParams, add_tokens,
                                             count_tokens, filtered_logits, sample)
-from agentic_jax.inference.speculation_policy import SpeculationAdvice, advise_speculation
-from agentic_jax.inference.speculative import SpeculativeResult, speculative_generate
+from agentic_jax.inference.decoding.speculation_policy import SpeculationAdvice, advise_speculation
+from agentic_jax.inference.decoding.speculative import SpeculativeResult, speculative_generate
 
 __all__ = ["BlockManager", "Completion", "Engine", "EngineConfig", "PagedBatch", "PagedKVCache",
-           "Request", "Scheduler", "StepOutput", "load_checkpoint", "paged_forward", "stream_text",
+           "Request", "Scheduler", "StepOutput", "paged_forward", "stream_text",
            "Sample", "SamplingArrays", "SamplingParams", "add_tokens", "count_tokens",
            "filtered_logits", "generate_recompute", "sample",
            "BeamResult", "GenerationResult", "KVCache", "PromptBatch", "SpeculationAdvice",

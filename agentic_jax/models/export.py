@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orbax.checkpoint as ocp
 
-from agentic_jax.data.tokenizer import load_tokenizer
+from agentic_jax.data.tokenizer import Tokenizer, load_tokenizer
 from agentic_jax.models.config import TransformerConfig
 from agentic_jax.models.hf import check_params, load_hf_checkpoint, save_hf_checkpoint
 from agentic_jax.models.transformer import param_shapes
@@ -99,3 +99,15 @@ def native_to_hf(native_dir, out_dir, *, dtype: str | None = None,
                        tokenizer=None if src is None else load_tokenizer(src))
     _copy_tokenizer(src, out_dir)
     return config
+
+
+def load_checkpoint(path) -> tuple[TransformerConfig, dict, Tokenizer]:
+    """``(config, params, tokenizer)`` from a training workdir (``model/`` and ``tokenizer.json``)
+    or a native model directory holding a ``tokenizer.json`` (or with one beside it)."""
+    path = Path(path)
+    model_dir = path / "model" if (path / "model" / CONFIG_FILE).exists() else path
+    tokenizer_src = tokenizer_dir(path, model_dir, model_dir.parent)
+    if tokenizer_src is None:
+        raise FileNotFoundError(f"no tokenizer.json in {path} or beside {model_dir}")
+    config, params = load_model(model_dir)
+    return config, params, load_tokenizer(tokenizer_src)

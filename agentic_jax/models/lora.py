@@ -96,7 +96,7 @@ def lora_axes(config: TransformerConfig, lora_config: LoraConfig) -> dict:
 @gin.configurable
 @dataclasses.dataclass(frozen=True)
 class LoRA:
-    """The LoRA `Finetune` (see ``agentic_jax.rl.trainers.common``): the trainable tree holds only
+    """The LoRA `Finetune` (see ``agentic_jax.post_training.common``): the trainable tree holds only
     the adapters ``{name: {"a", "b"}}``; the base parameters stay frozen beside it."""
     config: LoraConfig | None = None
 

@@ -5,7 +5,7 @@ The catalogue, with formulas, papers and defaults, is in docs/rl_losses.md.
 
 from agentic_jax.rl.advantages import GROUP_ESTIMATORS, group_advantages, masked_whiten, token_gae
 from agentic_jax.rl.aggregation import AGGREGATIONS, aggregate, segment_mean
-from agentic_jax.rl.classic import (
+from agentic_jax.rl.value_learning import (
     clipped_surrogate_loss,
     double_q_learning_loss,
     entropy_loss,
@@ -27,7 +27,7 @@ from agentic_jax.rl.distillation import (
 )
 from agentic_jax.rl.kl import KL_ESTIMATORS, kl_penalized_rewards, kl_penalty
 from agentic_jax.rl.kto import KTO_LOSSES, kto_loss, kto_reference_point
-from agentic_jax.rl.policy import DEFAULT_AGGREGATION, POLICY_LOSSES, policy_loss
+from agentic_jax.rl.policy_gradients import DEFAULT_AGGREGATION, POLICY_LOSSES, policy_loss
 from agentic_jax.rl.preference import (
     F_DIVERGENCES,
     PREFERENCE_LOSSES,

@@ -28,9 +28,9 @@ from typing import Any, NamedTuple
 
 import gin
 
-from agentic_jax.agents.budget import Pricing, StopReason
+from agentic_jax.agents.tools.budget import Pricing, StopReason
 from agentic_jax.agents.multi_agent.team import Pattern, Team, TeamLimits, TeamMember
-from agentic_jax.agents.plan_execute import parse_plan
+from agentic_jax.agents.loops.plan_execute import parse_plan
 
 MANAGER = "(manager)"
 ANNOUNCE_PROMPT = ("Call for bids. Task: {task}\n\nIf you can do it, reply 'BID: <your estimated "

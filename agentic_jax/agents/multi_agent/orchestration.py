@@ -22,9 +22,9 @@ from typing import Any
 
 import gin
 
-from agentic_jax.agents.budget import Pricing, StopReason
+from agentic_jax.agents.tools.budget import Pricing, StopReason
 from agentic_jax.agents.multi_agent.team import Pattern, Team, TeamLimits, TeamMember
-from agentic_jax.agents.plan_execute import parse_plan
+from agentic_jax.agents.loops.plan_execute import parse_plan
 
 DECOMPOSE = ("Task: {task}\n\nSplit the task into independent subtasks for your workers "
              "({workers}): a numbered list, one subtask per line, nothing else.")

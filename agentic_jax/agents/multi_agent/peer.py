@@ -19,10 +19,10 @@ from typing import Any, Literal
 
 import gin
 
-from agentic_jax.agents.budget import Pricing, StopReason
+from agentic_jax.agents.tools.budget import Pricing, StopReason
 from agentic_jax.agents.multi_agent.team import (AgentMessage, Pattern, Team, TeamLimits,
                                                  TeamMember, TeamStop, inbox)
-from agentic_jax.agents.tools import Tool, ToolError, tool
+from agentic_jax.agents.tools.base import Tool, ToolError, tool
 
 USER = "(user)"  # no member name has parentheses, so no peer can be mistaken for the user
 PEER_PROMPT = ("Team task: {task}\nYour peers: {peers}.\n\nYour messages:\n{inbox}\n\nAct on them: "

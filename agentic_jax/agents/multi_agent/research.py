@@ -18,12 +18,12 @@ from typing import Any
 
 import gin
 
-from agentic_jax.agents.budget import Pricing, StopReason
+from agentic_jax.agents.tools.budget import Pricing, StopReason
 from agentic_jax.agents.multi_agent.team import Pattern, Team, TeamLimits, TeamMember
 from agentic_jax.agents.multi_agent.voting import normalize
-from agentic_jax.agents.plan_execute import parse_plan
-from agentic_jax.agents.retrieval import Retriever, retrieval_tool
-from agentic_jax.agents.workflows import accepts
+from agentic_jax.agents.loops.plan_execute import parse_plan
+from agentic_jax.agents.tools.retrieval import Retriever, retrieval_tool
+from agentic_jax.agents.loops.workflows import accepts
 
 RESEARCH_CORPUS = Path(__file__).resolve().parents[2] / "data" / "research_corpus"
 

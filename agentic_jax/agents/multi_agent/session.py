@@ -13,7 +13,7 @@ from typing import Any
 import gin
 
 from agentic_jax.agents.multi_agent.team import Pattern, TeamResult
-from agentic_jax.agents.tracing import Tracer, console_sink
+from agentic_jax.agents.context.tracing import Tracer, console_sink
 
 
 @gin.configurable(module="multi_agent")

@@ -35,12 +35,12 @@ from typing import Any, NamedTuple
 
 import gin
 
-from agentic_jax.agents.agent import DATA_RULE, Outcome, Run
-from agentic_jax.agents.budget import Budget, BudgetTracker, Pricing, StopReason
-from agentic_jax.agents.policy import Policy, Usage
-from agentic_jax.agents.react import ReActAgent
-from agentic_jax.agents.tools import Tool
-from agentic_jax.agents.tracing import Tracer
+from agentic_jax.agents.loops.agent import DATA_RULE, Outcome, Run
+from agentic_jax.agents.tools.budget import Budget, BudgetTracker, Pricing, StopReason
+from agentic_jax.agents.policies.base import Policy, Usage
+from agentic_jax.agents.loops.react import ReActAgent
+from agentic_jax.agents.tools.base import Tool
+from agentic_jax.agents.context.tracing import Tracer
 
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 

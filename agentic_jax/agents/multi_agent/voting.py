@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import gin
 
-from agentic_jax.agents.budget import Pricing, StopReason
+from agentic_jax.agents.tools.budget import Pricing, StopReason
 from agentic_jax.agents.multi_agent.team import Pattern, Team, TeamLimits, TeamMember
 
 ANSWER_FORMAT = ("Reply with your answer on a line 'ANSWER: <answer>' and, on another line, "

@@ -1,0 +1,129 @@
+"""ReAct (Yao et al. 2023, *ReAct: Synergizing Reasoning and Acting in Language Models*).
+
+The model interleaves reasoning (its turn's text) with actions (tool calls); each action's
+observation (the tool result) is appended and the model goes on, until it replies without a tool
+call: that reply is the answer, unless the token limit cut it off (then the model is told so and
+goes on).  Around that core the loop enforces
+
+* termination: the :class:`Budget` (steps, tokens, cost, wall time) before every model call;
+* loop detection (``loop_detection.py``): a repeated identical call is not run but redirected, and
+  stops the run if it persists; so do steps that bring no new results;
+* context management (``context.py``), when given a :class:`ContextManager`: the prompt is built
+  within the window, and the model may compact its own history with the ``compact_context`` tool.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+
+from agentic_jax.agents.loops.agent import DATA_RULE, AgentResult, BudgetExceeded, Outcome, Run
+from agentic_jax.agents.tools.budget import Budget, BudgetTracker, Pricing, StopReason
+from agentic_jax.agents.context.manager import ContextManager, compaction_tool
+from agentic_jax.agents.tools.executor import ToolExecutor, ToolResult, as_executor
+from agentic_jax.agents.tools.loop_detection import REDIRECT, STOP, LoopDetector
+from agentic_jax.agents.policies.base import Policy, PolicyError
+from agentic_jax.agents.tools.base import Tool
+from agentic_jax.agents.context.tracing import Tracer
+from agentic_jax.data.chat import Message
+
+SYSTEM_PROMPT = ("You are a careful assistant that solves tasks step by step. Call a tool whenever "
+                 "it helps; when you know the answer, reply with it and call no tool. " + DATA_RULE)
+HARNESS_NOTE = "Note from the agent harness: "
+CUT_OFF = ("your last reply was cut off at the token limit, so it is not taken as your answer; "
+           "give the final answer more briefly, or call a tool")
+
+
+class ReActAgent:
+    """A ReAct loop over ``policy`` and ``tools`` (a list of :class:`Tool` or a configured
+    :class:`ToolExecutor`); ``sampling`` keywords go to every model call."""
+
+    def __init__(self, policy: Policy, tools: ToolExecutor | Sequence[Tool] = (), *,
+                 system_prompt: str = SYSTEM_PROMPT, budget: Budget = Budget(),
+                 pricing: Pricing = Pricing(), context: ContextManager | None = None,
+                 compaction: bool = True, loop_detector: LoopDetector = LoopDetector(),
+                 tracer: Tracer | None = None, sampling: dict | None = None):
+        self.policy, self.executor = policy, as_executor(tools)
+        self.system_prompt, self.budget, self.pricing = system_prompt, budget, pricing
+        self.context, self.tracer = context, tracer
+        self.loop_detector = loop_detector
+        self.sampling = dict(sampling or {})
+        # The harness's own tools (compaction) are not subject to the allow-list.
+        self.harness = ToolExecutor([compaction_tool(context)] if context and compaction else [])
+
+    def run(self, task: str, *, retrieved: Sequence[str] = ()) -> AgentResult:
+        run = Run(BudgetTracker(self.budget, self.pricing), self.tracer)
+        run.start(task, "react")
+        return run.finish(task, self.loop(run, task, retrieved=retrieved))
+
+    def _tools(self) -> list[Tool]:
+        return self.executor.available() + self.harness.available()
+
+    def _prompt(self, system: str, history: list[Message], retrieved: Sequence[str],
+                tools: list[Tool]) -> list[Message]:
+        if self.context is None:
+            if retrieved:
+                system += "\n\n# Retrieved context\n" + "\n\n".join(retrieved)
+            return [Message("system", system), *history]
+        schemas = json.dumps([t.spec.openai() for t in tools])
+        return self.context.build(system, history, retrieved,
+                                  reserved=self.context.count(schemas))
+
+    def _execute(self, call) -> ToolResult:
+        executor = self.harness if call.name in self.harness.tools else self.executor
+        return executor.execute(call)
+
+    def loop(self, run: Run, task: str, *, system_prompt: str | None = None,
+             retrieved: Sequence[str] = ()) -> Outcome:
+        """The ReAct loop inside ``run`` (whose budget and trace it shares)."""
+        system = self.system_prompt if system_prompt is None else system_prompt
+        detector = dataclasses.replace(self.loop_detector)  # fresh counts
+        history = [Message("user", task)]
+        if self.context is not None:
+            self.context.new_history()
+        while True:
+            tools = self._tools()
+            try:
+                prompt = self._prompt(system, history, retrieved, tools)
+                reply = run.model(self.policy, prompt, tools, **self.sampling)
+            except BudgetExceeded as e:
+                return Outcome(None, e.reason, e.detail, history)
+            except PolicyError as e:
+                run.decide("stop", str(e), reason=StopReason.POLICY_ERROR.value)
+                return Outcome(None, StopReason.POLICY_ERROR, str(e), history)
+            history.append(reply.to_message())
+            if not reply.tool_calls and reply.finish_reason == "length":
+                # A truncated reply (perhaps a tool call cut off mid-JSON) is no answer.
+                run.decide("redirect", "the reply was cut off at the token limit")
+                history.append(Message("user", HARNESS_NOTE + CUT_OFF))
+                continue
+            if not reply.tool_calls:
+                run.decide("answer", "the model replied without a tool call")
+                return Outcome(reply.text, StopReason.ANSWER, "the model gave its answer", history)
+            results = []
+            for i, call in enumerate(reply.tool_calls):
+                verdict = detector.check_call(call)
+                if verdict.action == STOP:
+                    run.decide("stop", verdict.message, reason=verdict.reason.value)
+                    # Every call gets a result, so that the history stays valid to continue from
+                    # (chat APIs reject a call without one).
+                    history += [Message("tool", "error: not run, the run stopped: "
+                                        + verdict.message)] * (len(reply.tool_calls) - i)
+                    return Outcome(None, verdict.reason, verdict.message, history)
+                if verdict.action == REDIRECT:
+                    run.decide("redirect", verdict.message, reason=verdict.reason.value)
+                    history.append(Message("tool", "error: " + verdict.message))
+                    results.append((False, verdict.message))
+                    continue
+                result = self._execute(call)
+                run.tracer.tool_call(run.step, result)
+                history.append(result.message())
+                results.append((result.ok, result.content))
+            verdict = detector.check_step(results)
+            if verdict.action == STOP:
+                run.decide("stop", verdict.message, reason=verdict.reason.value)
+                return Outcome(None, verdict.reason, verdict.message, history)
+            if verdict.action == REDIRECT:
+                run.decide("redirect", verdict.message, reason=verdict.reason.value)
+                history.append(Message("user", HARNESS_NOTE + verdict.message))
+

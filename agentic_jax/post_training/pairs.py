@@ -1,0 +1,120 @@
+"""Preference pairs: chosen/rejected rows from task demonstrations or from sampled groups.
+
+A pair batch is a dict of numpy arrays with one row per pair: ``chosen`` / ``rejected`` token
+rows ``int32 [P, L]``, their completion masks ``chosen_mask`` / ``rejected_mask`` (1 on the
+tokens the preference is about: the assistant's), and a ``weight [P]`` (a pair's share of the
+batch loss).  Every row is right-padded to the same ``L`` (the env's ``max_length``), so one
+compiled program serves every batch; held-out sets go through it in padded chunks
+(`evaluate_loss`, `map_rows`).  `Progress` is what the pair trainers checkpoint: the train state
+and how far they have read.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from agentic_jax.data.tokenizer import Tokenizer
+from agentic_jax.envs.text import demonstration_batch
+from agentic_jax.post_training.tasks import TaskSpec
+from agentic_jax.training.state import TrainState
+
+
+def task_pairs(spec: TaskSpec, tokenizer: Tokenizer, split: str = "train") -> dict[str, np.ndarray]:
+    """One pair per task of ``split``: its demonstration (chosen) against its corrupted
+    continuation (rejected, a wrong final answer), rows of ``spec.max_length`` tokens."""
+    tasks = spec.tasks(split)
+    chosen, chosen_mask = demonstration_batch(tasks, tokenizer, spec.max_length, correct=True)
+    rejected, rejected_mask = demonstration_batch(tasks, tokenizer, spec.max_length, correct=False)
+    return {"chosen": chosen, "chosen_mask": chosen_mask, "rejected": rejected, "rejected_mask": rejected_mask,
+            "weight": np.ones(len(tasks), np.float32)}
+
+
+def take(batch: dict[str, np.ndarray], rows) -> dict[str, np.ndarray]:
+    """The given rows of every array of ``batch``."""
+    return {k: v[rows] for k, v in batch.items()}
+
+
+def best_worst(scores) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(best [P], worst [P], decisive [P])`` of ``scores [P, k]`` (k samples of each prompt).
+
+    ``best`` / ``worst`` are flat row indices ``p·k + j`` of each prompt's highest and lowest
+    score (the first one on ties); ``decisive`` is False where all k scores are equal, a prompt
+    that says nothing about which sample is better.
+    """
+    scores = np.asarray(scores)
+    if scores.ndim != 2 or scores.shape[1] < 2:
+        raise ValueError(f"scores must be [prompts, k] with k >= 2 samples per prompt, got shape {scores.shape}")
+    offset = np.arange(scores.shape[0]) * scores.shape[1]
+    best, worst = scores.argmax(axis=1), scores.argmin(axis=1)
+    decisive = scores.max(axis=1) > scores.min(axis=1)
+    return offset + best, offset + worst, decisive
+
+
+def sampled_pairs(tokens, mask, scores, samples_per_prompt: int) -> dict[str, np.ndarray] | None:
+    """The best/worst sample of each decisive prompt as a pair batch of ``P`` rows (one per prompt).
+
+    ``tokens`` / ``mask`` are ``[P·k, L]`` and ``scores [P·k]``, prompt-major (rows ``p·k ..
+    p·k + k - 1`` share prompt ``p``, as ``rollout.collect`` returns them).  Tied prompts' slots
+    are filled with the decisive pairs again, cyclically, and each pair's weights add up to 1,
+    so the shapes stay fixed and the loss is the plain mean over decisive pairs.  The pairs'
+    scores come along as ``chosen_score`` / ``rejected_score [P]``.  None when no prompt is
+    decisive.
+    """
+    tokens, mask = np.asarray(tokens), np.asarray(mask)
+    scores = np.asarray(scores, np.float64).reshape(-1, samples_per_prompt)
+    best, worst, decisive = best_worst(scores)
+    if not decisive.any():
+        return None
+    slots = np.resize(np.flatnonzero(decisive), len(decisive))  # decisive prompts, repeated cyclically
+    weight = 1.0 / np.bincount(slots, minlength=len(decisive))[slots]
+    return {"chosen": tokens[best[slots]], "chosen_mask": mask[best[slots]],
+            "rejected": tokens[worst[slots]], "rejected_mask": mask[worst[slots]],
+            "weight": weight.astype(np.float32), "chosen_score": scores.reshape(-1)[best[slots]],
+            "rejected_score": scores.reshape(-1)[worst[slots]]}
+
+
+def padded_chunks(batch: dict[str, np.ndarray], size: int) -> Iterator[dict[str, np.ndarray]]:
+    """Slices of ``size`` rows of ``batch``; the last is padded with weight-0 copies of the first
+    rows, so one compiled program evaluates them all (``weight`` is added if absent)."""
+    rows = len(next(iter(batch.values())))
+    batch = {**batch, "weight": batch.get("weight", np.ones(rows, np.float32))}
+    for start in range(0, rows, size):
+        chunk = take(batch, np.arange(start, start + size) % rows)
+        chunk["weight"] = np.where(np.arange(start, start + size) < rows, chunk["weight"], 0.0).astype(np.float32)
+        yield chunk
+
+
+def map_rows(fn: Callable[[dict], np.ndarray], batch: dict[str, np.ndarray], size: int) -> np.ndarray:
+    """``fn`` (per-row outputs ``[size, ...]``) over every row of ``batch`` in chunks of ``size``."""
+    rows = len(next(iter(batch.values())))
+    return np.concatenate([np.asarray(fn(chunk)) for chunk in padded_chunks(batch, size)])[:rows]
+
+
+def evaluate_loss(loss, params, batch: dict[str, np.ndarray], size: int) -> tuple[float, float, dict]:
+    """``(mean loss, count, metric sums)`` of a sum-and-count ``loss(params, batch, key)`` (as
+    ``common.make_update`` takes it) over every row of ``batch``, in chunks of ``size`` rows."""
+    sums = None
+    for chunk in padded_chunks(batch, size):
+        out = jax.device_get(loss(params, chunk, None))
+        sums = out if sums is None else jax.tree.map(np.add, sums, out)
+    total, count, metrics = sums
+    return float(total) / max(float(count), 1e-9), float(count), metrics
+
+
+@struct.dataclass
+class Progress:
+    """A trainer's `TrainState` and how many examples (pairs or prompts) it has drawn: a
+    checkpoint holds both, so a resumed run draws the examples the interrupted one would have."""
+
+    train: TrainState
+    position: jax.Array  # int32 []
+
+    @classmethod
+    def resume(cls, run, trainable, optimizer, seed: int, meta: dict) -> tuple[Progress, dict, int]:
+        """``(progress, meta, step)`` from a `TrainerRun`: its latest checkpoint, else a fresh
+        state at position 0."""
+        return run.start(cls(TrainState.create(trainable, optimizer, seed), jnp.int32(0)), meta)

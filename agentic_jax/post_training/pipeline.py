@@ -1,0 +1,148 @@
+"""The main job: a tool-using agent from scratch -- tokenizer, pretraining, SFT, RL, evaluation.
+
+``post_training(workdir)`` runs, each stage in its own directory and each resumable::
+
+    tokenizer.json   byte-level BPE on the shipped corpus plus rendered task conversations
+    pretrain/        next-token pretraining on the shipped corpus (``training.loop.train``)
+    sft/             SFT on tool-use demonstrations (``train_sft``)
+    rl/              RL (GRPO by default) on the RL problems (``train_rl``)
+    report.json      held-out success (greedy), pass@k (temperature 1), tool calls per episode
+                     and mean reward of the SFT and the RL model on new problems of the RL task,
+                     paired bootstrap 95% intervals of the RL - SFT differences, the RL curves
+    report.png       reward, success, KL and response length over RL steps
+
+A stage whose ``model/`` exists is skipped, so running the command again after an interruption
+continues where it stopped (stages resume from their own checkpoints too).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import gin
+import jax
+import numpy as np
+
+from agentic_jax.data.chat import render
+from agentic_jax.data.corpus import corpus_files
+from agentic_jax.data.tokenizer import train_tokenizer
+from agentic_jax.eval import bootstrap_ci
+from agentic_jax.models.export import load_checkpoint
+from agentic_jax.post_training.evaluate import evaluate_policy
+from agentic_jax.post_training.rl import train_rl
+from agentic_jax.post_training.sft import train_sft
+from agentic_jax.post_training.tasks import TaskSpec
+from agentic_jax.training.loop import train
+from agentic_jax.training.metrics import read_metrics
+
+CURVES = (("reward_mean", "reward"), ("success_rate", "success rate"), ("kl", "KL to reference"),
+          ("response_length", "response tokens"))
+
+
+def _done(stage_dir: str) -> bool:
+    return os.path.exists(os.path.join(stage_dir, "model", "config.json"))
+
+
+def task_tokenizer(path: str, specs: list[TaskSpec], vocab_size: int, corpus: list[str] | None = None) -> None:
+    """Trains the BPE on ``corpus`` (default: the shipped one) plus the specs' rendered train
+    conversations, so that numbers, tags and tool-call JSON get compact tokens."""
+    text = os.path.join(os.path.dirname(path), "task_conversations.txt")
+    with open(text, "w") as f:
+        f.write("\n\n".join(render(t.conversation()) for spec in specs for t in spec.tasks("train")))
+    files = corpus_files("train") if corpus is None else list(corpus)
+    train_tokenizer(path, files=files + [text], vocab_size=vocab_size)
+
+
+def evaluate_run(run_dir: str, tasks: TaskSpec, samples: int, seed: int) -> dict:
+    """Held-out metrics (and per-task greedy successes) of a run's model, kept in
+    ``run_dir/heldout_eval.json`` so that a rerun of the pipeline does not evaluate again."""
+    path = os.path.join(run_dir, "heldout_eval.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    config, params, tokenizer = load_checkpoint(run_dir)
+    result = evaluate_policy(params, config, tasks.env(tokenizer, "heldout"), samples=samples,
+                             key=jax.random.key(seed))
+    out = {**result.summary(), "per_task_success": result.success.astype(int).tolist(),
+           "per_task_sampled_correct": result.sampled_correct.tolist(), "samples": samples}
+    with open(path, "w") as f:
+        json.dump(out, f)
+    return out
+
+
+def plot_report(records: list[dict], path: str, title: str) -> None:
+    """Reward, success, KL and length by RL step, one panel each."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
+    for ax, (key, label) in zip(axes, CURVES):
+        points = [(r["step"], r[key]) for r in records if key in r]
+        if points:
+            ax.plot(*zip(*points), label="train batch")
+        if key == "success_rate":
+            held = [(r["step"], r["eval_success"]) for r in records if "eval_success" in r]
+            if held:
+                ax.plot(*zip(*held), marker="o", label="held-out (greedy)")
+            ax.legend()
+        ax.set_title(label)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+@gin.configurable
+def post_training(workdir: str, *, sft_tasks: TaskSpec = TaskSpec(), rl_tasks: TaskSpec = TaskSpec(),
+                  vocab_size: int = 4096, tokenizer_corpus: list[str] | None = None, eval_samples: int = 4,
+                  seed: int = 0) -> dict:
+    """Runs the stages (see the module docstring) and returns the report.
+
+    The stages' own settings come from gin: ``train.*`` (pretraining), ``train_sft.*`` and
+    ``train_rl.*``; their ``tasks`` are ``sft_tasks`` and ``rl_tasks``.  The SFT and the RL model
+    are evaluated on ``rl_tasks``' held-out problems.  The tokenizer is fit on
+    ``tokenizer_corpus`` (default: the shipped corpus) plus the tasks' conversations.
+    """
+    os.makedirs(workdir, exist_ok=True)
+    stage = {name: os.path.join(workdir, name) for name in ("pretrain", "sft", "rl")}
+    tokenizer_path = os.path.join(workdir, "tokenizer.json")
+    if not os.path.exists(tokenizer_path):
+        print(f"[1/4] tokenizer -> {tokenizer_path}", flush=True)
+        task_tokenizer(tokenizer_path, [sft_tasks, rl_tasks], vocab_size, tokenizer_corpus)
+    if not _done(stage["pretrain"]):
+        print("[2/4] pretraining", flush=True)
+        os.makedirs(stage["pretrain"], exist_ok=True)
+        shutil.copy(tokenizer_path, os.path.join(stage["pretrain"], "tokenizer.json"))
+        train(stage["pretrain"])
+    if not _done(stage["sft"]):
+        print("[3/4] SFT on tool-use demonstrations", flush=True)
+        train_sft(stage["sft"], init_from=stage["pretrain"], tasks=sft_tasks)
+    if not _done(stage["rl"]):
+        print("[4/4] RL", flush=True)
+        train_rl(stage["rl"], init_from=stage["sft"], tasks=rl_tasks)
+
+    print("evaluating the SFT and RL models on held-out problems", flush=True)
+    before = evaluate_run(stage["sft"], rl_tasks, eval_samples, seed)
+    after = evaluate_run(stage["rl"], rl_tasks, eval_samples, seed)
+    greedy = bootstrap_ci(after["per_task_success"], paired_with=before["per_task_success"], seed=seed)
+    sampled = bootstrap_ci(np.divide(after["per_task_sampled_correct"], eval_samples),
+                           paired_with=np.divide(before["per_task_sampled_correct"], eval_samples), seed=seed)
+    records = read_metrics(os.path.join(stage["rl"], "metrics.jsonl"))
+    report = {"before_rl": before, "after_rl": after,
+              "improvement": {"success_difference": greedy[0], "success_ci95": list(greedy[1:]),
+                              "pass@1_difference": sampled[0], "pass@1_ci95": list(sampled[1:])},
+              "rl_curves": [{k: r[k] for k in r if k == "step" or k in dict(CURVES) or k.startswith("eval_")}
+                            for r in records]}
+    with open(os.path.join(workdir, "report.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    plot_report(records, os.path.join(workdir, "report.png"), "RL on the training problems; held-out success")
+    for name, key, (mean, low, high) in (("greedy success", "success", greedy), ("pass@1", "pass@1", sampled)):
+        print(f"held-out {name}: {before[key]:.3f} (SFT) -> {after[key]:.3f} (RL), difference {mean:+.3f}, "
+              f"95% CI [{low:+.3f}, {high:+.3f}]", flush=True)
+    print(f"tool calls per episode {before['tool_calls']:.2f} -> {after['tool_calls']:.2f}", flush=True)
+    return {"success_sft": before["success"], "success_rl": after["success"], "pass@1_sft": before["pass@1"],
+            "pass@1_rl": after["pass@1"]}
