@@ -22,6 +22,7 @@
 A misspelt configurable or parameter fails while parsing, before any work starts, with gin's
 message naming the binding.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,96 +33,181 @@ DEFAULT_CONFIG = {"train": "quickstart"}
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="agentic-jax", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="agentic-jax",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     def job(name, help_text, workdir=True):
         p = verbs.add_parser(name, help=help_text)
-        p.add_argument("--gin_file", action="append", default=[],
-                       help="a .gin file (a path, or a name in configs/); repeatable")
-        p.add_argument("--gin_param", action="append", default=[],
-                       help="a gin binding such as 'train.steps=100'; repeatable, applied last")
+        p.add_argument(
+            "--gin_file",
+            action="append",
+            default=[],
+            help="a .gin file (a path, or a name in configs/); repeatable",
+        )
+        p.add_argument(
+            "--gin_param",
+            action="append",
+            default=[],
+            help="a gin binding such as 'train.steps=100'; repeatable, applied last",
+        )
         if workdir:
-            p.add_argument("--workdir", default=None,
-                           help="output directory (default runs/<config>)")
+            p.add_argument(
+                "--workdir", default=None, help="output directory (default runs/<config>)"
+            )
         return p
 
-    train = job("train", "run a training job (default: the quickstart pipeline: tokenizer, "
-                        "pretraining, SFT and RL of a tool-using model)")
+    train = job(
+        "train",
+        "run a training job (default: the quickstart pipeline: tokenizer, "
+        "pretraining, SFT and RL of a tool-using model)",
+    )
     multi = train.add_argument_group(
         "multi-process (multi-host) training",
         "Run the same command in every process.  Each flag defaults to its environment variable "
         "(JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID); with none of them set, "
-        "training runs as a single process.")
-    multi.add_argument("--coordinator_address", default=None,
-                       help="HOST:PORT of process 0, where the coordination service listens")
+        "training runs as a single process.",
+    )
+    multi.add_argument(
+        "--coordinator_address",
+        default=None,
+        help="HOST:PORT of process 0, where the coordination service listens",
+    )
     multi.add_argument("--num_processes", type=int, default=None, help="processes in the job")
     multi.add_argument("--process_id", type=int, default=None, help="this process, 0..N-1")
-    multi.add_argument("--distributed", action="store_true",
-                       help="detect the job from the cluster (TPU pod slice, SLURM, Open MPI)")
+    multi.add_argument(
+        "--distributed",
+        action="store_true",
+        help="detect the job from the cluster (TPU pod slice, SLURM, Open MPI)",
+    )
     tok = job("tokenizer", "train a byte-level BPE tokenizer into WORKDIR/tokenizer.json")
-    tok.add_argument("--files", nargs="*", default=None,
-                     help="text or .txt.gz files (default: the shipped training corpus)")
+    tok.add_argument(
+        "--files",
+        nargs="*",
+        default=None,
+        help="text or .txt.gz files (default: the shipped training corpus)",
+    )
     conv = verbs.add_parser("convert", help="convert between Hugging Face and native checkpoints")
     conv.add_argument("src")
     conv.add_argument("dst")
-    conv.add_argument("--to", choices=("native", "hf"), required=True,
-                      help="native: HF directory -> agentic-jax model; hf: the reverse")
+    conv.add_argument(
+        "--to",
+        choices=("native", "hf"),
+        required=True,
+        help="native: HF directory -> agentic-jax model; hf: the reverse",
+    )
     gen = job("generate", "stream a continuation of a prompt from a trained model", workdir=False)
-    gen.add_argument("--checkpoint", required=True,
-                     help="a training workdir (model/ and tokenizer.json) or a native model "
-                          "directory with a tokenizer.json")
+    gen.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a training workdir (model/ and tokenizer.json) or a native model "
+        "directory with a tokenizer.json",
+    )
     gen.add_argument("--prompt", required=True)
-    gen.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
-                     help="wrap the prompt as a ChatML user turn (default: if the tokenizer has "
-                          "chat tokens)")
-    for flag, kind in (("temperature", float), ("top_p", float), ("top_k", int),
-                       ("max_tokens", int), ("seed", int)):
-        gen.add_argument(f"--{flag}", type=kind, default=None,
-                         help=f"default: default_sampling_params.{flag} (gin)")
+    gen.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="wrap the prompt as a ChatML user turn (default: if the tokenizer has chat tokens)",
+    )
+    for flag, kind in (
+        ("temperature", float),
+        ("top_p", float),
+        ("top_k", int),
+        ("max_tokens", int),
+        ("seed", int),
+    ):
+        gen.add_argument(
+            f"--{flag}",
+            type=kind,
+            default=None,
+            help=f"default: default_sampling_params.{flag} (gin)",
+        )
     serve = job("serve", "serve a model over an OpenAI-compatible HTTP API", workdir=False)
-    serve.add_argument("--checkpoint", required=True,
-                       help="a training workdir or a native model directory with a tokenizer")
+    serve.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a training workdir or a native model directory with a tokenizer",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--model_name", default=None,
-                       help="the model id clients send (default: the checkpoint's directory name)")
-    mcp = job("mcp-server", "serve agentic-jax tools, run files and skills over the Model "
-                            "Context Protocol (stdio or Streamable HTTP)", workdir=False)
-    mcp.add_argument("--checkpoint", default=None,
-                     help="a training workdir: adds a generate tool and its files as resources")
-    mcp.add_argument("--corpus", default=None,
-                     help="a directory of .txt/.md files or one file: adds a search tool")
-    mcp.add_argument("--skills", default=None,
-                     help="a directory of skill files, served as prompts (default: the shipped "
-                          "skills)")
+    serve.add_argument(
+        "--model_name",
+        default=None,
+        help="the model id clients send (default: the checkpoint's directory name)",
+    )
+    mcp = job(
+        "mcp-server",
+        "serve agentic-jax tools, run files and skills over the Model "
+        "Context Protocol (stdio or Streamable HTTP)",
+        workdir=False,
+    )
+    mcp.add_argument(
+        "--checkpoint",
+        default=None,
+        help="a training workdir: adds a generate tool and its files as resources",
+    )
+    mcp.add_argument(
+        "--corpus",
+        default=None,
+        help="a directory of .txt/.md files or one file: adds a search tool",
+    )
+    mcp.add_argument(
+        "--skills",
+        default=None,
+        help="a directory of skill files, served as prompts (default: the shipped skills)",
+    )
     mcp.add_argument("--transport", choices=("stdio", "streamable-http"), default="stdio")
     mcp.add_argument("--host", default="127.0.0.1", help="streamable-http only")
-    mcp.add_argument("--port", type=int, default=8000,
-                     help="streamable-http only; the endpoint is http://HOST:PORT/mcp")
-    a2a = job("a2a-server", "serve the agent a config describes over the Agent2Agent (A2A) "
-                            "protocol", workdir=False)
-    a2a.add_argument("--checkpoint", default=None,
-                     help="serve this checkpoint in-process as the policy (overrides the config)")
+    mcp.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="streamable-http only; the endpoint is http://HOST:PORT/mcp",
+    )
+    a2a = job(
+        "a2a-server",
+        "serve the agent a config describes over the Agent2Agent (A2A) protocol",
+        workdir=False,
+    )
+    a2a.add_argument(
+        "--checkpoint",
+        default=None,
+        help="serve this checkpoint in-process as the policy (overrides the config)",
+    )
     a2a.add_argument("--host", default="127.0.0.1")
     a2a.add_argument("--port", type=int, default=9999)
-    a2a.add_argument("--url", default=None,
-                     help="the public base URL on the Agent Card (default http://HOST:PORT)")
-    a2a.add_argument("--bearer_token_env", default=None,
-                     help="require 'Authorization: Bearer <token>', the token being this "
-                          "environment variable's value")
+    a2a.add_argument(
+        "--url",
+        default=None,
+        help="the public base URL on the Agent Card (default http://HOST:PORT)",
+    )
+    a2a.add_argument(
+        "--bearer_token_env",
+        default=None,
+        help="require 'Authorization: Bearer <token>', the token being this "
+        "environment variable's value",
+    )
     agent = job("agent", "run a tool-using agent on tasks, streaming its steps", workdir=False)
-    agent.add_argument("--checkpoint", default=None,
-                       help="serve this checkpoint in-process as the policy (overrides the config)")
+    agent.add_argument(
+        "--checkpoint",
+        default=None,
+        help="serve this checkpoint in-process as the policy (overrides the config)",
+    )
     tasks = agent.add_mutually_exclusive_group()
-    tasks.add_argument("--task", default=None, help="one task (default: the config's, else "
-                                                    "read tasks interactively)")
-    tasks.add_argument("--task_file", default=None,
-                       help="one task per line, or JSONL with a 'task' field")
+    tasks.add_argument(
+        "--task",
+        default=None,
+        help="one task (default: the config's, else read tasks interactively)",
+    )
+    tasks.add_argument(
+        "--task_file", default=None, help="one task per line, or JSONL with a 'task' field"
+    )
     agent.add_argument("--trace", default=None, help="append the run's events to this JSONL file")
-    agent.add_argument("--yes", action="store_true",
-                       help="approve dangerous tools without asking")
+    agent.add_argument("--yes", action="store_true", help="approve dangerous tools without asking")
     team = job("team", "run a multi-agent team on a task, streaming its messages", workdir=False)
     team.add_argument("--task", default=None, help="the task (default: the config's)")
     team.add_argument("--trace", default=None, help="append the run's events to this JSONL file")
@@ -133,12 +219,15 @@ def _parser() -> argparse.ArgumentParser:
     compare = trace_verbs.add_parser("compare", help="golden-trajectory regression check")
     compare.add_argument("golden")
     compare.add_argument("new")
-    compare.add_argument("--golden_run", default=None,
-                         help="run id in the golden trace (default: its last run)")
-    compare.add_argument("--new_run", default=None,
-                         help="run id in the new trace (default: its last run)")
-    compare.add_argument("--with_arguments", action="store_true",
-                         help="a call matches only with the same arguments")
+    compare.add_argument(
+        "--golden_run", default=None, help="run id in the golden trace (default: its last run)"
+    )
+    compare.add_argument(
+        "--new_run", default=None, help="run id in the new trace (default: its last run)"
+    )
+    compare.add_argument(
+        "--with_arguments", action="store_true", help="a call matches only with the same arguments"
+    )
     compare.add_argument("--min_similarity", type=float, default=0.9)
     compare.add_argument("--max_token_overhead", type=float, default=0.25)
     return parser
@@ -147,8 +236,9 @@ def _parser() -> argparse.ArgumentParser:
 def _setup(args) -> str:
     """Parses gin (failing fast on bad bindings) and returns the work directory."""
     from agentic_jax import config as gin_config
+
     if args.verb == "serve":  # the engine's and server's configurables only: no other stack
-        import agentic_jax.inference.serving.openai_server  # noqa: F401
+        import agentic_jax.inference.serving.openai_server
     else:
         import agentic_jax.registry  # noqa: F401  (registers every configurable before parsing)
 
@@ -165,8 +255,13 @@ def _generate(args) -> None:
 
     from agentic_jax.data.chat import render_ids
     from agentic_jax.data.tokenizer import IM_END, IM_START
-    from agentic_jax.inference.serving.engine import (Engine, EngineConfig, Request,
-                                                      default_sampling_params, stream_text)
+    from agentic_jax.inference.serving.engine import (
+        Engine,
+        EngineConfig,
+        Request,
+        default_sampling_params,
+        stream_text,
+    )
     from agentic_jax.models.export import load_checkpoint
 
     config, params, tokenizer = load_checkpoint(args.checkpoint)
@@ -178,8 +273,12 @@ def _generate(args) -> None:
     overrides = {k: getattr(args, k) for k in flags if getattr(args, k) is not None}
     sampling = default_sampling_params(**overrides)
     if chat:  # the assistant turn ends at <|im_end|>; EOS still ends it too
-        prompt = render_ids([{"role": "user", "content": args.prompt}], tokenizer,
-                            add_generation_prompt=True, add_bos=add_bos).ids.tolist()
+        prompt = render_ids(
+            [{"role": "user", "content": args.prompt}],
+            tokenizer,
+            add_generation_prompt=True,
+            add_bos=add_bos,
+        ).ids.tolist()
         eos_id = tokenizer.token_id(IM_END)
         if tokenizer.eos_id is not None:
             sampling = dataclasses.replace(sampling, stop_token_ids=(tokenizer.eos_id,))
@@ -209,8 +308,9 @@ def _serve(args) -> None:
 
     name = args.model_name or os.path.basename(os.path.abspath(args.checkpoint))
     model = ChatModel.from_checkpoint(args.checkpoint)
-    server = OpenAIServer(model, host=args.host, port=args.port, model_name=name,
-                          limits=ServerLimits())
+    server = OpenAIServer(
+        model, host=args.host, port=args.port, model_name=name, limits=ServerLimits()
+    )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     print(f"serving {name!r} at {server.url} (Ctrl-C stops)", flush=True)
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -230,8 +330,11 @@ def _mcp_server(args) -> None:
     skills = SkillRegistry.load(args.skills) if args.skills else SkillRegistry.load()
     server = build_server(checkpoint=args.checkpoint, corpus=args.corpus, skills=skills)
     if args.transport != "stdio":
-        print(f"serving MCP at http://{args.host}:{args.port}/mcp (Ctrl-C stops)",
-              file=sys.stderr, flush=True)
+        print(
+            f"serving MCP at http://{args.host}:{args.port}/mcp (Ctrl-C stops)",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         serve(server, args.transport, host=args.host, port=args.port)
     finally:
@@ -243,8 +346,8 @@ def _a2a_server(args) -> None:
     until interrupted."""
     import uvicorn
 
-    from agentic_jax.agents.protocols.a2a_server import A2AServerConfig, config_app
     from agentic_jax.agents.policies.jax_policy import JaxPolicy
+    from agentic_jax.agents.protocols.a2a_server import A2AServerConfig, config_app
     from agentic_jax.agents.session import AgentConfig, make_policy, open_mcp_client
 
     token = None
@@ -258,10 +361,18 @@ def _a2a_server(args) -> None:
     try:
         mcp = open_mcp_client(config.mcp_servers)
         url = args.url or f"http://{args.host}:{args.port}"
-        app = config_app(url, config, A2AServerConfig(), policy, bearer_token=token,
-                         mcp_tools=mcp.tools() if mcp is not None else ())
-        print(f"serving A2A at {url} (card: {url}/.well-known/agent-card.json; Ctrl-C stops)",
-              flush=True)
+        app = config_app(
+            url,
+            config,
+            A2AServerConfig(),
+            policy,
+            bearer_token=token,
+            mcp_tools=mcp.tools() if mcp is not None else (),
+        )
+        print(
+            f"serving A2A at {url} (card: {url}/.well-known/agent-card.json; Ctrl-C stops)",
+            flush=True,
+        )
         uvicorn.run(app, host=args.host, port=args.port)
     finally:
         if mcp is not None:
@@ -272,8 +383,13 @@ def _a2a_server(args) -> None:
 
 def _agent(args) -> int:
     """Runs the configured agent on the tasks; 0 if every task was answered."""
-    from agentic_jax.agents.session import (AgentConfig, interactive_tasks, read_tasks,
-                                            run_session, terminal_approver)
+    from agentic_jax.agents.session import (
+        AgentConfig,
+        interactive_tasks,
+        read_tasks,
+        run_session,
+        terminal_approver,
+    )
 
     config = AgentConfig()
     if args.task is not None:
@@ -285,8 +401,14 @@ def _agent(args) -> int:
     else:
         tasks = interactive_tasks()
     approver = (lambda tool, call: True) if args.yes else terminal_approver
-    results = run_session(config, tasks, checkpoint=args.checkpoint, trace_path=args.trace,
-                          approver=approver, write=lambda line: print(line, flush=True))
+    results = run_session(
+        config,
+        tasks,
+        checkpoint=args.checkpoint,
+        trace_path=args.trace,
+        approver=approver,
+        write=lambda line: print(line, flush=True),
+    )
     return 0 if all(r.ok for r in results) else 1
 
 
@@ -294,8 +416,9 @@ def _team(args) -> int:
     """Runs the configured team; 0 if it reached an answer."""
     from agentic_jax.agents.multi_agent.session import TeamConfig, run_team
 
-    result = run_team(TeamConfig(), args.task, trace_path=args.trace,
-                      write=lambda line: print(line, flush=True))
+    result = run_team(
+        TeamConfig(), args.task, trace_path=args.trace, write=lambda line: print(line, flush=True)
+    )
     return 0 if result.ok else 1
 
 
@@ -309,12 +432,16 @@ def _trace(args) -> int:
                 events = tracing.run_events(events, args.run)
             print(tracing.render(events))
             return 0
-        result = golden.compare_events(tracing.load(args.golden), tracing.load(args.new),
-                                       golden_run=args.golden_run, new_run=args.new_run,
-                                       with_arguments=args.with_arguments,
-                                       min_similarity=args.min_similarity,
-                                       max_token_overhead=args.max_token_overhead)
-    except (OSError, ValueError) as err:   # a missing or malformed file, an unknown run id
+        result = golden.compare_events(
+            tracing.load(args.golden),
+            tracing.load(args.new),
+            golden_run=args.golden_run,
+            new_run=args.new_run,
+            with_arguments=args.with_arguments,
+            min_similarity=args.min_similarity,
+            max_token_overhead=args.max_token_overhead,
+        )
+    except (OSError, ValueError) as err:  # a missing or malformed file, an unknown run id
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(result.report())
@@ -325,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.verb == "convert":
         from agentic_jax.models.export import hf_to_native, native_to_hf
+
         (hf_to_native if args.to == "native" else native_to_hf)(args.src, args.dst)
         print(f"wrote {args.dst}")
         return 0
@@ -335,13 +463,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.verb == "train":
             from agentic_jax.jobs import run_job
             from agentic_jax.training.distributed import initialize_distributed
-            initialize_distributed(args.coordinator_address, args.num_processes, args.process_id,
-                                   auto_detect=args.distributed)
+
+            initialize_distributed(
+                args.coordinator_address,
+                args.num_processes,
+                args.process_id,
+                auto_detect=args.distributed,
+            )
             result = run_job(workdir)
-            print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in result.items()
-                                        if isinstance(v, float)))
+            print(
+                "final: "
+                + ", ".join(f"{k}={v:.4g}" for k, v in result.items() if isinstance(v, float))
+            )
         elif args.verb == "tokenizer":
             from agentic_jax.data.tokenizer import train_tokenizer
+
             files = {} if args.files is None else {"files": args.files}
             tok = train_tokenizer(os.path.join(workdir, "tokenizer.json"), **files)
             print(f"wrote {os.path.join(workdir, 'tokenizer.json')} ({tok.vocab_size} tokens)")

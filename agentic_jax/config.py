@@ -1,4 +1,5 @@
 """gin configuration: locating config files, parsing flags, saving the operative config."""
+
 from __future__ import annotations
 
 import contextlib
@@ -30,8 +31,9 @@ def resolve_config(name: str) -> str:
         path = config_dir() / candidate
         if path.exists():
             return str(path)
-    raise FileNotFoundError(f"gin file {name!r} not found (looked in the working directory and "
-                            f"{config_dir()})")
+    raise FileNotFoundError(
+        f"gin file {name!r} not found (looked in the working directory and {config_dir()})"
+    )
 
 
 class _SearchMisses(logging.Filter):
@@ -76,8 +78,11 @@ def _parse_one(parse_fn, source: str, what: str) -> None:
 def save_config(workdir: str, operative: bool) -> str:
     """Writes the parsed (``config.gin``) or the operative (``operative_config.gin``) config."""
     os.makedirs(workdir, exist_ok=True)
-    name, text = (("operative_config.gin", gin.operative_config_str()) if operative else
-                  ("config.gin", gin.config_str()))
+    name, text = (
+        ("operative_config.gin", gin.operative_config_str())
+        if operative
+        else ("config.gin", gin.config_str())
+    )
     path = os.path.join(workdir, name)
     with open(path, "w") as f:
         f.write(text)

@@ -1,4 +1,5 @@
 """Writing files so that a crash or a concurrent reader never sees half of one."""
+
 from __future__ import annotations
 
 import contextlib

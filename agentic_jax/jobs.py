@@ -4,6 +4,7 @@ Pretraining (``training.loop.train``) unless the config names another job: the m
 pipeline ``@post_training``, or one stage of it (``@train_sft``, ``@train_rl``,
 ``@train_preference``, ``@train_reward_model``, ``@train_rft``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -19,6 +19,7 @@ interpreter reports; ``ctypes`` is blocked at ``dlopen``, but native extensions 
 do anything, and the code runs as the calling user.  For untrusted code use a container, a VM or
 gVisor, and keep this for catching accidents of well-meaning models.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from agentic_jax.text import clip
 
-_BOOTSTRAP = r'''
+_BOOTSTRAP = r"""
 import os, resource, sys
 limits = {limits!r}
 for name, (soft, hard) in limits.items():
@@ -73,7 +74,7 @@ def hook(event, args):
 source = open("main.py", encoding="utf-8").read()
 sys.addaudithook(hook)
 exec(compile(source, "main.py", "exec"), {{"__name__": "__main__"}})
-'''
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,25 +107,39 @@ def _read(file) -> str:
     return file.read().decode("utf-8", errors="replace")
 
 
-def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512,
-               max_file_mb: int = 16, max_output_chars: int = 8000,
-               workdir: str | os.PathLike | None = None) -> SandboxResult:
+def run_python(
+    code: str,
+    *,
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    max_file_mb: int = 16,
+    max_output_chars: int = 8000,
+    workdir: str | os.PathLike | None = None,
+) -> SandboxResult:
     """Runs ``code`` in the sandbox; ``workdir`` (default: a fresh temporary directory, removed
     afterwards) is the only place it may write."""
     with tempfile.TemporaryDirectory(prefix="agent-sandbox-") as scratch:
         root = Path(workdir or scratch)
         (root / "main.py").write_text(code, encoding="utf-8")
-        cpu_s, memory, file_size = math.ceil(timeout_s) + 1, memory_mb * 2 ** 20, max_file_mb * 2 ** 20
-        limits = {"RLIMIT_CPU": (cpu_s, cpu_s + 1), "RLIMIT_AS": (memory, memory),
-                  "RLIMIT_FSIZE": (file_size, file_size)}
+        cpu_s, memory, file_size = math.ceil(timeout_s) + 1, memory_mb * 2**20, max_file_mb * 2**20
+        limits = {
+            "RLIMIT_CPU": (cpu_s, cpu_s + 1),
+            "RLIMIT_AS": (memory, memory),
+            "RLIMIT_FSIZE": (file_size, file_size),
+        }
         env = {"PATH": os.defpath, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
         # Output goes to files, not pipes, so that RLIMIT_FSIZE bounds it as well: a program
         # printing in a loop gets "File too large" instead of filling the parent's memory.
         with tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", _BOOTSTRAP.format(limits=limits)], cwd=root,
-                env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                start_new_session=True)
+                [sys.executable, "-I", "-c", _BOOTSTRAP.format(limits=limits)],
+                cwd=root,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,
+            )
             try:
                 proc.wait(timeout=timeout_s)
                 timed_out = False

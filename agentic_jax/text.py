@@ -7,4 +7,4 @@ def clip(text: str, limit: int, *, tail: bool = False) -> str:
     if len(text) <= limit:
         return text
     marker = f"... [{len(text) - limit} chars cut]"
-    return f"{marker}\n{text[len(text) - limit:]}" if tail else f"{text[:limit]}\n{marker}"
+    return f"{marker}\n{text[len(text) - limit :]}" if tail else f"{text[:limit]}\n{marker}"

@@ -16,6 +16,7 @@ when installed.  The Pallas kernel targets Mosaic TPU and does not lower on GPU,
 table says rather than timing it.  FLOPs count the visible half of the causal T x S
 score matrix: forward 4 B N T S H / 2, backward 2.5x forward.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,13 +27,16 @@ import jax.numpy as jnp
 
 from agentic_jax.models import chunked_attention
 from pallas_kernels import BlockSizes, flash_attention, reference_attention
-from pallas_kernels.dispatch import tokamax_module
 from pallas_kernels.benchmarking import compiled_memory, describe_device, median_seconds
+from pallas_kernels.dispatch import tokamax_module
 
 
 def _shapes(b, t, n, k, h, dtype):
-    return (jax.ShapeDtypeStruct((b, t, n, h), dtype), jax.ShapeDtypeStruct((b, t, k, h), dtype),
-            jax.ShapeDtypeStruct((b, t, k, h), dtype))
+    return (
+        jax.ShapeDtypeStruct((b, t, n, h), dtype),
+        jax.ShapeDtypeStruct((b, t, k, h), dtype),
+        jax.ShapeDtypeStruct((b, t, k, h), dtype),
+    )
 
 
 def _with_grad(fn):
@@ -49,10 +53,14 @@ def memory_table(seq_lens, b, n, k, h, dtype, blocks):
         "xla_chunked": functools.partial(chunked_attention, chunk_size=blocks.block_kv),
         "flash": functools.partial(flash_attention, block_sizes=blocks, interpret=interpret),
     }
-    print(f"\nPeak compiled memory (MiB), causal {jnp.dtype(dtype).name}, B={b} N={n} K={k} H={h}; "
-          f"flash = Pallas kernel{' (interpret mode)' if interpret else ''}")
-    print(f"{'T':>7} {'pass':>8} {'reference':>11} {'xla_chunked':>12} {'flash':>9} "
-          f"{'ref/chunked':>12} {'ref/flash':>10}")
+    print(
+        f"\nPeak compiled memory (MiB), causal {jnp.dtype(dtype).name}, B={b} N={n} K={k} H={h}; "
+        f"flash = Pallas kernel{' (interpret mode)' if interpret else ''}"
+    )
+    print(
+        f"{'T':>7} {'pass':>8} {'reference':>11} {'xla_chunked':>12} {'flash':>9} "
+        f"{'ref/chunked':>12} {'ref/flash':>10}"
+    )
     previous = {}
     for t in seq_lens:
         args = _shapes(b, t, n, k, h, dtype)
@@ -61,12 +69,15 @@ def memory_table(seq_lens, b, n, k, h, dtype, blocks):
             growth = ""
             if name in previous:
                 t0, m0 = previous[name]
-                growth = "   T x{:g}: ".format(t / t0) + ", ".join(
-                    f"{key} x{mib[key] / m0[key]:.1f}" for key in impls)
+                growth = f"   T x{t / t0:g}: " + ", ".join(
+                    f"{key} x{mib[key] / m0[key]:.1f}" for key in impls
+                )
             previous[name] = (t, mib)
             ref = mib["reference"]
-            print(f"{t:>7} {name:>8} {ref:>11.1f} {mib['xla_chunked']:>12.1f} {mib['flash']:>9.1f} "
-                  f"{ref / mib['xla_chunked']:>11.1f}x {ref / mib['flash']:>9.1f}x{growth}")
+            print(
+                f"{t:>7} {name:>8} {ref:>11.1f} {mib['xla_chunked']:>12.1f} {mib['flash']:>9.1f} "
+                f"{ref / mib['xla_chunked']:>11.1f}x {ref / mib['flash']:>9.1f}x{growth}"
+            )
 
 
 def _implementations():
@@ -75,8 +86,9 @@ def _implementations():
     impls = {
         "xla": reference_attention,
         "xla_chunked": functools.partial(chunked_attention, chunk_size=512),
-        "cudnn": functools.partial(jax.nn.dot_product_attention, is_causal=True,
-                                   implementation="cudnn"),
+        "cudnn": functools.partial(
+            jax.nn.dot_product_attention, is_causal=True, implementation="cudnn"
+        ),
     }
     tokamax = tokamax_module()
     if tokamax is not None:
@@ -87,8 +99,10 @@ def _implementations():
 def speed_table(configs, h, k, iters):
     print(f"\nCausal bf16 attention on {describe_device()}: ms (TFLOP/s), H={h} K={k}")
     impls = _implementations()
-    print("pallas: not run (flash_attention compiles for Mosaic TPU only; on GPU the model's "
-          "attention dispatch uses cuDNN or tokamax)")
+    print(
+        "pallas: not run (flash_attention compiles for Mosaic TPU only; on GPU the model's "
+        "attention dispatch uses cuDNN or tokamax)"
+    )
     print(f"{'B':>3} {'T':>6} {'N':>3} {'pass':>8} " + "".join(f"{name:>20}" for name in impls))
     failures = []
     for b, t, n in configs:
@@ -96,21 +110,26 @@ def speed_table(configs, h, k, iters):
         q = jax.random.normal(key_q, (b, t, n, h), jnp.bfloat16)
         kv = [jax.random.normal(key, (b, t, k, h), jnp.bfloat16) for key in (key_k, key_v)]
         fwd_flops = 4 * b * n * t * t * h / 2
-        for name, wrap, flops in (("fwd", lambda f: f, fwd_flops),
-                                  ("fwd+bwd", _with_grad, 3.5 * fwd_flops)):
+        for name, wrap, flops in (
+            ("fwd", lambda f: f, fwd_flops),
+            ("fwd+bwd", _with_grad, 3.5 * fwd_flops),
+        ):
             cells = []
             for impl, fn in impls.items():
                 try:
                     seconds = median_seconds(wrap(fn), q, *kv, iters=iters)
                     cells.append(f"{seconds * 1e3:9.2f} ({flops / seconds / 1e12:6.1f})")
-                except Exception as err:  # noqa: BLE001 - a failing implementation is a result
+                except Exception as err:
                     oom = "RESOURCE_EXHAUSTED" in str(err)
                     cells.append("OOM" if oom else type(err).__name__[:18])
                     if not oom:
-                        failures.append(f"{impl} {name} B={b} T={t} N={n}: "
-                                        f"{str(err).strip().splitlines()[0][:300]}")
-            print(f"{b:>3} {t:>6} {n:>3} {name:>8} " + "".join(f"{c:>20}" for c in cells),
-                  flush=True)
+                        failures.append(
+                            f"{impl} {name} B={b} T={t} N={n}: "
+                            f"{str(err).strip().splitlines()[0][:300]}"
+                        )
+            print(
+                f"{b:>3} {t:>6} {n:>3} {name:>8} " + "".join(f"{c:>20}" for c in cells), flush=True
+            )
     for failure in failures:
         print(failure)
 
@@ -121,14 +140,31 @@ def main(argv=None):
     args = parser.parse_args(argv)
     print(f"device: {describe_device()}")
     if args.quick:
-        memory_table((256, 1024), b=1, n=4, k=2, h=64, dtype=jnp.bfloat16,
-                     blocks=BlockSizes(128, 128, 128, 128))
+        memory_table(
+            (256, 1024),
+            b=1,
+            n=4,
+            k=2,
+            h=64,
+            dtype=jnp.bfloat16,
+            blocks=BlockSizes(128, 128, 128, 128),
+        )
     else:
-        memory_table((8192, 32768), b=1, n=8, k=2, h=128, dtype=jnp.bfloat16,
-                     blocks=BlockSizes(512, 512, 512, 512))
+        memory_table(
+            (8192, 32768),
+            b=1,
+            n=8,
+            k=2,
+            h=128,
+            dtype=jnp.bfloat16,
+            blocks=BlockSizes(512, 512, 512, 512),
+        )
     if jax.default_backend() == "gpu":
-        configs = ((1, 1024, 16),) if args.quick else (
-            (4, 4096, 16), (4, 4096, 32), (2, 16384, 16), (8, 8192, 32))
+        configs = (
+            ((1, 1024, 16),)
+            if args.quick
+            else ((4, 4096, 16), (4, 4096, 32), (2, 16384, 16), (8, 8192, 32))
+        )
         speed_table(configs, h=128, k=8, iters=3 if args.quick else 5)
 
 

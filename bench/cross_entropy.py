@@ -11,6 +11,7 @@ Inputs are bf16 on accelerators but f32 on CPU, where XLA computes bf16 dots in 
 hoists an f32 copy of the whole weight out of the chunk loop -- a CPU artefact that would
 hide the chunking's effect.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,28 +40,41 @@ def main(argv=None):
     tokens, d, vocab = (512, 256, 32000) if args.quick else (8192, 4096, 128256)
     timed = jax.default_backend() != "cpu"
     dtype = jnp.bfloat16 if timed else jnp.float32
-    impls = {"naive": cross_entropy_reference,
-             "fused": functools.partial(fused_cross_entropy, vocab_chunk=args.vocab_chunk)}
+    impls = {
+        "naive": cross_entropy_reference,
+        "fused": functools.partial(fused_cross_entropy, vocab_chunk=args.vocab_chunk),
+    }
     print(f"device: {describe_device()}")
-    print(f"\nLM-head cross-entropy, {jnp.dtype(dtype).name}, tokens={tokens} D={d} V={vocab} "
-          f"chunk={args.vocab_chunk}")
-    shapes = (jax.ShapeDtypeStruct((1, tokens, d), dtype), jax.ShapeDtypeStruct((d, vocab), dtype),
-              jax.ShapeDtypeStruct((1, tokens), jnp.int32))
+    print(
+        f"\nLM-head cross-entropy, {jnp.dtype(dtype).name}, tokens={tokens} D={d} V={vocab} "
+        f"chunk={args.vocab_chunk}"
+    )
+    shapes = (
+        jax.ShapeDtypeStruct((1, tokens, d), dtype),
+        jax.ShapeDtypeStruct((d, vocab), dtype),
+        jax.ShapeDtypeStruct((1, tokens), jnp.int32),
+    )
     if timed:
         kh, kw, kl = jax.random.split(jax.random.key(0), 3)
-        arrays = (jax.random.normal(kh, shapes[0].shape, dtype),
-                  (jax.random.normal(kw, shapes[1].shape) / d ** 0.5).astype(dtype),
-                  jax.random.randint(kl, shapes[2].shape, 0, vocab))
+        arrays = (
+            jax.random.normal(kh, shapes[0].shape, dtype),
+            (jax.random.normal(kw, shapes[1].shape) / d**0.5).astype(dtype),
+            jax.random.randint(kl, shapes[2].shape, 0, vocab),
+        )
     print("MiB: peak = arguments + outputs + temporaries; temp = temporaries alone")
-    print(f"{'pass':>10} {'naive peak':>11} {'fused peak':>11} {'ratio':>7} {'naive temp':>11} "
-          f"{'fused temp':>11} {'ratio':>7}"
-          + (f" {'naive ms':>9} {'fused ms':>9} {'speedup':>8}" if timed else ""))
+    print(
+        f"{'pass':>10} {'naive peak':>11} {'fused peak':>11} {'ratio':>7} {'naive temp':>11} "
+        f"{'fused temp':>11} {'ratio':>7}"
+        + (f" {'naive ms':>9} {'fused ms':>9} {'speedup':>8}" if timed else "")
+    )
     for name, wrap in (("loss", _mean_loss), ("loss+grad", _loss_and_grads)):
         mem = {k: compiled_memory(wrap(fn), *shapes) for k, fn in impls.items()}
         naive, fused = mem["naive"], mem["fused"]
-        row = (f"{name:>10} {naive.peak / 2**20:>11.1f} {fused.peak / 2**20:>11.1f} "
-               f"{naive.peak / fused.peak:>6.1f}x {naive.temp / 2**20:>11.1f} "
-               f"{fused.temp / 2**20:>11.1f} {naive.temp / max(fused.temp, 1):>6.1f}x")
+        row = (
+            f"{name:>10} {naive.peak / 2**20:>11.1f} {fused.peak / 2**20:>11.1f} "
+            f"{naive.peak / fused.peak:>6.1f}x {naive.temp / 2**20:>11.1f} "
+            f"{fused.temp / 2**20:>11.1f} {naive.temp / max(fused.temp, 1):>6.1f}x"
+        )
         if timed:
             ms = {k: median_seconds(wrap(fn), *arrays) * 1e3 for k, fn in impls.items()}
             row += f" {ms['naive']:>9.2f} {ms['fused']:>9.2f} {ms['naive'] / ms['fused']:>7.2f}x"

@@ -27,9 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentic_jax import envs
+from agentic_jax import classic_rl, envs
 from agentic_jax.envs.classic import BernoulliBandit, CartPole, chain_mdp, value_iteration
-from agentic_jax import classic_rl
 from pallas_kernels.benchmarking import describe_device
 
 SOLVED = 475.0  # CartPole-v1 threshold
@@ -66,25 +65,39 @@ def python_steps_per_second(env, step_fn, num_envs: int, num_steps: int) -> floa
 
 def bench_steps(quick: bool):
     env = CartPole()
-    print("\nCartPole steps/s (random policy, auto-reset); py loops measured once, independent of N")
+    print(
+        "\nCartPole steps/s (random policy, auto-reset); py loops measured once, independent of N"
+    )
     py_jit = python_steps_per_second(env, jax.jit(env.step), 4, 50 if quick else 500)
     py_eager = python_steps_per_second(env, env.step, 1, 20 if quick else 100)
-    print(f"{'envs':>6} {'jax scan':>14} {'py jit':>10} {'py eager':>10} {'vs py jit':>10} {'vs eager':>10}")
+    print(
+        f"{'envs':>6} {'jax scan':>14} {'py jit':>10} {'py eager':>10} {'vs py jit':>10} {'vs eager':>10}"
+    )
     for num_envs in (1, 64, 1024, 8192):
         num_steps = max(64 if quick else 512, (2**14 if quick else 2**21) // num_envs)
         rate = jax_steps_per_second(env, num_envs, num_steps)
-        print(f"{num_envs:>6} {rate:>14,.0f} {py_jit:>10,.0f} {py_eager:>10,.0f} "
-              f"{rate / py_jit:>9,.0f}x {rate / py_eager:>9,.0f}x")
+        print(
+            f"{num_envs:>6} {rate:>14,.0f} {py_jit:>10,.0f} {py_eager:>10,.0f} "
+            f"{rate / py_jit:>9,.0f}x {rate / py_eager:>9,.0f}x"
+        )
 
 
 def bench_ppo(quick: bool):
     config = classic_rl.PPOConfig(num_updates=3 if quick else 30)
     train = classic_rl.make_ppo(CartPole(), config)
-    greedy = jax.jit(jax.vmap(lambda p, k: classic_rl.evaluate(CartPole(), classic_rl.greedy_policy, p, k, 8, 1000)))
+    greedy = jax.jit(
+        jax.vmap(
+            lambda p, k: classic_rl.evaluate(CartPole(), classic_rl.greedy_policy, p, k, 8, 1000)
+        )
+    )
     steps = config.num_envs * config.num_steps * config.num_updates
-    print(f"\nPPO on CartPole, {steps:,} env steps per seed; solved = greedy return >= {SOLVED:.0f}")
-    print(f"{'seeds':>6} {'compile s':>10} {'run s':>8} {'s/seed':>8} {'steps/s':>12} {'solved':>7} "
-          f"{'greedy return':>14}")
+    print(
+        f"\nPPO on CartPole, {steps:,} env steps per seed; solved = greedy return >= {SOLVED:.0f}"
+    )
+    print(
+        f"{'seeds':>6} {'compile s':>10} {'run s':>8} {'s/seed':>8} {'steps/s':>12} {'solved':>7} "
+        f"{'greedy return':>14}"
+    )
     for num_seeds in (1, 16):
         fn = jax.jit(jax.vmap(train))
         keys = jax.random.split(jax.random.key(0), num_seeds)
@@ -95,13 +108,17 @@ def bench_ppo(quick: bool):
         params, _ = jax.block_until_ready(compiled(keys))
         run_s = time.perf_counter() - start
         returns = np.asarray(greedy(params, jax.random.split(jax.random.key(1), num_seeds)))
-        print(f"{num_seeds:>6} {compile_s:>10.1f} {run_s:>8.2f} {run_s / num_seeds:>8.3f} "
-              f"{steps * num_seeds / run_s:>12,.0f} {int(np.sum(returns >= SOLVED)):>4}/{num_seeds:<2} "
-              f"{np.median(returns):>9.0f} med")
+        print(
+            f"{num_seeds:>6} {compile_s:>10.1f} {run_s:>8.2f} {run_s / num_seeds:>8.3f} "
+            f"{steps * num_seeds / run_s:>12,.0f} {int(np.sum(returns >= SOLVED)):>4}/{num_seeds:<2} "
+            f"{np.median(returns):>9.0f} med"
+        )
 
 
 def _seeds(train, num_seeds: int):
-    return jax.jit(jax.vmap(train))(jax.random.split(jax.random.key(0), num_seeds))[1]["episode_return"]
+    return jax.jit(jax.vmap(train))(jax.random.split(jax.random.key(0), num_seeds))[1][
+        "episode_return"
+    ]
 
 
 def learning_curves(path: str, quick: bool):
@@ -125,30 +142,59 @@ def learning_curves(path: str, quick: bool):
     dqn = classic_rl.DQNConfig(num_iterations=max(300, 12000 // scale), log_every=200)
     for name, train, per_point, config in (
         ("PPO", classic_rl.make_ppo(CartPole(), ppo), ppo.num_envs * ppo.num_steps, ppo),
-        ("REINFORCE + baseline", classic_rl.make_reinforce(CartPole(), reinforce),
-         reinforce.num_envs * reinforce.num_steps, reinforce),
-        ("DQN (double, uniform replay)", classic_rl.make_dqn(CartPole(), dqn), dqn.num_envs * dqn.log_every, dqn),
-        ("DQN (double, prioritised replay)",
-         classic_rl.make_dqn(CartPole(), dqn.__class__(**{**dqn.__dict__, "prioritized": True})),
-         dqn.num_envs * dqn.log_every, dqn),
+        (
+            "REINFORCE + baseline",
+            classic_rl.make_reinforce(CartPole(), reinforce),
+            reinforce.num_envs * reinforce.num_steps,
+            reinforce,
+        ),
+        (
+            "DQN (double, uniform replay)",
+            classic_rl.make_dqn(CartPole(), dqn),
+            dqn.num_envs * dqn.log_every,
+            dqn,
+        ),
+        (
+            "DQN (double, prioritised replay)",
+            classic_rl.make_dqn(CartPole(), dqn.__class__(**{**dqn.__dict__, "prioritized": True})),
+            dqn.num_envs * dqn.log_every,
+            dqn,
+        ),
     ):
         curves = _seeds(train, seeds)
         band(ax_cart, per_point * np.arange(1, curves.shape[1] + 1), curves, name)
-    ax_cart.set(title=f"CartPole ({seeds} seeds, vmapped)", xlabel="environment steps", ylabel="episode return")
+    ax_cart.set(
+        title=f"CartPole ({seeds} seeds, vmapped)",
+        xlabel="environment steps",
+        ylabel="episode return",
+    )
     ax_cart.legend(fontsize=8)
 
     bandit = BernoulliBandit()
     small = dict(num_envs=16, num_steps=8, hidden=(16,))
     for name, train in (
-        ("PPO", classic_rl.make_ppo(bandit, classic_rl.PPOConfig(**small, num_updates=40, update_epochs=2,
-                                                            num_minibatches=2, learning_rate=1e-2))),
-        ("REINFORCE + baseline", classic_rl.make_reinforce(bandit, classic_rl.ReinforceConfig(
-            **small, num_updates=40, learning_rate=3e-2))),
+        (
+            "PPO",
+            classic_rl.make_ppo(
+                bandit,
+                classic_rl.PPOConfig(
+                    **small, num_updates=40, update_epochs=2, num_minibatches=2, learning_rate=1e-2
+                ),
+            ),
+        ),
+        (
+            "REINFORCE + baseline",
+            classic_rl.make_reinforce(
+                bandit, classic_rl.ReinforceConfig(**small, num_updates=40, learning_rate=3e-2)
+            ),
+        ),
     ):
         curves = _seeds(train, seeds)
         band(ax_bandit, 128 * np.arange(1, curves.shape[1] + 1), curves, name)
     ax_bandit.axhline(float(jnp.max(bandit.probs)), color="k", ls="--", label="optimal arm")
-    ax_bandit.set(title="Bernoulli bandit, p = (0.2, 0.5, 0.8, 0.35)", xlabel="pulls", ylabel="mean reward")
+    ax_bandit.set(
+        title="Bernoulli bandit, p = (0.2, 0.5, 0.8, 0.35)", xlabel="pulls", ylabel="mean reward"
+    )
     ax_bandit.legend(fontsize=8)
 
     mdp, gamma = chain_mdp(8, slip=0.1), 0.9
@@ -160,8 +206,13 @@ def learning_curves(path: str, quick: bool):
     optimal = jax.nn.one_hot(jnp.argmax(q_star, 1), 2)
     keys = jax.random.split(jax.random.key(0), seeds)
     for iters in budgets:
-        q = jax.jit(jax.vmap(classic_rl.make_q_learning(env, classic_rl.QLearningConfig(num_iterations=iters, gamma=gamma))))(
-            keys)[0]
+        q = jax.jit(
+            jax.vmap(
+                classic_rl.make_q_learning(
+                    env, classic_rl.QLearningConfig(num_iterations=iters, gamma=gamma)
+                )
+            )
+        )(keys)[0]
         q_err.append(np.abs(np.asarray(q - q_star))[:, alive].max(axis=(1, 2)))
         td = classic_rl.TDLambdaConfig(num_updates=max(1, iters // 32), gamma=gamma)
         v = jax.jit(jax.vmap(classic_rl.make_td_lambda(env, optimal, td)))(keys)[0]
@@ -169,8 +220,13 @@ def learning_curves(path: str, quick: bool):
     transitions = 16 * np.asarray(budgets)
     band(ax_chain, transitions, np.stack(q_err, 1), "Q-learning: |Q − Q*|∞")
     band(ax_chain, transitions, np.stack(v_err, 1), "TD(0.8) on π*: |V − V*|∞")
-    ax_chain.set(title="8-state chain, slip 0.1, γ = 0.9 (vs value iteration)", xlabel="transitions (final)",
-                 ylabel="max error", xscale="log", yscale="log")
+    ax_chain.set(
+        title="8-state chain, slip 0.1, γ = 0.9 (vs value iteration)",
+        xlabel="transitions (final)",
+        ylabel="max error",
+        xscale="log",
+        yscale="log",
+    )
     ax_chain.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -180,7 +236,9 @@ def learning_curves(path: str, quick: bool):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
-    parser.add_argument("--plot", metavar="PNG", help="also train every classic agent and plot learning curves")
+    parser.add_argument(
+        "--plot", metavar="PNG", help="also train every classic agent and plot learning curves"
+    )
     parser.add_argument("--skip-steps", action="store_true", help="skip the steps/s table")
     parser.add_argument("--skip-ppo", action="store_true", help="skip the PPO seeds table")
     args = parser.parse_args(argv)

@@ -16,6 +16,7 @@ i.e. pass@1, with its bootstrap 95% interval), the paired difference to SFT with
 greedy success, and the wall-clock of training.  Results go to ``OUT/results.json`` and a
 markdown table on stdout.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,25 +44,50 @@ SAMPLES_PER_STEP = 64
 
 def _bindings(method: str, sft: str, steps: int, seed: int) -> tuple[list[str], list[str], str]:
     """gin files, bindings and the trainer's name for one method at the shared budget."""
-    common = [f"train_rl.init_from = '{sft}'", f"train_rl.steps = {steps}", f"train_rl.seed = {seed}",
-              "train_rl.eval_every = 0"]
+    common = [
+        f"train_rl.init_from = '{sft}'",
+        f"train_rl.steps = {steps}",
+        f"train_rl.seed = {seed}",
+        "train_rl.eval_every = 0",
+    ]
     if method in ("grpo", "dapo", "dr_grpo", "rloo", "ppo"):
         return [f"rl_{method}"], common, "train_rl"
     if method == "rft":
         rounds = 3
-        return ["post_training_tasks"], [f"train_rft.init_from = '{sft}'", "train_rft.tasks = @rl/TaskSpec()",
-                            f"train_rft.rounds = {rounds}", "train_rft.samples_per_prompt = 8",
-                            f"train_rft.prompts_per_round = {steps * SAMPLES_PER_STEP // (8 * rounds)}",
-                            f"train_rft.steps_per_round = {max(steps // rounds, 1)}", "train_rft.temperature = 0.8",
-                            f"train_rft.seed = {seed}"], "train_rft"
-    return ["post_training_tasks"], [f"train_preference.init_from = '{sft}'", "train_preference.tasks = @rl/TaskSpec()",
-                        "train_preference.online = True", "train_preference.samples_per_prompt = 8",
-                        "train_preference.prompts_per_step = 8", f"train_preference.steps = {steps}",
-                        "train_preference.peak_lr = 3e-5", "train_preference.temperature = 0.8",
-                        f"train_preference.seed = {seed}"], "train_preference"
+        return (
+            ["post_training_tasks"],
+            [
+                f"train_rft.init_from = '{sft}'",
+                "train_rft.tasks = @rl/TaskSpec()",
+                f"train_rft.rounds = {rounds}",
+                "train_rft.samples_per_prompt = 8",
+                f"train_rft.prompts_per_round = {steps * SAMPLES_PER_STEP // (8 * rounds)}",
+                f"train_rft.steps_per_round = {max(steps // rounds, 1)}",
+                "train_rft.temperature = 0.8",
+                f"train_rft.seed = {seed}",
+            ],
+            "train_rft",
+        )
+    return (
+        ["post_training_tasks"],
+        [
+            f"train_preference.init_from = '{sft}'",
+            "train_preference.tasks = @rl/TaskSpec()",
+            "train_preference.online = True",
+            "train_preference.samples_per_prompt = 8",
+            "train_preference.prompts_per_step = 8",
+            f"train_preference.steps = {steps}",
+            "train_preference.peak_lr = 3e-5",
+            "train_preference.temperature = 0.8",
+            f"train_preference.seed = {seed}",
+        ],
+        "train_preference",
+    )
 
 
-def run_method(method: str, sft: str, out: str, steps: int, seed: int, extra: list[str]) -> tuple[str, float]:
+def run_method(
+    method: str, sft: str, out: str, steps: int, seed: int, extra: list[str]
+) -> tuple[str, float]:
     """Trains one method (resuming if its run exists) and returns its run directory and seconds."""
     if method == "sft":
         return sft, 0.0
@@ -69,7 +95,9 @@ def run_method(method: str, sft: str, out: str, steps: int, seed: int, extra: li
     gin_config.parse(files, bindings + extra)
     workdir = os.path.join(out, method)
     start = time.perf_counter()
-    {"train_rl": train_rl, "train_rft": train_rft, "train_preference": train_preference}[trainer](workdir)
+    {"train_rl": train_rl, "train_rft": train_rft, "train_preference": train_preference}[trainer](
+        workdir
+    )
     return workdir, time.perf_counter() - start
 
 
@@ -79,8 +107,12 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="directory for the runs and results.json")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--samples", type=int, default=4, help="samples per held-out problem (pass@1)")
-    parser.add_argument("--gin_param", action="append", default=[], help="a binding for every run; repeatable")
+    parser.add_argument(
+        "--samples", type=int, default=4, help="samples per held-out problem (pass@1)"
+    )
+    parser.add_argument(
+        "--gin_param", action="append", default=[], help="a binding for every run; repeatable"
+    )
     parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -92,27 +124,47 @@ def main() -> None:
     for method in args.methods:
         if method in results:
             continue
-        run_dir, seconds = run_method(method, args.sft, args.out, args.steps, args.seed, args.gin_param)
+        run_dir, seconds = run_method(
+            method, args.sft, args.out, args.steps, args.seed, args.gin_param
+        )
         config, params, tokenizer = load_checkpoint(run_dir)
-        result = evaluate_policy(params, config, spec.env(tokenizer, "heldout"), samples=args.samples,
-                                 key=jax.random.key(args.seed))
-        results[method] = {"pass@1": (result.sampled_correct / args.samples).tolist(),
-                           "greedy": result.success.astype(int).tolist(), "seconds": seconds,
-                           "tool_calls": float(result.tool_calls.mean())}
+        result = evaluate_policy(
+            params,
+            config,
+            spec.env(tokenizer, "heldout"),
+            samples=args.samples,
+            key=jax.random.key(args.seed),
+        )
+        results[method] = {
+            "pass@1": (result.sampled_correct / args.samples).tolist(),
+            "greedy": result.success.astype(int).tolist(),
+            "seconds": seconds,
+            "tool_calls": float(result.tool_calls.mean()),
+        }
         with open(results_path, "w") as f:
             json.dump(results, f)
-        print(f"{method}: held-out pass@1 {np.mean(results[method]['pass@1']):.3f} ({seconds:.0f} s)", flush=True)
-    print("\n| method | held-out success, pass@1 (95% CI) | vs SFT (95% CI) | greedy success | tool calls / episode "
-          "| training s |")
+        print(
+            f"{method}: held-out pass@1 {np.mean(results[method]['pass@1']):.3f} ({seconds:.0f} s)",
+            flush=True,
+        )
+    print(
+        "\n| method | held-out success, pass@1 (95% CI) | vs SFT (95% CI) | greedy success | tool calls / episode "
+        "| training s |"
+    )
     print("|---|---|---|---|---|---|")
     for method in args.methods:
         r = results[method]
         mean, low, high = bootstrap_ci(r["pass@1"], seed=args.seed)
-        diff = bootstrap_ci(r["pass@1"], paired_with=results["sft"]["pass@1"], seed=args.seed) \
-            if "sft" in results and method != "sft" else None
+        diff = (
+            bootstrap_ci(r["pass@1"], paired_with=results["sft"]["pass@1"], seed=args.seed)
+            if "sft" in results and method != "sft"
+            else None
+        )
         versus = "" if diff is None else f"{diff[0]:+.3f} [{diff[1]:+.3f}, {diff[2]:+.3f}]"
-        print(f"| {method} | {mean:.3f} [{low:.3f}, {high:.3f}] | {versus} | {np.mean(r['greedy']):.3f} | "
-              f"{r['tool_calls']:.2f} | {r['seconds']:.0f} |")
+        print(
+            f"| {method} | {mean:.3f} [{low:.3f}, {high:.3f}] | {versus} | {np.mean(r['greedy']):.3f} | "
+            f"{r['tool_calls']:.2f} | {r['seconds']:.0f} |"
+        )
 
 
 if __name__ == "__main__":

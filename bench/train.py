@@ -6,6 +6,7 @@ Every variant trains the same model on the same random batches in one process; t
 compile time, steady-state tokens/s and MFU, and each variant's throughput as a ratio to the
 first row.  On CPU, MFU is relative to a measured float32 matmul rate (see training/mfu.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,9 +34,11 @@ VARIANTS = {
 def quickstart_setup() -> tuple[TransformerConfig, int, int]:
     gin_config.parse(["pretrain"], [])
     model = TransformerConfig()  # reads the pretraining config's TransformerConfig bindings
-    return (model.replace(vocab_size=gin.query_parameter("train_tokenizer.vocab_size")),
-            gin.query_parameter("train.batch_size"),
-            gin.query_parameter("train.seq_len"))
+    return (
+        model.replace(vocab_size=gin.query_parameter("train_tokenizer.vocab_size")),
+        gin.query_parameter("train.batch_size"),
+        gin.query_parameter("train.seq_len"),
+    )
 
 
 def measure(config: TransformerConfig, batch: dict, steps: int) -> tuple[float, float]:
@@ -67,22 +70,29 @@ def main():
         batch_size, seq_len, args.steps = 2, 16, 2
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, model.vocab_size, (batch_size, seq_len + 1), dtype=np.int32)
-    batch = {"tokens": tokens[:, :-1], "targets": tokens[:, 1:],
-             "segment_ids": np.ones((batch_size, seq_len), np.int32),
-             "positions": np.broadcast_to(np.arange(seq_len, dtype=np.int32), (batch_size, seq_len)),
-             "loss_mask": np.ones((batch_size, seq_len), np.int32)}
+    batch = {
+        "tokens": tokens[:, :-1],
+        "targets": tokens[:, 1:],
+        "segment_ids": np.ones((batch_size, seq_len), np.int32),
+        "positions": np.broadcast_to(np.arange(seq_len, dtype=np.int32), (batch_size, seq_len)),
+        "loss_mask": np.ones((batch_size, seq_len), np.int32),
+    }
     peak = peak_flops_per_device()
     flops = flops_per_token(model, seq_len)
-    print(f"device: {jax.devices()[0].device_kind}, peak {peak / 1e9:.1f} GFLOP/s; model "
-          f"d={model.d_model} L={model.n_layers} V={model.vocab_size}; batch {batch_size}x{seq_len}")
+    print(
+        f"device: {jax.devices()[0].device_kind}, peak {peak / 1e9:.1f} GFLOP/s; model "
+        f"d={model.d_model} L={model.n_layers} V={model.vocab_size}; batch {batch_size}x{seq_len}"
+    )
     print(f"{'variant':<28}{'compile s':>10}{'ms/step':>10}{'tokens/s':>12}{'MFU':>8}{'ratio':>8}")
     base = None
     for name, change in VARIANTS.items():
         compile_s, step_s = measure(model.replace(**change), batch, args.steps)
         tps = batch_size * seq_len / step_s
         base = base or tps
-        print(f"{name:<28}{compile_s:>10.2f}{step_s * 1e3:>10.1f}{tps:>12,.0f}"
-              f"{tps * flops / peak:>8.1%}{tps / base:>8.2f}")
+        print(
+            f"{name:<28}{compile_s:>10.2f}{step_s * 1e3:>10.1f}{tps:>12,.0f}"
+            f"{tps * flops / peak:>8.1%}{tps / base:>8.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ tokamax (see ``pallas_kernels.dispatch``), and a Mosaic GPU port is later work. 
 can also lower the kernels for a TPU it does not have (``lower_for_tpu``), which checks them
 against Mosaic's rules without running them.
 """
+
 from __future__ import annotations
 
 import jax
@@ -24,8 +25,9 @@ def target_platform() -> str:
     return jax.default_backend() if device is None else device.platform
 
 
-def lower_for_tpu(fn, *args, device_kind: str = "TPU v5 lite", num_cores: int = 1,
-                  **jit_kwargs) -> jax.stages.Lowered:
+def lower_for_tpu(
+    fn, *args, device_kind: str = "TPU v5 lite", num_cores: int = 1, **jit_kwargs
+) -> jax.stages.Lowered:
     """``jax.jit(fn)`` lowered for a TPU generation this host need not have.
 
     Inside, :func:`target_platform` is ``"tpu"``, so the kernels compile instead of
@@ -35,8 +37,9 @@ def lower_for_tpu(fn, *args, device_kind: str = "TPU v5 lite", num_cores: int = 
     a TPU VM, "TPU v5p" under Pathways --, "TPU v6 lite", ...); ``args`` may be arrays or
     ``jax.ShapeDtypeStruct``s.
     """
-    device = jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=num_cores,
-                                         platform="tpu")
+    device = jax.sharding.AbstractDevice(
+        device_kind=device_kind, num_cores=num_cores, platform="tpu"
+    )
     mesh = jax.sharding.AbstractMesh((1,), ("_target",), abstract_device=device)
     with jax.sharding.use_abstract_mesh(mesh):
         return jax.jit(fn, **jit_kwargs).trace(*args).lower(lowering_platforms=("tpu",))
@@ -51,19 +54,23 @@ def resolve_interpret(interpret: bool | None, kernel: str) -> bool:
         raise NotImplementedError(
             f"{kernel} compiles with Mosaic TPU only (backend is {platform!r}). On GPU use "
             "pallas_kernels.gpu_attention (cuDNN / tokamax); pass interpret=True to run the "
-            "kernel source in Pallas' (slow) interpreter.")
+            "kernel source in Pallas' (slow) interpreter."
+        )
     return bool(interpret)
 
 
 def tpu_compiler_params(*parallel: bool):
     """Mosaic grid semantics: ``True`` axes may be split across cores, ``False`` carry state."""
     return pltpu.CompilerParams(
-        dimension_semantics=tuple(pltpu.PARALLEL if p else pltpu.ARBITRARY for p in parallel))
+        dimension_semantics=tuple(pltpu.PARALLEL if p else pltpu.ARBITRARY for p in parallel)
+    )
 
 
 # XLA:CPU options for programs built around interpreted kernels: the interpreter emits
 # large while-loop bodies whose LLVM optimisation dominates compile time, yet the work they
 # do is tiny, so skipping it cuts compile time by about a third (tests, small CPU configs).
 # Use as ``jax.jit(f, compiler_options=INTERPRET_COMPILER_OPTIONS)``.
-INTERPRET_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0,
-                              "xla_llvm_disable_expensive_passes": True}
+INTERPRET_COMPILER_OPTIONS = {
+    "xla_backend_optimization_level": 0,
+    "xla_llvm_disable_expensive_passes": True,
+}

@@ -5,6 +5,7 @@ it can size problems far larger than the host could run.  Times are medians over
 runs after a warm-up, with ``block_until_ready`` so asynchronous dispatch is not mistaken
 for speed.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -15,15 +16,19 @@ import jax
 
 
 class CompiledMemory(NamedTuple):
-    peak: int   # arguments + outputs + temporaries, minus donated aliases
-    temp: int   # temporaries alone: the working memory the computation adds
+    peak: int  # arguments + outputs + temporaries, minus donated aliases
+    temp: int  # temporaries alone: the working memory the computation adds
 
 
 def compiled_memory(fn, *args) -> CompiledMemory:
     """Memory of ``jit(fn)`` on ``args`` (arrays or ``jax.ShapeDtypeStruct``), in bytes."""
     m = jax.jit(fn).lower(*args).compile().memory_analysis()
-    peak = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-            - m.alias_size_in_bytes)
+    peak = (
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        + m.temp_size_in_bytes
+        - m.alias_size_in_bytes
+    )
     return CompiledMemory(peak, m.temp_size_in_bytes)
 
 

@@ -5,6 +5,7 @@ to a whole number of tiles, padded keys are masked inside the kernel and padded 
 are sliced off.  Tiles larger than the (rounded-up) sequence shrink to it, so short
 sequences do not pay for a full tile.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,8 +13,8 @@ import math
 
 from pallas_kernels.backend import target_platform
 
-_SUBLANES = 8     # second-minor tile of a TPU vreg: every tile is a multiple of it
-_LANES = 128      # minor tile: key tiles are the lane axis of the logits block on TPU
+_SUBLANES = 8  # second-minor tile of a TPU vreg: every tile is a multiple of it
+_LANES = 128  # minor tile: key tiles are the lane axis of the logits block on TPU
 
 
 def _round_up(x: int, m: int) -> int:
@@ -28,13 +29,14 @@ class BlockSizes:
     keeps more [block_q, block_kv] f32 intermediates live (P, dP, dS), so its TPU default
     tiles are smaller than the forward's.  All must be positive multiples of 8.
     """
+
     block_q: int = 128
     block_kv: int = 128
     block_q_bwd: int = 128
     block_kv_bwd: int = 128
 
     @classmethod
-    def default(cls, platform: str | None = None) -> "BlockSizes":
+    def default(cls, platform: str | None = None) -> BlockSizes:
         """Per-backend defaults: large MXU-friendly tiles on TPU; moderate ones elsewhere,
         where the kernel only runs interpreted and fewer grid steps is what matters."""
         platform = platform or target_platform()
@@ -46,13 +48,15 @@ class BlockSizes:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if not isinstance(value, int) or value <= 0 or value % _SUBLANES:
-                raise ValueError(f"BlockSizes.{field.name}={value!r} must be a positive "
-                                 f"multiple of {_SUBLANES}")
+                raise ValueError(
+                    f"BlockSizes.{field.name}={value!r} must be a positive multiple of {_SUBLANES}"
+                )
 
 
 @dataclasses.dataclass(frozen=True)
 class Tiling:
     """Tiles actually used for one problem and the padded lengths they divide."""
+
     block_q: int
     block_kv: int
     block_q_bwd: int
@@ -87,5 +91,6 @@ def plan_tiling(blocks: BlockSizes, q_len: int, kv_len: int, *, check_tpu_layout
             if b % _LANES and b != kv_padded:
                 raise ValueError(
                     f"{name}={b} must be a multiple of {_LANES} on TPU (or cover the whole "
-                    f"key sequence, padded length {kv_padded})")
+                    f"key sequence, padded length {kv_padded})"
+                )
     return Tiling(bq, bk, bq_bwd, bk_bwd, q_padded, kv_padded)

@@ -15,6 +15,7 @@ chunking and the recomputing VJP, not from a custom inner loop.  The last chunk 
 anchored at ``V - C`` when C does not divide V, and columns that an earlier chunk already
 covered are masked out, so no padded copy of W is made.
 """
+
 from __future__ import annotations
 
 import functools

@@ -15,6 +15,7 @@ there are no segments, otherwise as an explicit [B, 1, T, S] boolean mask (cuDNN
 takes it as a bias: still fused, but that mask costs O(B T S) memory), and rows that see
 no key are zeroed afterwards, as the contract requires.
 """
+
 from __future__ import annotations
 
 import functools
@@ -42,15 +43,27 @@ def tokamax_module():
         return None
     try:
         return importlib.import_module("tokamax")
-    except Exception as err:  # noqa: BLE001 - any import failure means: do not use it
-        _log.warning("tokamax is installed but does not import (%s: %s); not using it",
-                     type(err).__name__, err)
+    except Exception as err:
+        _log.warning(
+            "tokamax is installed but does not import (%s: %s); not using it",
+            type(err).__name__,
+            err,
+        )
         return None
 
 
-def choose_attention_backend(q, k, v, *, causal=True, segment_ids=None, sliding_window=None,
-                             logits_soft_cap=None, sm_scale=None,
-                             platform: str | None = None) -> str:
+def choose_attention_backend(
+    q,
+    k,
+    v,
+    *,
+    causal=True,
+    segment_ids=None,
+    sliding_window=None,
+    logits_soft_cap=None,
+    sm_scale=None,
+    platform: str | None = None,
+) -> str:
     """Name of the implementation :func:`gpu_attention` will try first for these inputs:
     ``"tokamax"``, ``"cudnn"``, ``"pallas"`` or ``"xla"``."""
     del k, v, segment_ids, sm_scale
@@ -62,8 +75,13 @@ def choose_attention_backend(q, k, v, *, causal=True, segment_ids=None, sliding_
     if tokamax_module() is not None:
         return "tokamax"
     h = q.shape[-1]
-    cudnn_ok = (q.dtype in _CUDNN_DTYPES and logits_soft_cap is None and h % 8 == 0 and h <= 256
-                and (causal or sliding_window is None))
+    cudnn_ok = (
+        q.dtype in _CUDNN_DTYPES
+        and logits_soft_cap is None
+        and h % 8 == 0
+        and h <= 256
+        and (causal or sliding_window is None)
+    )
     return "cudnn" if cudnn_ok else "xla"
 
 
@@ -78,34 +96,56 @@ def jax_nn_mask_arguments(q, k, *, causal=True, segment_ids=None, sliding_window
         if sliding_window is not None:
             window = (sliding_window - 1, 0 if causal else sliding_window - 1)
         return dict(mask=None, is_causal=bool(causal), local_window_size=window)
-    mask = dense_mask(b, t, s, causal=causal, sliding_window=sliding_window,
-                      segment_ids=segment_ids)
+    mask = dense_mask(
+        b, t, s, causal=causal, sliding_window=sliding_window, segment_ids=segment_ids
+    )
     return dict(mask=mask[:, None], is_causal=False, local_window_size=None)
 
 
 def _fused(backend, q, k, v, options):
     """tokamax or cuDNN with this project's mask rule, zeros for rows that see no key."""
-    mask_args = jax_nn_mask_arguments(q, k, causal=options["causal"],
-                                      segment_ids=options["segment_ids"],
-                                      sliding_window=options["sliding_window"])
+    mask_args = jax_nn_mask_arguments(
+        q,
+        k,
+        causal=options["causal"],
+        segment_ids=options["segment_ids"],
+        sliding_window=options["sliding_window"],
+    )
     if backend == "tokamax":
-        out = tokamax_module().dot_product_attention(q, k, v, scale=options["sm_scale"],
-                                                     logits_soft_cap=options["logits_soft_cap"],
-                                                     **mask_args)
+        out = tokamax_module().dot_product_attention(
+            q,
+            k,
+            v,
+            scale=options["sm_scale"],
+            logits_soft_cap=options["logits_soft_cap"],
+            **mask_args,
+        )
     else:
-        out = jax.nn.dot_product_attention(q, k, v, scale=options["sm_scale"],
-                                           implementation="cudnn", **mask_args)
+        out = jax.nn.dot_product_attention(
+            q, k, v, scale=options["sm_scale"], implementation="cudnn", **mask_args
+        )
     mask = mask_args["mask"]
-    if mask is None:   # causal / windowed / full self-attention: every row sees a key
+    if mask is None:  # causal / windowed / full self-attention: every row sees a key
         return out
     # A finite mask bias turns an empty row into the mean of V; the contract says zeros.
-    seen = jnp.swapaxes(mask.any(axis=-1), 1, 2)[..., None]     # [B, T, 1, 1]
+    seen = jnp.swapaxes(mask.any(axis=-1), 1, 2)[..., None]  # [B, T, 1, 1]
     return jnp.where(seen, out, 0).astype(out.dtype)
 
 
-def gpu_attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=None,
-                  logits_soft_cap=None, sm_scale=None, block_sizes=None, interpret=None,
-                  return_backend: bool = False):
+def gpu_attention(
+    q,
+    k,
+    v,
+    *,
+    causal=True,
+    segment_ids=None,
+    sliding_window=None,
+    logits_soft_cap=None,
+    sm_scale=None,
+    block_sizes=None,
+    interpret=None,
+    return_backend: bool = False,
+):
     """Attention by the fastest working implementation for this backend (see module doc).
 
     Same arguments and result as ``flash_attention``; ``block_sizes`` and ``interpret`` are
@@ -114,10 +154,16 @@ def gpu_attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=None
     logged (INFO; WARNING on fallback) and, with ``return_backend=True``, returned:
     ``(out, name)``.
     """
-    check_attention_inputs(q, k, v, segment_ids, sliding_window=sliding_window,
-                           logits_soft_cap=logits_soft_cap)
-    options = dict(causal=causal, segment_ids=segment_ids, sliding_window=sliding_window,
-                   logits_soft_cap=logits_soft_cap, sm_scale=sm_scale)
+    check_attention_inputs(
+        q, k, v, segment_ids, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap
+    )
+    options = dict(
+        causal=causal,
+        segment_ids=segment_ids,
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
+        sm_scale=sm_scale,
+    )
     backend = choose_attention_backend(q, k, v, **options)
     if backend == "pallas":
         out = flash_attention(q, k, v, block_sizes=block_sizes, interpret=interpret, **options)

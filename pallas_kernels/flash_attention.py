@@ -7,6 +7,7 @@ the attention core carries a custom VJP: the forward saves only O and the log-su
 the backward kernels recompute probabilities, so memory stays O(B N T H) instead of
 O(B N T S).
 """
+
 from __future__ import annotations
 
 import functools
@@ -52,9 +53,19 @@ def _check_dtypes(q, k, v):
         raise ValueError(f"q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
 
 
-def flash_attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=None,
-                    logits_soft_cap=None, sm_scale=None, block_sizes: BlockSizes | None = None,
-                    interpret: bool | None = None):
+def flash_attention(
+    q,
+    k,
+    v,
+    *,
+    causal=True,
+    segment_ids=None,
+    sliding_window=None,
+    logits_soft_cap=None,
+    sm_scale=None,
+    block_sizes: BlockSizes | None = None,
+    interpret: bool | None = None,
+):
     """Memory-efficient attention with the semantics of ``reference_attention``.
 
     q: [B, T, N, H]; k, v: [B, S, K, H] with N % K == 0 and T <= S (queries are the last T
@@ -64,18 +75,24 @@ def flash_attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=No
     f32 or bf16; accumulation is f32.  A query that sees no key returns zeros.
     ``interpret=None`` compiles on TPU and interprets on CPU (see ``backend``).
     """
-    b, t, s, n, kh, h = check_attention_inputs(q, k, v, segment_ids, sliding_window=sliding_window,
-                                               logits_soft_cap=logits_soft_cap)
+    b, t, s, n, kh, h = check_attention_inputs(
+        q, k, v, segment_ids, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap
+    )
     _check_dtypes(q, k, v)
     interpret = resolve_interpret(interpret, "flash_attention")
-    tiling = plan_tiling(block_sizes or BlockSizes.default(), t, s,
-                         check_tpu_layout=not interpret)
+    tiling = plan_tiling(block_sizes or BlockSizes.default(), t, s, check_tpu_layout=not interpret)
     cfg = FlashConfig(
-        causal=bool(causal), sliding_window=None if sliding_window is None else int(sliding_window),
+        causal=bool(causal),
+        sliding_window=None if sliding_window is None else int(sliding_window),
         soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
-        scale=float(h ** -0.5 if sm_scale is None else sm_scale),
-        q_len=t, kv_len=s, groups=n // kh, has_segments=segment_ids is not None,
-        tiling=tiling, interpret=interpret)
+        scale=float(h**-0.5 if sm_scale is None else sm_scale),
+        q_len=t,
+        kv_len=s,
+        groups=n // kh,
+        has_segments=segment_ids is not None,
+        tiling=tiling,
+        interpret=interpret,
+    )
 
     def head_major(x, length):
         return _pad_axis(jnp.swapaxes(x, 1, 2), 2, length)
@@ -85,6 +102,12 @@ def flash_attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=No
         q_ids, kv_ids = (jnp.asarray(x, jnp.int32) for x in segment_ids)
         q_seg = _pad_axis(q_ids, 1, tiling.q_padded)[:, :, None]
         kv_seg = _pad_axis(kv_ids, 1, tiling.kv_padded)[:, None, :]
-    o = _attention_core(head_major(q, tiling.q_padded), head_major(k, tiling.kv_padded),
-                        head_major(v, tiling.kv_padded), q_seg, kv_seg, cfg)
+    o = _attention_core(
+        head_major(q, tiling.q_padded),
+        head_major(k, tiling.kv_padded),
+        head_major(v, tiling.kv_padded),
+        q_seg,
+        kv_seg,
+        cfg,
+    )
     return jnp.swapaxes(o[:, :, :t], 1, 2)

@@ -16,6 +16,7 @@ sum over different axes get separate kernels so that neither needs atomics:
 
 Both skip tiles that causality or the window hide, like the forward kernel.
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,9 +27,18 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.backend import tpu_compiler_params
-from pallas_kernels.flash_blocks import (FlashConfig, clamp_kv_block, clamp_q_block, dot_nn,
-                                         dot_nt, dot_tn, head_tile_spec, on_visible_tiles,
-                                         segment_specs, tile_logits)
+from pallas_kernels.flash_blocks import (
+    FlashConfig,
+    clamp_kv_block,
+    clamp_q_block,
+    dot_nn,
+    dot_nt,
+    dot_tn,
+    head_tile_spec,
+    on_visible_tiles,
+    segment_specs,
+    tile_logits,
+)
 from pallas_kernels.masks import MASK_VALUE
 
 
@@ -52,8 +62,9 @@ def _split_refs(refs, cfg: FlashConfig, num_outputs: int):
 
 
 def _dq_kernel(*refs, cfg: FlashConfig):
-    (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qs_ref, ks_ref), (dq_ref,), (dq_scr,) = \
+    (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qs_ref, ks_ref), (dq_ref,), (dq_scr,) = (
         _split_refs(refs, cfg, 1)
+    )
     bq, bk = cfg.tiling.block_q_bwd, cfg.tiling.block_kv_bwd
     i, j = pl.program_id(2), pl.program_id(3)
 
@@ -63,8 +74,9 @@ def _dq_kernel(*refs, cfg: FlashConfig):
 
     def body(mask):
         k = k_ref[...]
-        _, ds = _probs_and_dlogits(cfg, q_ref[...], k, v_ref[...], do_ref[...], lse_ref[...],
-                                   delta_ref[...], mask)
+        _, ds = _probs_and_dlogits(
+            cfg, q_ref[...], k, v_ref[...], do_ref[...], lse_ref[...], delta_ref[...], mask
+        )
         dq_scr[...] += dot_nn(ds.astype(k.dtype), k)
 
     on_visible_tiles(cfg, i, j, bq, bk, qs_ref, ks_ref, body)
@@ -75,8 +87,11 @@ def _dq_kernel(*refs, cfg: FlashConfig):
 
 
 def _dkv_kernel(*refs, cfg: FlashConfig):
-    (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qs_ref, ks_ref), (dk_ref, dv_ref), \
-        (dk_scr, dv_scr) = _split_refs(refs, cfg, 2)
+    (
+        (q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qs_ref, ks_ref),
+        (dk_ref, dv_ref),
+        (dk_scr, dv_scr),
+    ) = _split_refs(refs, cfg, 2)
     bq, bk = cfg.tiling.block_q_bwd, cfg.tiling.block_kv_bwd
     j, g, i = pl.program_id(2), pl.program_id(3), pl.program_id(4)
 
@@ -87,8 +102,9 @@ def _dkv_kernel(*refs, cfg: FlashConfig):
 
     def body(mask):
         q, do = q_ref[...], do_ref[...]
-        p, ds = _probs_and_dlogits(cfg, q, k_ref[...], v_ref[...], do, lse_ref[...],
-                                   delta_ref[...], mask)
+        p, ds = _probs_and_dlogits(
+            cfg, q, k_ref[...], v_ref[...], do, lse_ref[...], delta_ref[...], mask
+        )
         dv_scr[...] += dot_tn(p.astype(do.dtype), do)
         dk_scr[...] += dot_tn(ds.astype(q.dtype), q)
 
@@ -119,9 +135,14 @@ def flash_backward(q, k, v, q_seg, kv_seg, o, lse, do, *, cfg: FlashConfig):
     def dq_rows(bi, ni, i, j):
         return bi, ni, i, 0
 
-    dq_specs = [head_tile_spec((bq, h), dq_rows), head_tile_spec((bk, h), dq_kv),
-                head_tile_spec((bk, h), dq_kv), head_tile_spec((bq, h), dq_rows),
-                head_tile_spec((bq, 1), dq_rows), head_tile_spec((bq, 1), dq_rows)]
+    dq_specs = [
+        head_tile_spec((bq, h), dq_rows),
+        head_tile_spec((bk, h), dq_kv),
+        head_tile_spec((bk, h), dq_kv),
+        head_tile_spec((bq, h), dq_rows),
+        head_tile_spec((bq, 1), dq_rows),
+        head_tile_spec((bq, 1), dq_rows),
+    ]
     if cfg.has_segments:
         dq_specs += segment_specs(bq, bk, dq_rows, dq_kv)
     dq = pl.pallas_call(
@@ -143,9 +164,14 @@ def flash_backward(q, k, v, q_seg, kv_seg, o, lse, do, *, cfg: FlashConfig):
     def dkv_kv(bi, ki, j, gi, i):
         return bi, ki, j, 0
 
-    dkv_specs = [head_tile_spec((bq, h), dkv_rows), head_tile_spec((bk, h), dkv_kv),
-                 head_tile_spec((bk, h), dkv_kv), head_tile_spec((bq, h), dkv_rows),
-                 head_tile_spec((bq, 1), dkv_rows), head_tile_spec((bq, 1), dkv_rows)]
+    dkv_specs = [
+        head_tile_spec((bq, h), dkv_rows),
+        head_tile_spec((bk, h), dkv_kv),
+        head_tile_spec((bk, h), dkv_kv),
+        head_tile_spec((bq, h), dkv_rows),
+        head_tile_spec((bq, 1), dkv_rows),
+        head_tile_spec((bq, 1), dkv_rows),
+    ]
     if cfg.has_segments:
         dkv_specs += segment_specs(bq, bk, dkv_rows, dkv_kv)
     dk, dv = pl.pallas_call(

@@ -14,6 +14,7 @@ GQA needs no repeated K/V: the key/value index map sends query head n to kv head
 A row that sees no key at all keeps ``l = 0`` and yields zeros (and ``lse = +big``, which
 makes its recomputed probabilities exactly zero in the backward pass).
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,8 +25,15 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.backend import tpu_compiler_params
-from pallas_kernels.flash_blocks import (FlashConfig, clamp_kv_block, dot_nn, head_tile_spec,
-                                         on_visible_tiles, segment_specs, tile_logits)
+from pallas_kernels.flash_blocks import (
+    FlashConfig,
+    clamp_kv_block,
+    dot_nn,
+    head_tile_spec,
+    on_visible_tiles,
+    segment_specs,
+    tile_logits,
+)
 from pallas_kernels.masks import MASK_VALUE
 
 
@@ -85,8 +93,11 @@ def flash_forward(q, k, v, q_seg, kv_seg, *, cfg: FlashConfig):
     def kv_tile(bi, ni, i, j):
         return bi, ni // g, clamp_kv_block(cfg, i, j, bq, bk, nk), 0
 
-    in_specs = [head_tile_spec((bq, h), rows), head_tile_spec((bk, h), kv_tile),
-                head_tile_spec((bk, h), kv_tile)]
+    in_specs = [
+        head_tile_spec((bq, h), rows),
+        head_tile_spec((bk, h), kv_tile),
+        head_tile_spec((bk, h), kv_tile),
+    ]
     args = [q, k, v]
     if cfg.has_segments:
         in_specs += segment_specs(bq, bk, rows, kv_tile)
@@ -96,10 +107,15 @@ def flash_forward(q, k, v, q_seg, kv_seg, *, cfg: FlashConfig):
         grid=(b, n, nq, nk),
         in_specs=in_specs,
         out_specs=[head_tile_spec((bq, h), rows), head_tile_spec((bq, 1), rows)],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   jax.ShapeDtypeStruct((b, n, tp, 1), jnp.float32)],
-        scratch_shapes=[pltpu.VMEM((bq, 1), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
-                        pltpu.VMEM((bq, h), jnp.float32)],
+        out_shape=[
+            jax.ShapeDtypeStruct(q.shape, q.dtype),
+            jax.ShapeDtypeStruct((b, n, tp, 1), jnp.float32),
+        ],
+        scratch_shapes=[
+            pltpu.VMEM((bq, 1), jnp.float32),
+            pltpu.VMEM((bq, 1), jnp.float32),
+            pltpu.VMEM((bq, h), jnp.float32),
+        ],
         compiler_params=tpu_compiler_params(True, True, True, False),
         interpret=cfg.interpret,
         name="flash_attention_fwd",

@@ -7,6 +7,7 @@ position ``i + S - T``.  A key j is visible to query i when all of these hold:
 * sliding window:  pos(i) - j < w        (the query and the w-1 keys before it; Mistral)
 * segments:        q_segment_ids[i] == kv_segment_ids[j]
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -15,8 +16,7 @@ import jax.numpy as jnp
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
-def visible(q_pos, k_pos, *, causal: bool, sliding_window: int | None,
-                        q_seg=None, k_seg=None):
+def visible(q_pos, k_pos, *, causal: bool, sliding_window: int | None, q_seg=None, k_seg=None):
     """Boolean visibility for broadcastable query/key positions (and optional segment ids)."""
     ok = jnp.ones(jnp.broadcast_shapes(jnp.shape(q_pos), jnp.shape(k_pos)), bool)
     if causal:
@@ -30,8 +30,9 @@ def visible(q_pos, k_pos, *, causal: bool, sliding_window: int | None,
     return ok
 
 
-def dense_mask(batch: int, t: int, s: int, *, causal: bool, sliding_window: int | None,
-               segment_ids=None):
+def dense_mask(
+    batch: int, t: int, s: int, *, causal: bool, sliding_window: int | None, segment_ids=None
+):
     """The full ``[B, T, S]`` mask (the reference implementation materialises it)."""
     q_pos = jnp.arange(t)[:, None] + (s - t)
     k_pos = jnp.arange(s)[None, :]
@@ -39,8 +40,14 @@ def dense_mask(batch: int, t: int, s: int, *, causal: bool, sliding_window: int 
         m = visible(q_pos, k_pos, causal=causal, sliding_window=sliding_window)
         return jnp.broadcast_to(m, (batch, t, s))
     q_seg, k_seg = segment_ids
-    return visible(q_pos[None], k_pos[None], causal=causal, sliding_window=sliding_window,
-                 q_seg=q_seg[:, :, None], k_seg=k_seg[:, None, :])
+    return visible(
+        q_pos[None],
+        k_pos[None],
+        causal=causal,
+        sliding_window=sliding_window,
+        q_seg=q_seg[:, :, None],
+        k_seg=k_seg[:, None, :],
+    )
 
 
 # Block-level view of the same rule, for kernels that tile T and S.  Causality and the
@@ -48,6 +55,7 @@ def dense_mask(batch: int, t: int, s: int, *, causal: bool, sliding_window: int 
 # block pair is worth computing when its distances meet that interval, and needs no mask
 # when all of them fall inside it.  Bounds are Python ints (or traced int32 scalars for
 # block indices); ``None`` means unbounded.
+
 
 def distance_bounds(*, causal: bool, sliding_window: int | None):
     """The interval ``[d_min, d_max]`` of visible ``q_pos - k_pos`` (``None`` = unbounded)."""
@@ -57,8 +65,7 @@ def distance_bounds(*, causal: bool, sliding_window: int | None):
     return (None if sliding_window is None else -(sliding_window - 1)), d_max
 
 
-def block_visibility(q_first, q_last, k_first, k_last, *, causal: bool,
-                     sliding_window: int | None):
+def block_visibility(q_first, q_last, k_first, k_last, *, causal: bool, sliding_window: int | None):
     """``(any_visible, all_visible)`` for queries [q_first, q_last] x keys [k_first, k_last].
 
     Segment ids and padding are not considered: callers mask those per element.
@@ -74,8 +81,17 @@ def block_visibility(q_first, q_last, k_first, k_last, *, causal: bool,
     return any_ok, all_ok
 
 
-def visible_block_span(first, last, *, other_is_key: bool, other_offset: int, block: int,
-                       num_blocks: int, causal: bool, sliding_window: int | None):
+def visible_block_span(
+    first,
+    last,
+    *,
+    other_is_key: bool,
+    other_offset: int,
+    block: int,
+    num_blocks: int,
+    causal: bool,
+    sliding_window: int | None,
+):
     """First and last block index of the other axis that positions [first, last] can see.
 
     ``other_is_key``: the span is of queries and we want key blocks (else the reverse).
@@ -84,13 +100,14 @@ def visible_block_span(first, last, *, other_is_key: bool, other_offset: int, bl
     at an already-fetched block while they skip invisible ones, so no DMA is wasted.
     """
     d_min, d_max = distance_bounds(causal=causal, sliding_window=sliding_window)
-    if other_is_key:   # k = q - d
+    if other_is_key:  # k = q - d
         lo = None if d_max is None else first - d_max
         hi = None if d_min is None else last - d_min
-    else:              # q = k + d
+    else:  # q = k + d
         lo = None if d_min is None else first + d_min
         hi = None if d_max is None else last + d_max
     lo_block = 0 if lo is None else jnp.clip((lo - other_offset) // block, 0, num_blocks - 1)
-    hi_block = num_blocks - 1 if hi is None else jnp.clip((hi - other_offset) // block, 0,
-                                                          num_blocks - 1)
+    hi_block = (
+        num_blocks - 1 if hi is None else jnp.clip((hi - other_offset) // block, 0, num_blocks - 1)
+    )
     return lo_block, hi_block

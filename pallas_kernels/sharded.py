@@ -7,20 +7,31 @@ split over the data-parallel axes (``data``, ``fsdp``), heads over ``tensor``.  
 kv heads do not split evenly over ``tensor`` (MQA, or K < tensor size) they are repeated
 just enough to do so -- each device then holds the kv heads of its own query heads.
 """
+
 from __future__ import annotations
 
 import math
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from pallas_kernels.flash_attention import flash_attention
 from pallas_kernels.reference import check_attention_inputs
 
 
-def sharded_flash_attention(q, k, v, *, segment_ids=None, mesh=None,
-                            batch_axes=("data", "fsdp"), head_axis="tensor", **kwargs):
+def sharded_flash_attention(
+    q,
+    k,
+    v,
+    *,
+    segment_ids=None,
+    mesh=None,
+    batch_axes=("data", "fsdp"),
+    head_axis="tensor",
+    **kwargs,
+):
     """``flash_attention`` with batch on ``batch_axes`` and heads on ``head_axis``.
 
     ``mesh`` defaults to the one set by ``jax.set_mesh``; axes it lacks are ignored.  Other
@@ -37,8 +48,10 @@ def sharded_flash_attention(q, k, v, *, segment_ids=None, mesh=None,
     batch_size = math.prod(sizes[a] for a in batch)
     head_size = sizes[head] if head else 1
     if b % batch_size or n % head_size:
-        raise ValueError(f"batch {b} must divide by {batch}={batch_size} and query heads {n} "
-                         f"by {head!r}={head_size}")
+        raise ValueError(
+            f"batch {b} must divide by {batch}={batch_size} and query heads {n} "
+            f"by {head!r}={head_size}"
+        )
     if kv_heads % head_size:
         repeat = head_size // math.gcd(kv_heads, head_size)
         k, v = jnp.repeat(k, repeat, axis=2), jnp.repeat(v, repeat, axis=2)
@@ -56,8 +69,8 @@ def sharded_flash_attention(q, k, v, *, segment_ids=None, mesh=None,
     axis_types = dict(zip(mesh.axis_names, mesh.axis_types))
     used = batch + ((head,) if head else ())
     if used and all(axis_types[a] == AxisType.Explicit for a in used):
-        args = jax.tree.map(lambda x, spec: jax.reshard(x, NamedSharding(mesh, spec)), args,
-                            specs)
+        args = jax.tree.map(lambda x, spec: jax.reshard(x, NamedSharding(mesh, spec)), args, specs)
     # check_vma=False: the Pallas call does not declare how its outputs vary over the mesh.
-    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=heads_spec,
-                         check_vma=False)(*args)
+    return jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=heads_spec, check_vma=False)(
+        *args
+    )

@@ -7,22 +7,61 @@ that :func:`with_logical_constraint` shards activations; outside any mesh it doe
 :func:`ring_attention` is sequence-parallel attention, :func:`array_layouts` /
 :func:`insufficiently_sharded` inspect a layout and :func:`plan_memory` sizes a run.
 """
+
 from sharding.constraints import activate, with_logical_constraint
 from sharding.diagnostics import ArrayLayout, array_layouts, format_layouts, insufficiently_sharded
-from sharding.memory_plan import (LLAMA3_8B, LLAMA3_70B, PRESETS, MemoryPlan, ModelShape, memory_report,
-                                  plan_memory)
+from sharding.memory_plan import (
+    LLAMA3_8B,
+    LLAMA3_70B,
+    PRESETS,
+    MemoryPlan,
+    ModelShape,
+    memory_report,
+    plan_memory,
+)
 from sharding.mesh import MESH_AXES, MeshSpec, axis_sizes, make_mesh
-from sharding.partition import (is_logical_axes, logical_to_sharding, logical_to_specs,
-                                shard_params)
+from sharding.partition import is_logical_axes, logical_to_sharding, logical_to_specs, shard_params
 from sharding.ring_attention import ring_attention
-from sharding.rules import (DEFAULT_RULES, DEFAULT_TABLE, AxisRules, ShardingError, axis_rules,
-                            current_rules, logical_to_spec, use_rules)
+from sharding.rules import (
+    DEFAULT_RULES,
+    DEFAULT_TABLE,
+    AxisRules,
+    ShardingError,
+    axis_rules,
+    current_rules,
+    logical_to_spec,
+    use_rules,
+)
 
 __all__ = [
-    "DEFAULT_RULES", "DEFAULT_TABLE", "LLAMA3_70B", "LLAMA3_8B", "MESH_AXES", "PRESETS", "ArrayLayout",
-    "AxisRules", "MemoryPlan", "MeshSpec", "ModelShape", "ShardingError", "activate", "array_layouts",
-    "axis_rules", "axis_sizes", "current_rules", "format_layouts", "insufficiently_sharded",
-    "is_logical_axes", "logical_to_sharding", "logical_to_spec", "logical_to_specs", "make_mesh",
-    "memory_report", "plan_memory", "ring_attention", "shard_params", "use_rules",
+    "DEFAULT_RULES",
+    "DEFAULT_TABLE",
+    "LLAMA3_8B",
+    "LLAMA3_70B",
+    "MESH_AXES",
+    "PRESETS",
+    "ArrayLayout",
+    "AxisRules",
+    "MemoryPlan",
+    "MeshSpec",
+    "ModelShape",
+    "ShardingError",
+    "activate",
+    "array_layouts",
+    "axis_rules",
+    "axis_sizes",
+    "current_rules",
+    "format_layouts",
+    "insufficiently_sharded",
+    "is_logical_axes",
+    "logical_to_sharding",
+    "logical_to_spec",
+    "logical_to_specs",
+    "make_mesh",
+    "memory_report",
+    "plan_memory",
+    "ring_attention",
+    "shard_params",
+    "use_rules",
     "with_logical_constraint",
 ]

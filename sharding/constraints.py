@@ -6,10 +6,11 @@ reads the mesh that is active while tracing (``jax.set_mesh``) and the active ru
 the call returns ``x`` untouched) and sharded.  Rules are read at trace time: changing them
 without changing the mesh does not retrace an already-compiled ``jit`` function.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 from jax.sharding import AxisType, Mesh
@@ -32,8 +33,10 @@ def activate(mesh: Mesh, rules: AxisRules | None = None):
 
 def _unmanual_sizes(mesh) -> dict[str, int]:
     """Axis sizes with manual (``shard_map``) axes as 1, so no constraint names them."""
-    return {name: 1 if kind == AxisType.Manual else size
-            for (name, size), kind in zip(mesh.shape.items(), mesh.axis_types)}
+    return {
+        name: 1 if kind == AxisType.Manual else size
+        for (name, size), kind in zip(mesh.shape.items(), mesh.axis_types)
+    }
 
 
 def with_logical_constraint(x, logical_axes: Sequence[str | None], rules: AxisRules | None = None):

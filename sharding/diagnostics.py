@@ -4,6 +4,7 @@ The same rows feed the memory planner, so a planned layout and a real one are co
 ``mesh`` may be a real Mesh or just ``{axis: size}``, so layouts for meshes larger than the
 machine (e.g. 256 devices) can be inspected from a laptop.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,10 +53,14 @@ def array_layouts(axes_tree, shapes, mesh, rules: AxisRules | None = None) -> li
     def row(path, axes, x):
         name = path_str(path)
         spec = rules.resolve(axes, sizes, shape=x.shape, path=name)
-        parts = [1 if p is None else math.prod(sizes[a] for a in ((p,) if isinstance(p, str) else p))
-                 for p in spec]
+        parts = [
+            1 if p is None else math.prod(sizes[a] for a in ((p,) if isinstance(p, str) else p))
+            for p in spec
+        ]
         device_shape = tuple(d // n for d, n in zip(x.shape, parts))
-        return ArrayLayout(name, tuple(axes), spec, tuple(x.shape), device_shape, np.dtype(x.dtype).itemsize)
+        return ArrayLayout(
+            name, tuple(axes), spec, tuple(x.shape), device_shape, np.dtype(x.dtype).itemsize
+        )
 
     rows = jax.tree_util.tree_map_with_path(row, axes_tree, shapes, is_leaf=is_logical_axes)
     return jax.tree.leaves(rows, is_leaf=lambda x: isinstance(x, ArrayLayout))
@@ -73,17 +78,42 @@ def insufficiently_sharded(layouts, mesh, min_bytes: int = 1 << 20) -> list[Arra
 
 
 def _spec_str(spec: PartitionSpec) -> str:
-    return "(" + ", ".join("-" if p is None else p if isinstance(p, str) else "x".join(p) for p in spec) + ")"
+    return (
+        "("
+        + ", ".join("-" if p is None else p if isinstance(p, str) else "x".join(p) for p in spec)
+        + ")"
+    )
 
 
 def format_layouts(layouts) -> str:
     """A fixed-width table: path, logical axes, mesh axes, global and per-device shape, bytes."""
-    header = ("parameter", "logical axes", "mesh axes", "shape", "per-device shape", "per-device bytes")
-    body = [(r.path, "(" + ", ".join(str(a) for a in r.logical_axes) + ")", _spec_str(r.spec),
-             str(r.shape), str(r.device_shape), f"{r.device_bytes:,}") for r in layouts]
+    header = (
+        "parameter",
+        "logical axes",
+        "mesh axes",
+        "shape",
+        "per-device shape",
+        "per-device bytes",
+    )
+    body = [
+        (
+            r.path,
+            "(" + ", ".join(str(a) for a in r.logical_axes) + ")",
+            _spec_str(r.spec),
+            str(r.shape),
+            str(r.device_shape),
+            f"{r.device_bytes:,}",
+        )
+        for r in layouts
+    ]
     body.append(("total", "", "", "", "", f"{sum(r.device_bytes for r in layouts):,}"))
     widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) if i < 5 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-             for row in [header, *body]]
+    lines = [
+        "  ".join(
+            cell.ljust(w) if i < 5 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths))
+        )
+        for row in [header, *body]
+    ]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)

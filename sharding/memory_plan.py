@@ -20,6 +20,7 @@ Assumptions, stated so the numbers can be checked by hand:
 * Serving (``optimizer=None``): parameters, the KV cache ``2 x layers x batch x seq x kv_heads x
   head_dim`` and one layer's working set for the prompt plus last-position logits.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,6 +38,7 @@ from sharding.rules import AxisRules, current_rules
 @dataclasses.dataclass(frozen=True)
 class Precision:
     """Bytes per element of each kind of state."""
+
     param: int
     master: int  # fp32 master copy kept beside low-precision params (0 if none)
     grad: int
@@ -56,6 +58,7 @@ REMAT = ("none", "dots", "full")
 @dataclasses.dataclass(frozen=True)
 class ModelShape:
     """The shape-determining fields of ``TransformerConfig``; any object with them will do."""
+
     vocab_size: int
     d_model: int
     n_layers: int
@@ -67,10 +70,12 @@ class ModelShape:
     qkv_bias: bool = False
 
 
-LLAMA3_8B = ModelShape(vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
-                       head_dim=128, d_ff=14336)
-LLAMA3_70B = ModelShape(vocab_size=128256, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8,
-                        head_dim=128, d_ff=28672)
+LLAMA3_8B = ModelShape(
+    vocab_size=128256, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128, d_ff=14336
+)
+LLAMA3_70B = ModelShape(
+    vocab_size=128256, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, head_dim=128, d_ff=28672
+)
 PRESETS = {"llama3-8b": LLAMA3_8B, "llama3-70b": LLAMA3_70B}
 
 
@@ -83,7 +88,15 @@ def _arrays(table):
 
 def transformer_params(c):
     """(axes tree, shapes tree) of the transformer's parameters, flat by name."""
-    L, D, N, K, H, F, V = c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff, c.vocab_size
+    L, D, N, K, H, F, V = (
+        c.n_layers,
+        c.d_model,
+        c.n_heads,
+        c.n_kv_heads,
+        c.head_dim,
+        c.d_ff,
+        c.vocab_size,
+    )
     table = {
         "embed": (("vocab", "embed"), (V, D)),
         "q": (("layers", "embed", "q_heads", "head_dim"), (L, D, N, H)),
@@ -108,6 +121,7 @@ def transformer_params(c):
 
 class Saved(NamedTuple):
     """An activation: logical axes, shape, whether it is fp32, remat policies that keep it."""
+
     axes: tuple
     shape: tuple
     fp32: bool = False
@@ -134,15 +148,21 @@ def _layer_activations(c, batch, seq) -> dict[str, Saved]:
     }
 
 
-def _bytes(table: dict[str, Saved], mesh, rules, precision: Precision, keep=lambda saved: True) -> int:
+def _bytes(
+    table: dict[str, Saved], mesh, rules, precision: Precision, keep=lambda saved: True
+) -> int:
     chosen = {name: (saved.axes, saved.shape) for name, saved in table.items() if keep(saved)}
     layouts = array_layouts(*_arrays(chosen), mesh, rules)
-    return sum(row.device_elements * (4 if table[row.path].fp32 else precision.activation) for row in layouts)
+    return sum(
+        row.device_elements * (4 if table[row.path].fp32 else precision.activation)
+        for row in layouts
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class MemoryPlan:
     """Per-device bytes by kind of state; ``n_params`` is the global parameter count."""
+
     n_params: int
     params: int
     master_params: int
@@ -153,12 +173,26 @@ class MemoryPlan:
 
     @property
     def total(self) -> int:
-        return (self.params + self.master_params + self.grads + self.optimizer + self.activations
-                + self.kv_cache)
+        return (
+            self.params
+            + self.master_params
+            + self.grads
+            + self.optimizer
+            + self.activations
+            + self.kv_cache
+        )
 
 
-def plan_memory(config, mesh, batch: int, seq_len: int, optimizer: str | None = "adamw",
-                precision: str = "mixed", remat: str = "full", rules: AxisRules | None = None) -> MemoryPlan:
+def plan_memory(
+    config,
+    mesh,
+    batch: int,
+    seq_len: int,
+    optimizer: str | None = "adamw",
+    precision: str = "mixed",
+    remat: str = "full",
+    rules: AxisRules | None = None,
+) -> MemoryPlan:
     """Per-device memory of training (``optimizer`` set) or serving (``optimizer=None``).
 
     ``config``: any object with the ``ModelShape`` fields (e.g. ``TransformerConfig``); ``mesh``: a
@@ -169,7 +203,9 @@ def plan_memory(config, mesh, batch: int, seq_len: int, optimizer: str | None = 
     if remat not in REMAT:
         raise ValueError(f"remat={remat!r}; expected one of {REMAT}")
     if optimizer is not None and optimizer not in OPTIMIZER_MOMENTS:
-        raise ValueError(f"optimizer={optimizer!r}; expected None or one of {sorted(OPTIMIZER_MOMENTS)}")
+        raise ValueError(
+            f"optimizer={optimizer!r}; expected None or one of {sorted(OPTIMIZER_MOMENTS)}"
+        )
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}; expected one of {sorted(PRECISIONS)}")
     p = PRECISIONS[precision]
@@ -184,7 +220,9 @@ def plan_memory(config, mesh, batch: int, seq_len: int, optimizer: str | None = 
         cache_axes = ("layers", "cache_batch", "cache_length", "cache_kv_heads", "head_dim")
         cache_shape = (config.n_layers, batch, seq_len, config.n_kv_heads, config.head_dim)
         kv = 2 * _bytes({"k": Saved(cache_axes, cache_shape)}, mesh, rules, p)
-        return MemoryPlan(n_params, shard * p.param, 0, 0, 0, one_layer + _bytes(head, mesh, rules, p), kv)
+        return MemoryPlan(
+            n_params, shard * p.param, 0, 0, 0, one_layer + _bytes(head, mesh, rules, p), kv
+        )
     kept = _bytes(layer, mesh, rules, p, keep=lambda saved: remat in saved.kept_by)
     head = {
         "final_norm_in": Saved(BTD, (batch, seq_len, config.d_model)),
@@ -192,30 +230,74 @@ def plan_memory(config, mesh, batch: int, seq_len: int, optimizer: str | None = 
         "logits": Saved(BTV, (batch, seq_len, config.vocab_size), fp32=True),
     }
     activations = config.n_layers * kept + (one_layer - kept) + _bytes(head, mesh, rules, p)
-    return MemoryPlan(n_params, shard * p.param, shard * p.master, shard * p.grad,
-                      shard * p.state * OPTIMIZER_MOMENTS[optimizer], activations, 0)
+    return MemoryPlan(
+        n_params,
+        shard * p.param,
+        shard * p.master,
+        shard * p.grad,
+        shard * p.state * OPTIMIZER_MOMENTS[optimizer],
+        activations,
+        0,
+    )
 
 
 GiB = 1 << 30
 
 
-def memory_report(models=("llama3-8b", "llama3-70b"), device_counts=(8, 256), seq_len: int = 4096) -> str:
+def memory_report(
+    models=("llama3-8b", "llama3-70b"), device_counts=(8, 256), seq_len: int = 4096
+) -> str:
     """Table of planned per-device GiB: mixed-precision AdamW training with full remat (one
     sequence per data x fsdp shard) on an FSDP and an FSDP x TP8 mesh, and bf16 serving on TP8
     replicas with one sequence per replica."""
-    header = ("model", "devices", "run", "mesh", "batch", "params", "master", "grads", "opt", "activ", "kv",
-              "total")
+    header = (
+        "model",
+        "devices",
+        "run",
+        "mesh",
+        "batch",
+        "params",
+        "master",
+        "grads",
+        "opt",
+        "activ",
+        "kv",
+        "total",
+    )
     rows = []
     for name in models:
         for n in device_counts:
-            runs = (("train", {"fsdp": n}, n, "adamw", "mixed"),
-                    ("train", {"fsdp": n // 8, "tensor": 8}, n // 8, "adamw", "mixed"),
-                    ("serve", {"data": n // 8, "tensor": 8}, n // 8, None, "bf16"))
+            runs = (
+                ("train", {"fsdp": n}, n, "adamw", "mixed"),
+                ("train", {"fsdp": n // 8, "tensor": 8}, n // 8, "adamw", "mixed"),
+                ("serve", {"data": n // 8, "tensor": 8}, n // 8, None, "bf16"),
+            )
             for run, mesh, batch, optimizer, precision in runs:
-                plan = plan_memory(PRESETS[name], mesh, batch, seq_len, optimizer, precision, "full")
-                gib = [f"{b / GiB:.2f}" for b in (plan.params, plan.master_params, plan.grads, plan.optimizer,
-                                                  plan.activations, plan.kv_cache, plan.total)]
-                rows.append((name, str(n), run, "x".join(f"{k}{v}" for k, v in mesh.items()), str(batch), *gib))
+                plan = plan_memory(
+                    PRESETS[name], mesh, batch, seq_len, optimizer, precision, "full"
+                )
+                gib = [
+                    f"{b / GiB:.2f}"
+                    for b in (
+                        plan.params,
+                        plan.master_params,
+                        plan.grads,
+                        plan.optimizer,
+                        plan.activations,
+                        plan.kv_cache,
+                        plan.total,
+                    )
+                ]
+                rows.append(
+                    (
+                        name,
+                        str(n),
+                        run,
+                        "x".join(f"{k}{v}" for k, v in mesh.items()),
+                        str(batch),
+                        *gib,
+                    )
+                )
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [header, *rows]]
     return "\n".join([f"per-device GiB, seq_len={seq_len}, remat=full", *lines])

@@ -8,11 +8,12 @@ all-reduce per step, ``fsdp`` one all-gather per layer, ``expert`` all-to-alls, 
 of K/V exchanges, and ``tensor`` a reduction per sub-layer on the critical path, so ``tensor`` goes
 innermost.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import gin
 import jax
@@ -30,6 +31,7 @@ _DCN_AXES = ("data", "fsdp")
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
     """Sizes of the mesh axes; at most one may be -1, meaning "all remaining devices"."""
+
     data: int = 1
     fsdp: int = 1
     expert: int = 1
@@ -37,7 +39,7 @@ class MeshSpec:
     tensor: int = 1
 
     @classmethod
-    def from_any(cls, spec) -> "MeshSpec":
+    def from_any(cls, spec) -> MeshSpec:
         """Accepts a MeshSpec or a mapping / sequence of (axis, size) pairs (names, not positions,
         so a spec cannot silently depend on the device order of ``MESH_AXES``)."""
         if isinstance(spec, MeshSpec):
@@ -67,7 +69,9 @@ class MeshSpec:
                 raise ValueError(f"{n_devices} devices do not divide by the fixed axes {sizes}")
             sizes[free[0]] = n_devices // fixed
         if math.prod(sizes.values()) != n_devices:
-            raise ValueError(f"mesh {sizes} needs {math.prod(sizes.values())} devices, have {n_devices}")
+            raise ValueError(
+                f"mesh {sizes} needs {math.prod(sizes.values())} devices, have {n_devices}"
+            )
         return sizes
 
 
@@ -84,7 +88,7 @@ def dcn_split(sizes: Mapping[str, int], slices: int) -> tuple[dict[str, int], di
     The slice count goes on the outermost axis it divides (``data``, then ``fsdp``): those
     collectives are the least frequent, so they tolerate the slower data-center network.
     """
-    dcn = {name: 1 for name in MESH_AXES}
+    dcn = dict.fromkeys(MESH_AXES, 1)
     for name in _DCN_AXES:
         if sizes[name] % slices == 0:
             dcn[name] = slices
@@ -96,8 +100,9 @@ def dcn_split(sizes: Mapping[str, int], slices: int) -> tuple[dict[str, int], di
 
 
 @gin.configurable(module="sharding")
-def make_mesh(spec=(("fsdp", -1),), *, devices: Sequence | None = None,
-              axis_type: AxisType = AxisType.Auto) -> Mesh:
+def make_mesh(
+    spec=(("fsdp", -1),), *, devices: Sequence | None = None, axis_type: AxisType = AxisType.Auto
+) -> Mesh:
     """Builds a mesh with all five ``MESH_AXES`` from sizes (see ``MeshSpec.from_any``).
 
     Axes default to ``Auto`` so the partitioner propagates shardings through ``jit`` and
@@ -118,9 +123,14 @@ def make_mesh(spec=(("fsdp", -1),), *, devices: Sequence | None = None,
 def hybrid_device_array(sizes: Mapping[str, int], devices: Sequence) -> np.ndarray:
     """Devices arranged so that each slice (or host) is a contiguous block of the DCN axis."""
     ici, dcn = dcn_split(sizes, num_slices(devices))
-    return np.asarray(mesh_utils.create_hybrid_device_mesh(
-        [ici[name] for name in MESH_AXES], [dcn[name] for name in MESH_AXES], devices,
-        process_is_granule=getattr(devices[0], "slice_index", None) is None))
+    return np.asarray(
+        mesh_utils.create_hybrid_device_mesh(
+            [ici[name] for name in MESH_AXES],
+            [dcn[name] for name in MESH_AXES],
+            devices,
+            process_is_granule=getattr(devices[0], "slice_index", None) is None,
+        )
+    )
 
 
 def axis_sizes(mesh) -> dict[str, int]:
@@ -133,4 +143,4 @@ def axis_sizes(mesh) -> dict[str, int]:
         sizes = dict(mesh.shape)
     if any(size < 1 for size in sizes.values()):
         raise ValueError(f"axis sizes must be resolved positive numbers; got {sizes}")
-    return {**{name: 1 for name in MESH_AXES}, **sizes}
+    return {**dict.fromkeys(MESH_AXES, 1), **sizes}

@@ -3,6 +3,7 @@
 A parameter tree's companion "axes tree" has the same structure with a tuple of logical names
 in place of each array.  Tuples are pytree nodes, so every traversal here passes ``is_leaf``.
 """
+
 from __future__ import annotations
 
 import jax
@@ -38,8 +39,11 @@ def logical_to_specs(axes_tree, mesh, rules: AxisRules | None = None, *, shapes=
 def logical_to_sharding(axes_tree, mesh: Mesh, rules: AxisRules | None = None, *, shapes=None):
     """Pytree of ``NamedSharding`` for ``axes_tree`` on ``mesh`` (see :func:`logical_to_specs`)."""
     specs = logical_to_specs(axes_tree, mesh, rules, shapes=shapes)
-    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs,
-                        is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    return jax.tree.map(
+        lambda spec: NamedSharding(mesh, spec),
+        specs,
+        is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec),
+    )
 
 
 def shard_params(params, axes_tree, mesh: Mesh, rules: AxisRules | None = None):

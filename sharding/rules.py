@@ -7,13 +7,14 @@ its rules whose mesh axes are still free in that array, so later rules act as fa
 ``("embed", "fsdp")`` then ``("embed", None)``).  Mesh axes of size 1 are dropped before matching,
 so they never cause conflicts and never show up in a ``PartitionSpec``.
 """
+
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import dataclasses
 import math
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import gin
 import jax
@@ -33,7 +34,9 @@ def _as_axes(target) -> tuple[str, ...]:
         return (target,)
     axes = tuple(target)
     if not all(isinstance(a, str) for a in axes) or len(set(axes)) != len(axes):
-        raise ShardingError(f"a rule target must be None, a mesh axis or distinct mesh axes; got {target!r}")
+        raise ShardingError(
+            f"a rule target must be None, a mesh axis or distinct mesh axes; got {target!r}"
+        )
     return axes
 
 
@@ -44,6 +47,7 @@ class AxisRules:
     Construct from a mapping or a sequence of pairs whose targets are None, a mesh axis name or
     a tuple of names.  Hashable, so it can be a static argument.
     """
+
     rules: tuple[tuple[str, tuple[str, ...]], ...]
 
     def __init__(self, rules):
@@ -51,17 +55,20 @@ class AxisRules:
             pairs = rules.rules
         else:
             pairs = rules.items() if isinstance(rules, Mapping) else rules
-        object.__setattr__(self, "rules", tuple((str(name), _as_axes(target)) for name, target in pairs))
+        object.__setattr__(
+            self, "rules", tuple((str(name), _as_axes(target)) for name, target in pairs)
+        )
 
-    def __add__(self, other) -> "AxisRules":
+    def __add__(self, other) -> AxisRules:
         """``overrides + base``: rules of the left operand are tried first."""
         return AxisRules(self.rules + AxisRules(other).rules)
 
     def candidates(self, name: str) -> list[tuple[str, ...]]:
         return [axes for rule_name, axes in self.rules if rule_name == name]
 
-    def resolve(self, logical_axes: Sequence[str | None], mesh=None, *, shape=None,
-                path: str | None = None) -> PartitionSpec:
+    def resolve(
+        self, logical_axes: Sequence[str | None], mesh=None, *, shape=None, path: str | None = None
+    ) -> PartitionSpec:
         """The ``PartitionSpec`` for one array; see :func:`logical_to_spec`."""
         logical_axes = tuple(logical_axes)
         where = f"{path}: " if path else ""
@@ -82,7 +89,8 @@ class AxisRules:
             else:
                 raise ShardingError(
                     f"{where}logical axis {name!r} of {logical_axes} has no rule whose mesh axes are "
-                    f"free: candidates {candidates}, already used by other dimensions {sorted(used)}")
+                    f"free: candidates {candidates}, already used by other dimensions {sorted(used)}"
+                )
             used.update(axes)
             spec.append(axes)
         if shape is not None:
@@ -92,14 +100,17 @@ class AxisRules:
 
 def _check_divisible(logical_axes, spec, shape, sizes, where):
     if len(shape) != len(logical_axes):
-        raise ShardingError(f"{where}shape {shape} has rank {len(shape)} but logical axes "
-                            f"{logical_axes} have {len(logical_axes)}")
+        raise ShardingError(
+            f"{where}shape {shape} has rank {len(shape)} but logical axes "
+            f"{logical_axes} have {len(logical_axes)}"
+        )
     for dim, (name, axes, size) in enumerate(zip(logical_axes, spec, shape)):
         parts = math.prod(sizes.get(a, 1) for a in axes)
         if size % parts:
             raise ShardingError(
                 f"{where}dimension {dim} ({name!r}) of shape {shape} has size {size}, not divisible by "
-                f"mesh axes {axes} of total size {parts} (logical axes {logical_axes})")
+                f"mesh axes {axes} of total size {parts} (logical axes {logical_axes})"
+            )
 
 
 # Megatron layout: column-parallel in-projections (q/k/v, gate/up shard their output on "tensor"),
@@ -144,7 +155,9 @@ def axis_rules(rules=DEFAULT_TABLE, overrides=()) -> AxisRules:
     return AxisRules(overrides) + rules
 
 
-_ACTIVE_RULES: contextvars.ContextVar[AxisRules | None] = contextvars.ContextVar("rules", default=None)
+_ACTIVE_RULES: contextvars.ContextVar[AxisRules | None] = contextvars.ContextVar(
+    "rules", default=None
+)
 
 
 @contextlib.contextmanager
@@ -163,8 +176,14 @@ def current_rules() -> AxisRules:
     return axis_rules() if active is None else active
 
 
-def logical_to_spec(logical_axes: Sequence[str | None], rules: AxisRules | None = None, mesh=None, *,
-                    shape=None, path: str | None = None) -> PartitionSpec:
+def logical_to_spec(
+    logical_axes: Sequence[str | None],
+    rules: AxisRules | None = None,
+    mesh=None,
+    *,
+    shape=None,
+    path: str | None = None,
+) -> PartitionSpec:
     """Maps one array's logical axes to a ``PartitionSpec``.
 
     Each dimension takes the first of its rules whose (non-trivial) mesh axes no earlier dimension

@@ -6,6 +6,7 @@ tests start).  That flag keeps every HLO pass (fusion, buffer assignment), so co
 analysis is unchanged; it saves about a third of the suite's time.  Set it to 0 to test the
 fully optimised code.
 """
+
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

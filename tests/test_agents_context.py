@@ -1,21 +1,35 @@
 """Context management: the prompt always fits the window; compaction keeps must-keep facts."""
+
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given
 
-from agentic_jax.agents import (ContextBudget, ContextManager, ContextOverflow, ReActAgent,
-                                ScriptedPolicy, ToolError, compaction_tool, truncate)
-from agentic_jax.agents.tools.builtin import calculator
+from agentic_jax.agents import (
+    ContextBudget,
+    ContextManager,
+    ContextOverflow,
+    ReActAgent,
+    ScriptedPolicy,
+    ToolError,
+    compaction_tool,
+    truncate,
+)
 from agentic_jax.agents.context.tokens import approx_tokens, messages_tokens
+from agentic_jax.agents.tools.builtin import calculator
 from agentic_jax.data.chat import Message, ToolCall
 
 words = st.text(alphabet="abcdefghij 0123456789.,\n", max_size=3000)
-messages = st.lists(st.builds(Message, st.sampled_from(["user", "assistant", "tool"]), words),
-                    max_size=40)
+messages = st.lists(
+    st.builds(Message, st.sampled_from(["user", "assistant", "tool"]), words), max_size=40
+)
 
 
-@given(system=words.map(lambda s: s[:400]), history=messages,
-       retrieved=st.lists(words, max_size=4), window=st.integers(400, 3000))
+@given(
+    system=words.map(lambda s: s[:400]),
+    history=messages,
+    retrieved=st.lists(words, max_size=4),
+    window=st.integers(400, 3000),
+)
 def test_the_prompt_never_exceeds_the_window(system, history, retrieved, window):
     budget = ContextBudget(window=window, max_tool_output=100)
     manager = ContextManager(budget)
@@ -56,22 +70,39 @@ def test_old_turns_are_summarised_past_the_threshold_keeping_pinned_facts():
 
 def test_summaries_never_split_a_call_from_its_result():
     call = Message("assistant", "", (ToolCall("calculator", {"expression": "1+1"}),))
-    history = [Message("user", "q " * 700), Message("assistant", "a " * 10), call,
-               Message("tool", "2"), Message("tool", "2"), Message("assistant", "done")]
+    history = [
+        Message("user", "q " * 700),
+        Message("assistant", "a " * 10),
+        call,
+        Message("tool", "2"),
+        Message("tool", "2"),
+        Message("assistant", "done"),
+    ]
     manager = ContextManager(ContextBudget(window=600, keep_recent=2))
     prompt = manager.build("s", history)
     assert manager.offset == 2  # the cut at the tool result moved back to the call
     assert prompt[1:] == history[2:]
     forward = ContextManager(ContextBudget(window=600, keep_recent=2))
-    forward.build("s", [Message("assistant", "q " * 700, call.tool_calls), Message("tool", "2"),
-                        Message("user", "go on")])
+    forward.build(
+        "s",
+        [
+            Message("assistant", "q " * 700, call.tool_calls),
+            Message("tool", "2"),
+            Message("user", "go on"),
+        ],
+    )
     assert forward.offset == 2  # moving back would not advance: the result goes too
     # But the newest call and its results are never folded away (leaving the system prompt
     # alone): their text is cut to fit instead.
     newest = ContextManager(ContextBudget(window=600, keep_recent=1))
-    prompt = newest.build("s", [Message("user", "go"), Message("assistant", "q " * 700,
-                                                               call.tool_calls),
-                                Message("tool", "2 " * 700)])
+    prompt = newest.build(
+        "s",
+        [
+            Message("user", "go"),
+            Message("assistant", "q " * 700, call.tool_calls),
+            Message("tool", "2 " * 700),
+        ],
+    )
     assert newest.offset == 1 and [m.role for m in prompt] == ["system", "assistant", "tool"]
     assert prompt[1].tool_calls == call.tool_calls and prompt[2].content.startswith("2 2")
     assert messages_tokens(prompt) <= 600 - newest.budget.tokens(newest.budget.generation)
@@ -95,14 +126,26 @@ def test_the_compaction_tool_follows_its_rubric():
 
 def test_a_model_compacts_its_own_context_and_keeps_what_it_marked():
     manager = ContextManager(ContextBudget(window=4000))
-    policy = ScriptedPolicy([
-        {"tool_calls": [{"name": "calculator", "arguments": {"expression": "17 * 23"}}]},
-        {"text": "Sub-task 1 is done.", "tool_calls": [{"name": "compact_context", "arguments": {
-            "summary": "Computed 17 * 23.", "subtask_resolved": True,
-            "keep": ["17 * 23 = 391"]}}]},
-        {"tool_calls": [{"name": "calculator", "arguments": {"expression": "391 + 100"}}]},
-        "491",
-    ])
+    policy = ScriptedPolicy(
+        [
+            {"tool_calls": [{"name": "calculator", "arguments": {"expression": "17 * 23"}}]},
+            {
+                "text": "Sub-task 1 is done.",
+                "tool_calls": [
+                    {
+                        "name": "compact_context",
+                        "arguments": {
+                            "summary": "Computed 17 * 23.",
+                            "subtask_resolved": True,
+                            "keep": ["17 * 23 = 391"],
+                        },
+                    }
+                ],
+            },
+            {"tool_calls": [{"name": "calculator", "arguments": {"expression": "391 + 100"}}]},
+            "491",
+        ]
+    )
     result = ReActAgent(policy, [calculator], context=manager).run("What is 17 * 23 + 100?")
     assert result.ok and result.answer == "491"
     assert "compact_context" in policy.calls[0][1]

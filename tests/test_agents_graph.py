@@ -1,15 +1,27 @@
 """State graphs: typed state, conditional edges, checkpoints, human in the loop, workflows."""
+
 import threading
 
 import pydantic
 import pytest
 
-from agentic_jax.agents import (END, FileCheckpointer, GraphError, ScriptedPolicy, StateGraph,
-                                parallel)
+from agentic_jax.agents import (
+    END,
+    FileCheckpointer,
+    GraphError,
+    ScriptedPolicy,
+    StateGraph,
+    parallel,
+)
 from agentic_jax.agents.loops.graph import Checkpoint
+from agentic_jax.agents.loops.workflows import (
+    evaluator_optimizer,
+    orchestrator_workers,
+    parallelization,
+    prompt_chain,
+    routing,
+)
 from agentic_jax.agents.policies.base import AssistantMessage
-from agentic_jax.agents.loops.workflows import (evaluator_optimizer, orchestrator_workers,
-                                          parallelization, prompt_chain, routing)
 
 
 class Counter(pydantic.BaseModel):
@@ -18,11 +30,14 @@ class Counter(pydantic.BaseModel):
 
 
 def counting_graph():
-    return (StateGraph(Counter)
-            .add_node("inc", lambda s: {"n": s.n + 1, "log": s.log + ["inc"]})
-            .add_node("report", lambda s: {"log": s.log + [f"n={s.n}"]})
-            .add_conditional_edges("inc", lambda s: "small" if s.n < 3 else "big",
-                                   {"small": "inc", "big": "report"}))
+    return (
+        StateGraph(Counter)
+        .add_node("inc", lambda s: {"n": s.n + 1, "log": s.log + ["inc"]})
+        .add_node("report", lambda s: {"log": s.log + [f"n={s.n}"]})
+        .add_conditional_edges(
+            "inc", lambda s: "small" if s.n < 3 else "big", {"small": "inc", "big": "report"}
+        )
+    )
 
 
 def test_conditional_edges_loop_until_the_router_exits():
@@ -57,11 +72,13 @@ def test_any_thread_id_gets_its_own_file_inside_the_directory(tmp_path):
 
 def test_human_in_the_loop_interrupt_edit_approve_and_reject():
     sent = []
-    graph = (StateGraph(Counter)
-             .add_node("draft", lambda s: {"n": 100})
-             .add_node("send", lambda s: sent.append(s.n) or {"log": ["sent"]})
-             .add_edge("draft", "send")
-             .compile(interrupt_before=["send"]))
+    graph = (
+        StateGraph(Counter)
+        .add_node("draft", lambda s: {"n": 100})
+        .add_node("send", lambda s: sent.append(s.n) or {"log": ["sent"]})
+        .add_edge("draft", "send")
+        .compile(interrupt_before=["send"])
+    )
     run = graph.invoke({}, thread_id="a")
     assert run.status == "interrupted" and run.next == "send" and sent == []
     assert graph.get_state("a").status == "interrupted"
@@ -106,9 +123,13 @@ def test_a_file_checkpoint_resumes_sets_and_tuples_exactly(tmp_path):
         pair: tuple[int, int] = (0, 0)
 
     def compiled():  # a fresh process: new graph, new checkpointer on the same directory
-        return (StateGraph(Tagged).add_node("tag", lambda s: {"tags": {"x", "y"}, "pair": (1, 2)})
-                .add_node("check", lambda s: None).add_edge("tag", "check")
-                .compile(checkpointer=FileCheckpointer(tmp_path), interrupt_before=["check"]))
+        return (
+            StateGraph(Tagged)
+            .add_node("tag", lambda s: {"tags": {"x", "y"}, "pair": (1, 2)})
+            .add_node("check", lambda s: None)
+            .add_edge("tag", "check")
+            .compile(checkpointer=FileCheckpointer(tmp_path), interrupt_before=["check"])
+        )
 
     assert compiled().invoke({}, thread_id="t").status == "interrupted"
     run = compiled().resume("t")
@@ -128,8 +149,7 @@ def test_bad_updates_and_routes_are_graph_errors_naming_the_node():
         routed.add_conditional_edges("a", lambda s: "zz", {"done": END}).compile().invoke({})
     with pytest.raises(GraphError, match="unknown node 'b'"):
         routed.add_conditional_edges("a", lambda s: "x", {"x": "b"}).compile()
-    paused = routed.add_node("b", lambda s: None).add_edge("a", "b").compile(
-        interrupt_before=["b"])
+    paused = routed.add_node("b", lambda s: None).add_edge("a", "b").compile(interrupt_before=["b"])
     paused.invoke({})
     with pytest.raises(GraphError, match=r"edit updated unknown field\(s\) \['nope'\]"):
         paused.resume(edit={"nope": 1})
@@ -171,48 +191,71 @@ def test_prompt_chaining_with_a_gate():
     run = prompt_chain(policy, ["Outline:", "Draft:", "Polish:"]).invoke({"input": "topic"})
     assert run.state.output == "final" and run.state.outputs == ["outline", "draft", "final"]
     assert policy.calls[1][0][1].content == "outline"
-    gated = prompt_chain(ScriptedPolicy(["bad", "never"]), ["a", "b"],
-                         gate=lambda i, out: out != "bad").invoke({"input": "x"})
+    gated = prompt_chain(
+        ScriptedPolicy(["bad", "never"]), ["a", "b"], gate=lambda i, out: out != "bad"
+    ).invoke({"input": "x"})
     assert gated.state.stopped_by_gate and gated.path == ("step_0",)
 
 
 def test_routing_parallelization_orchestrator_and_evaluator_optimizer():
     policy = KeywordPolicy({"Classify": "billing", "refund": "Refunded.", "tech": "Rebooted."})
-    run = routing(policy, {"tech": "You fix tech issues.", "billing": "You refund money."}
-                  ).invoke({"input": "I was charged twice"})
+    run = routing(policy, {"tech": "You fix tech issues.", "billing": "You refund money."}).invoke(
+        {"input": "I was charged twice"}
+    )
     assert run.state.route == "billing" and run.state.output == "Refunded."
 
-    for reply, route in [("code_review", "code_review"), ("Category: poetry, not aftermath.",
-                                                         "poetry"), ("none fits", "code")]:
-        run = routing(KeywordPolicy({"Classify": reply, "You": "ok"}),
-                      {n: f"You do {n}." for n in ("code", "math", "code_review", "poetry")}
-                      ).invoke({"input": "x"})
+    for reply, route in [
+        ("code_review", "code_review"),
+        ("Category: poetry, not aftermath.", "poetry"),
+        ("none fits", "code"),
+    ]:
+        run = routing(
+            KeywordPolicy({"Classify": reply, "You": "ok"}),
+            {n: f"You do {n}." for n in ("code", "math", "code_review", "poetry")},
+        ).invoke({"input": "x"})
         assert run.state.route == route  # whole words only; the first route when none
 
     votes = KeywordPolicy({"judge A": "yes", "judge B": "no", "judge C": "yes"})
     majority = lambda r: max(set(r.values()), key=list(r.values()).count)  # noqa: E731
-    run = parallelization(votes, {k: f"You are judge {k}." for k in "ABC"}, majority
-                          ).invoke({"input": "is it safe?"})
+    run = parallelization(votes, {k: f"You are judge {k}." for k in "ABC"}, majority).invoke(
+        {"input": "is it safe?"}
+    )
     assert run.state.results == {"A": "yes", "B": "no", "C": "yes"} and run.state.output == "yes"
 
-    workers = KeywordPolicy({"Split": "1. north\n2. south",
-                             "Solve": lambda u: u.split()[-1].upper(),
-                             "Combine": lambda u: u.count("- ") * "x"})
+    workers = KeywordPolicy(
+        {
+            "Split": "1. north\n2. south",
+            "Solve": lambda u: u.split()[-1].upper(),
+            "Combine": lambda u: u.count("- ") * "x",
+        }
+    )
     run = orchestrator_workers(workers).invoke({"input": "survey"})
     assert run.state.subtasks == ["north", "south"] and run.state.results == ["NORTH", "SOUTH"]
     assert run.state.output == "xx"
 
     drafts = iter(["draft 1", "draft 2"])
-    optimizer = KeywordPolicy({"Write": lambda u: next(drafts),
-                               "Evaluate": lambda u: "ACCEPT" if "draft 2" in u else "more detail"})
+    optimizer = KeywordPolicy(
+        {
+            "Write": lambda u: next(drafts),
+            "Evaluate": lambda u: "ACCEPT" if "draft 2" in u else "more detail",
+        }
+    )
     run = evaluator_optimizer(optimizer).invoke({"input": "write"})
     assert run.state.accepted and run.state.output == "draft 2" and run.state.rounds == 2
     assert "Feedback: more detail" in optimizer.calls[2][1]
 
 
-@pytest.mark.parametrize("verdict,accepted", [
-    ("ACCEPT", True), ("**ACCEPT**", True), ("__Accept__ - clear", True), ("ACCEPT.", True),
-    ("ACCEPTABLE? No, add a source.", False), ("Not ACCEPT yet", False)])
+@pytest.mark.parametrize(
+    "verdict,accepted",
+    [
+        ("ACCEPT", True),
+        ("**ACCEPT**", True),
+        ("__Accept__ - clear", True),
+        ("ACCEPT.", True),
+        ("ACCEPTABLE? No, add a source.", False),
+        ("Not ACCEPT yet", False),
+    ],
+)
 def test_the_evaluator_accepts_only_the_word_accept_first(verdict, accepted):
     policy = KeywordPolicy({"Write": "draft", "Evaluate": verdict})
     run = evaluator_optimizer(policy, max_rounds=1).invoke({"input": "write"})

@@ -1,21 +1,39 @@
 """Agent loops on ScriptedPolicy: answers, loop detection, budgets, retries, gates, re-planning."""
+
 import builtins
 
 import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from agentic_jax.agents import (AssistantMessage, Budget, Evaluation, GenerateVerifyRetry,
-                                HTTPPolicy, LoopDetector, PlanAndExecute, Pricing, ReActAgent,
-                                ReflectionMemory, Reflexion, RetryPolicy, ScriptedPolicy,
-                                StopReason, ToolExecutor, TransientToolError, tool)
+from agentic_jax.agents import (
+    AssistantMessage,
+    Budget,
+    Evaluation,
+    GenerateVerifyRetry,
+    HTTPPolicy,
+    LoopDetector,
+    PlanAndExecute,
+    Pricing,
+    ReActAgent,
+    ReflectionMemory,
+    Reflexion,
+    RetryPolicy,
+    ScriptedPolicy,
+    StopReason,
+    ToolExecutor,
+    TransientToolError,
+    tool,
+)
 from agentic_jax.agents.tools.builtin import calculator
 from agentic_jax.data.chat import ToolCall
 
 
 def call(expression, text=""):
-    return {"text": text, "tool_calls": [{"name": "calculator",
-                                          "arguments": {"expression": expression}}]}
+    return {
+        "text": text,
+        "tool_calls": [{"name": "calculator", "arguments": {"expression": expression}}],
+    }
 
 
 def test_react_reaches_the_answer_through_tool_calls():
@@ -89,11 +107,12 @@ def test_results_new_earlier_in_the_same_turn_do_not_excuse_a_repeat():
 
 
 def test_a_loop_of_two_calls_is_caught_on_its_second_lap():
-    policy = ScriptedPolicy([call("2 + 2"), call("3 + 3"), call("2 + 2"), call("3 + 3"),
-                             call("2 + 2"), "never reached"])
+    policy = ScriptedPolicy(
+        [call("2 + 2"), call("3 + 3"), call("2 + 2"), call("3 + 3"), call("2 + 2"), "never reached"]
+    )
     result = ReActAgent(policy, [calculator]).run("add")
     tool_turns = [m.content for m in result.messages if m.role == "tool"]
-    assert tool_turns[:3] == ["4", "6", "4"]       # the second lap's first call: 6 was new
+    assert tool_turns[:3] == ["4", "6", "4"]  # the second lap's first call: 6 was new
     assert tool_turns[3].startswith("error: repeated call: calculator")
     assert result.stop_reason is StopReason.REPEATED_CALL
 
@@ -106,8 +125,9 @@ def test_check_step_needs_one_result_per_checked_call():
 
 
 @settings(max_examples=20, deadline=None)
-@given(st.dictionaries(st.text(max_size=3), st.integers(-2**40, 2**40) | st.booleans(),
-                       max_size=3))
+@given(
+    st.dictionaries(st.text(max_size=3), st.integers(-(2**40), 2**40) | st.booleans(), max_size=3)
+)
 def test_arguments_equal_in_value_are_the_same_call(arguments):
     as_floats = {k: v if isinstance(v, bool) else float(v) for k, v in arguments.items()}
     detector = LoopDetector()
@@ -118,10 +138,15 @@ def test_arguments_equal_in_value_are_the_same_call(arguments):
 
 
 def test_a_stop_midway_through_a_turn_still_answers_every_call():
-    turn = {"tool_calls": [{"name": "calculator", "arguments": {"expression": e}}
-                           for e in ("1 + 1", "1 + 1", "2 + 2")]}
-    result = ReActAgent(ScriptedPolicy([turn]), [calculator],
-                        loop_detector=LoopDetector(redirects=0)).run("add")
+    turn = {
+        "tool_calls": [
+            {"name": "calculator", "arguments": {"expression": e}}
+            for e in ("1 + 1", "1 + 1", "2 + 2")
+        ]
+    }
+    result = ReActAgent(
+        ScriptedPolicy([turn]), [calculator], loop_detector=LoopDetector(redirects=0)
+    ).run("add")
     assert result.stop_reason is StopReason.REPEATED_CALL
     # A valid history to continue from: each call is followed by its result.
     assert [m.role for m in result.messages] == ["user", "assistant", "tool", "tool", "tool"]
@@ -156,16 +181,23 @@ def test_steps_without_progress_stop_the_run():
     assert len(notes) == 1 and "no progress" in notes[0]
 
 
-@pytest.mark.parametrize("budget,reason", [
-    (Budget(max_steps=2), StopReason.MAX_STEPS),
-    (Budget(max_tokens=150), StopReason.TOKEN_BUDGET),
-    (Budget(max_cost=0.05), StopReason.COST_BUDGET),
-    (Budget(max_wall_s=0.0), StopReason.WALL_TIME),
-])
+@pytest.mark.parametrize(
+    "budget,reason",
+    [
+        (Budget(max_steps=2), StopReason.MAX_STEPS),
+        (Budget(max_tokens=150), StopReason.TOKEN_BUDGET),
+        (Budget(max_cost=0.05), StopReason.COST_BUDGET),
+        (Budget(max_wall_s=0.0), StopReason.WALL_TIME),
+    ],
+)
 def test_budgets_stop_the_loop_with_the_right_reason(budget, reason):
     policy = ScriptedPolicy([call(f"{i} + 1") for i in range(10)])
-    result = ReActAgent(policy, [calculator], budget=budget,
-                        pricing=Pricing(prompt_per_1k=1.0, completion_per_1k=1.0)).run("count")
+    result = ReActAgent(
+        policy,
+        [calculator],
+        budget=budget,
+        pricing=Pricing(prompt_per_1k=1.0, completion_per_1k=1.0),
+    ).run("count")
     assert result.stop_reason is reason and result.answer is None
     assert result.detail and result.trace[-1]["stop_reason"] == reason.value
     if reason is StopReason.MAX_STEPS:
@@ -186,8 +218,9 @@ def test_a_limit_of_none_is_off():
 
 def test_the_token_budget_caps_max_tokens_even_when_the_sampling_sets_none():
     policy = ScriptedPolicy(["done"])
-    result = ReActAgent(policy, budget=Budget(max_tokens=500),
-                        sampling={"max_tokens": None}).run("x")
+    result = ReActAgent(policy, budget=Budget(max_tokens=500), sampling={"max_tokens": None}).run(
+        "x"
+    )
     assert result.ok and policy.calls[0][2]["max_tokens"] == 500
 
 
@@ -203,8 +236,9 @@ def test_a_tool_that_fails_twice_then_succeeds_is_retried():
         return "value"
 
     executor = ToolExecutor([lookup], retry=RetryPolicy(max_attempts=3), sleep=lambda s: None)
-    policy = ScriptedPolicy([{"tool_calls": [{"name": "lookup", "arguments": {"key": "k"}}]},
-                             "the value is value"])
+    policy = ScriptedPolicy(
+        [{"tool_calls": [{"name": "lookup", "arguments": {"key": "k"}}]}, "the value is value"]
+    )
     result = ReActAgent(policy, executor).run("look up k")
     assert result.ok and attempts == ["k"] * 3
     [event] = [e for e in result.trace if e["kind"] == "tool_call"]
@@ -220,26 +254,42 @@ def test_approval_gates_block_dangerous_tools():
         sent.append((to, amount))
         return "sent"
 
-    policy = ScriptedPolicy([{"tool_calls": [{"name": "send_money",
-                                              "arguments": {"to": "mallory", "amount": 1e6}}]},
-                             "I could not send it."])
+    policy = ScriptedPolicy(
+        [
+            {"tool_calls": [{"name": "send_money", "arguments": {"to": "mallory", "amount": 1e6}}]},
+            "I could not send it.",
+        ]
+    )
     asked = []
     executor = ToolExecutor([send_money], approver=lambda t, c: asked.append(c.arguments) or False)
     result = ReActAgent(policy, executor).run("pay mallory")
     assert sent == [] and asked == [{"to": "mallory", "amount": 1e6}]
     assert [m.content for m in result.messages if m.role == "tool"] == [
-        "error: the call to 'send_money' was not approved"]
+        "error: the call to 'send_money' was not approved"
+    ]
     assert result.ok  # the model heard "no" and answered
 
 
 def test_malformed_tool_call_json_from_a_server_is_an_error_the_model_sees():
     cut_off = '{"expression": "17 * 2'  # a call cut off at the token limit: not JSON
-    replies = [{"tool_calls": [{"id": "a", "type": "function", "function": {
-        "name": "calculator", "arguments": cut_off}}]}, {"content": "34"}]
+    replies = [
+        {
+            "tool_calls": [
+                {
+                    "id": "a",
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": cut_off},
+                }
+            ]
+        },
+        {"content": "34"},
+    ]
     bodies = []
     policy = HTTPPolicy("http://unused/v1", "m")
-    policy._post = lambda body: bodies.append(body) or {
-        "choices": [{"message": replies[len(bodies) - 1], "finish_reason": "stop"}]}
+    policy._post = lambda body: (
+        bodies.append(body)
+        or {"choices": [{"message": replies[len(bodies) - 1], "finish_reason": "stop"}]}
+    )
     result = ReActAgent(policy, [calculator]).run("What is 17 * 2?")
     assert result.ok and result.answer == "34"
     [event] = [e for e in result.trace if e["kind"] == "tool_call"]
@@ -257,20 +307,28 @@ def test_a_policy_failure_stops_with_its_reason():
 
 
 def test_plan_and_execute_replans_after_a_failed_step():
-    policy = ScriptedPolicy([
-        "1. Multiply 17 by 23\n2. Look up the answer in a table",   # plan
-        call("17 * 23"), "391",                                      # step 1
-        "FAILED: there is no table tool",                            # step 2
-        "1. Add 100 to 391 with the calculator",                     # re-plan
-        call("391 + 100"), "491",                                    # new step
-        "The answer is 491.",                                        # synthesis
-    ])
+    policy = ScriptedPolicy(
+        [
+            "1. Multiply 17 by 23\n2. Look up the answer in a table",  # plan
+            call("17 * 23"),
+            "391",  # step 1
+            "FAILED: there is no table tool",  # step 2
+            "1. Add 100 to 391 with the calculator",  # re-plan
+            call("391 + 100"),
+            "491",  # new step
+            "The answer is 491.",  # synthesis
+        ]
+    )
     agent = PlanAndExecute(policy, ReActAgent(policy, [calculator]))
     result = agent.run("What is 17 * 23 + 100?")
     assert result.ok and result.answer == "The answer is 491."
     decisions = [(e["decision"], e["detail"]) for e in result.trace if e["kind"] == "decision"]
     assert [d for d, _ in decisions if d in ("plan", "replan", "step_done")] == [
-        "plan", "step_done", "replan", "step_done"]
+        "plan",
+        "step_done",
+        "replan",
+        "step_done",
+    ]
     assert "no table tool" in policy.calls[4][0][1].content  # the planner heard why
     assert "391" in policy.calls[7][0][1].content  # the synthesis saw the results
 
@@ -287,18 +345,24 @@ def test_plan_and_execute_gives_up_after_max_replans_and_respects_the_budget():
     result = PlanAndExecute(failing, ReActAgent(failing, [calculator]), max_replans=1).run("t")
     assert result.stop_reason is StopReason.MAX_ATTEMPTS and "still no" in result.detail
     looping = ScriptedPolicy(["1. loop"] + [call(f"{i} + 1") for i in range(10)])
-    result = PlanAndExecute(looping, ReActAgent(looping, [calculator]),
-                            budget=Budget(max_steps=4)).run("t")
+    result = PlanAndExecute(
+        looping, ReActAgent(looping, [calculator]), budget=Budget(max_steps=4)
+    ).run("t")
     assert result.stop_reason is StopReason.MAX_STEPS and result.steps == 4
 
 
 def test_reflexion_stores_self_critique_across_attempts(tmp_path):
-    policy = ScriptedPolicy([
-        call("17 * 23"), "391",                                         # attempt 1: forgot +100
-        "I forgot to add 100. Next time: finish every operation.",      # reflection
-        call("17 * 23 + 100"), "491",                                   # attempt 2
-    ])
+    policy = ScriptedPolicy(
+        [
+            call("17 * 23"),
+            "391",  # attempt 1: forgot +100
+            "I forgot to add 100. Next time: finish every operation.",  # reflection
+            call("17 * 23 + 100"),
+            "491",  # attempt 2
+        ]
+    )
     memory = ReflectionMemory(tmp_path / "reflections.json")
+
     def evaluator(task, answer):
         return Evaluation(answer == "491", "expected 17 * 23 + 100")
 
@@ -309,7 +373,8 @@ def test_reflexion_stores_self_critique_across_attempts(tmp_path):
     assert "I forgot to add 100" in second_attempt_system
     assert "expected 17 * 23 + 100" in policy.calls[2][0][1].content  # feedback reached the critic
     assert ReflectionMemory(tmp_path / "reflections.json").get("17*23+100?") == [
-        "I forgot to add 100. Next time: finish every operation."]
+        "I forgot to add 100. Next time: finish every operation."
+    ]
 
 
 def test_reflection_memories_sharing_a_file_keep_each_others_reflections(tmp_path):
@@ -342,7 +407,7 @@ def test_a_crash_while_writing_reflections_leaves_the_file_intact(tmp_path, monk
             self.file.close()
 
         def write(self, text):
-            self.file.write(text[:len(text) // 2])
+            self.file.write(text[: len(text) // 2])
             raise OSError("no space left on device")
 
     def crashing_open(file, mode="r", *args, **kwargs):
@@ -358,8 +423,9 @@ def test_a_crash_while_writing_reflections_leaves_the_file_intact(tmp_path, monk
 
 def test_reflexion_stops_after_max_attempts():
     policy = ScriptedPolicy(["1", "try harder", "2"])
-    result = Reflexion(ReActAgent(policy), lambda t, a: Evaluation(False, "no"),
-                       max_attempts=2).run("t")
+    result = Reflexion(
+        ReActAgent(policy), lambda t, a: Evaluation(False, "no"), max_attempts=2
+    ).run("t")
     assert result.stop_reason is StopReason.MAX_ATTEMPTS and len(policy.calls) == 3
 
 
@@ -374,8 +440,15 @@ def test_generate_verify_retry_grows_the_budget_and_feeds_back():
 
 def test_generate_verify_retry_stops_when_the_budget_cannot_pay_for_an_attempt():
     policy = ScriptedPolicy(["wrong answer " * 5] * 10)
-    result = GenerateVerifyRetry(policy, lambda t, a: Evaluation(False, "no"), min_tokens=40,
-                                 budget=Budget(max_tokens=120)).run("task")
+    result = GenerateVerifyRetry(
+        policy, lambda t, a: Evaluation(False, "no"), min_tokens=40, budget=Budget(max_tokens=120)
+    ).run("task")
     assert result.stop_reason is StopReason.TOKEN_BUDGET and result.steps == 2
-    assert GenerateVerifyRetry(ScriptedPolicy(["a", "b"]), lambda t, a: Evaluation(False),
-                               max_attempts=2).run("t").stop_reason is StopReason.MAX_ATTEMPTS
+    assert (
+        GenerateVerifyRetry(
+            ScriptedPolicy(["a", "b"]), lambda t, a: Evaluation(False), max_attempts=2
+        )
+        .run("t")
+        .stop_reason
+        is StopReason.MAX_ATTEMPTS
+    )

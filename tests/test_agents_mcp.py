@@ -1,6 +1,7 @@
 """MCP: the SDK's own client against our server, our client against our server and a third-party
 server started as real subprocesses (stdio and Streamable HTTP), MCP tools inside an agent loop,
 reconnection after the server is killed, name-spacing, progress, cancellation and timeouts."""
+
 import dataclasses
 import functools
 import json
@@ -34,7 +35,6 @@ from agentic_jax.agents import (
     tool,
 )
 from agentic_jax.agents.protocols import mcp_client
-from agentic_jax.agents.tools.executor import RetryPolicy
 from agentic_jax.agents.protocols.mcp_client import (
     MCPClient,
     MCPConnectionError,
@@ -49,17 +49,27 @@ from agentic_jax.agents.protocols.mcp_server import (
     generation_tool,
     report_progress,
 )
-from agentic_jax.agents.session import AgentConfig, run_session
 from agentic_jax.agents.protocols.skills import Skill, SkillRegistry
+from agentic_jax.agents.session import AgentConfig, run_session
+from agentic_jax.agents.tools.executor import RetryPolicy
 from agentic_jax.data.chat import ToolCall
-from agentic_jax.inference.serving.engine import EngineConfig
 from agentic_jax.inference.decoding.sampling import SamplingParams
+from agentic_jax.inference.serving.engine import EngineConfig
 
 OUR_SERVER = [sys.executable, "-m", "agentic_jax.cli", "mcp-server"]
-SKILL = Skill("arithmetic", "Exact integer arithmetic.", "Use the calculator for every product.",
-              tools=("calculator",), examples=("What is 17 * 23?",))
-METRICS = [{"step": 1, "loss": 5.0, "lr": 0.1}, {"step": 2, "loss": 4.0, "lr": 0.2},
-           {"step": 2, "eval_loss": 4.5}, {"step": 3, "loss": 4.25, "lr": 0.3}]
+SKILL = Skill(
+    "arithmetic",
+    "Exact integer arithmetic.",
+    "Use the calculator for every product.",
+    tools=("calculator",),
+    examples=("What is 17 * 23?",),
+)
+METRICS = [
+    {"step": 1, "loss": 5.0, "lr": 0.1},
+    {"step": 2, "loss": 4.0, "lr": 0.2},
+    {"step": 2, "eval_loss": 4.5},
+    {"step": 3, "loss": 4.25, "lr": 0.3},
+]
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +119,7 @@ def events_server() -> tuple[MCPServer, dict]:
             seen["cancelled"].set()
             raise
         return "awake"
+
     return server, seen
 
 
@@ -137,29 +148,33 @@ def test_the_sdk_client_sees_our_tools_resources_and_prompts(server, run_dir):
                 await client.call_tool("nope", {})
 
             uris = {str(r.uri) for r in (await client.list_resources()).resources}
-            assert uris == {RUN_URI + n for n in ("config.gin", "model_config.json",
-                                                  "metrics_summary.json")}
+            assert uris == {
+                RUN_URI + n for n in ("config.gin", "model_config.json", "metrics_summary.json")
+            }
             config = await client.read_resource(RUN_URI + "config.gin")
             assert config.contents[0].text == (run_dir / "config.gin").read_text()
             model = await client.read_resource(RUN_URI + "model_config.json")
             assert json.loads(model.contents[0].text)["d_model"] == 16
 
             prompts = (await client.list_prompts()).prompts
-            assert [(p.name, p.description) for p in prompts] == [("arithmetic",
-                                                                   SKILL.description)]
+            assert [(p.name, p.description) for p in prompts] == [("arithmetic", SKILL.description)]
             assert [(a.name, a.required) for a in prompts[0].arguments] == [("task", False)]
             got = await client.get_prompt("arithmetic", {"task": "What is 6 * 7?"})
             text = got.messages[0].content.text
             assert got.messages[0].role == "user" and text.startswith(SKILL.prompt())
             assert text.endswith("What is 6 * 7?")
+
     anyio.run(session)
 
 
 def test_metrics_summary_resource(local):
     summary = json.loads(local.read_text(RUN_URI + "metrics_summary.json"))
-    assert summary == {"records": 4, "last_step": 3,
-                       "last": {"loss": 4.25, "lr": 0.3, "eval_loss": 4.5},
-                       "lowest": {"loss": 4.0, "eval_loss": 4.5}}
+    assert summary == {
+        "records": 4,
+        "last_step": 3,
+        "last": {"loss": 4.25, "lr": 0.3, "eval_loss": 4.5},
+        "lowest": {"loss": 4.0, "eval_loss": 4.5},
+    }
 
 
 @given(st.integers(-999, 999), st.integers(-999, 999), st.integers(1, 99))
@@ -174,6 +189,7 @@ def test_a_tool_that_exits_is_an_error_result_not_the_end_of_the_server():
     def exits(x: int) -> int:
         """Exits, as argparse does on bad input."""
         raise SystemExit(2)
+
     with MCPSession(AgentMCPServer(agent_tools=[exits]), name="exits") as session:
         result = session.call_tool("exits", {"x": 1})
         assert result.is_error and result.content[0].text == "exits failed: SystemExit: 2"
@@ -193,6 +209,7 @@ def test_a_timed_out_call_sends_no_progress_and_its_tool_stops_at_its_next_repor
             stopped.set()
             raise
         return "done"
+
     progress = []
     with MCPSession(AgentMCPServer(agent_tools=[slow]), name="slow") as session:
         result = session.call_tool("slow", {}, progress=lambda *p: progress.append(p))
@@ -209,8 +226,11 @@ def test_generate_streams_its_text_as_progress(run_dir):
         server = AgentMCPServer(agent_tools=[generation_tool(model)])
         progress = []
         with MCPSession(server) as session:
-            result = session.call_tool("generate", {"prompt": "The cat", "max_tokens": 8},
-                                       progress=lambda *p: progress.append(p))
+            result = session.call_tool(
+                "generate",
+                {"prompt": "The cat", "max_tokens": 8},
+                progress=lambda *p: progress.append(p),
+            )
             bad = session.call_tool("generate", {"prompt": "The cat", "max_tokens": 0})
         want = model.complete("The cat", SamplingParams(temperature=0.0, max_tokens=8)).text
     finally:
@@ -219,8 +239,10 @@ def test_generate_streams_its_text_as_progress(run_dir):
     assert "".join(message for _, _, message in progress) == want
     assert [p for p, _, _ in progress] == sorted(p for p, _, _ in progress)
     assert progress[-1][0] == len(want)
-    assert bad.is_error and "max_tokens: Input should be greater than or equal to 1" in \
-        bad.content[0].text
+    assert (
+        bad.is_error
+        and "max_tokens: Input should be greater than or equal to 1" in bad.content[0].text
+    )
 
 
 def test_mcp_tools_validate_against_the_servers_schema_before_calling():
@@ -246,6 +268,7 @@ def test_mcp_tool_parameters_may_share_names_with_the_clients_own():
     def update(progress: int, remote_name: str, self: str) -> str:
         """Records a task's progress."""
         return f"{remote_name}/{self} at {progress}%"
+
     with MCPSession(server, name="tasks") as session:
         (update_tool,) = session.tools()
         arguments = {"progress": 50, "remote_name": "build", "self": "me"}
@@ -256,14 +279,27 @@ def test_mcp_tool_parameters_may_share_names_with_the_clients_own():
 
 def test_invalid_schemas_are_left_out_and_destructive_tools_need_approval(caplog):
     async def list_tools(ctx, params):
-        return mcp_types.ListToolsResult(tools=[
-            mcp_types.Tool(name="broken", input_schema={"type": "object",
-                                                        "properties": {"x": {"type": 12}}}),
-            mcp_types.Tool(name="erase", input_schema={"type": "object"},
-                           annotations=mcp_types.ToolAnnotations(destructive_hint=True)),
-            mcp_types.Tool(name="look", input_schema={"type": "object"},
-                           annotations=mcp_types.ToolAnnotations(destructive_hint=True,
-                                                                 read_only_hint=True))])
+        return mcp_types.ListToolsResult(
+            tools=[
+                mcp_types.Tool(
+                    name="broken",
+                    input_schema={"type": "object", "properties": {"x": {"type": 12}}},
+                ),
+                mcp_types.Tool(
+                    name="erase",
+                    input_schema={"type": "object"},
+                    annotations=mcp_types.ToolAnnotations(destructive_hint=True),
+                ),
+                mcp_types.Tool(
+                    name="look",
+                    input_schema={"type": "object"},
+                    annotations=mcp_types.ToolAnnotations(
+                        destructive_hint=True, read_only_hint=True
+                    ),
+                ),
+            ]
+        )
+
     with MCPSession(Server("odd", on_list_tools=list_tools), name="odd") as session:
         tools = session.tools()
     assert [(t.name, t.dangerous) for t in tools] == [("erase", True), ("look", False)]
@@ -273,22 +309,31 @@ def test_invalid_schemas_are_left_out_and_destructive_tools_need_approval(caplog
 
 
 def test_react_agent_calls_mcp_tools(server):
-    policy = ScriptedPolicy([
-        {"text": "Compute it.", "tool_calls": [
-            {"name": "local__calculator", "arguments": {"expression": "12 * 34"}}]},
-        {"text": "Check a wrong call.", "tool_calls": [
-            {"name": "local__calculator", "arguments": {"expression": 7}}]},
-        "12 * 34 = 408."])
+    policy = ScriptedPolicy(
+        [
+            {
+                "text": "Compute it.",
+                "tool_calls": [
+                    {"name": "local__calculator", "arguments": {"expression": "12 * 34"}}
+                ],
+            },
+            {
+                "text": "Check a wrong call.",
+                "tool_calls": [{"name": "local__calculator", "arguments": {"expression": 7}}],
+            },
+            "12 * 34 = 408.",
+        ]
+    )
     with MCPClient({"local": server}) as mcp:
         result = ReActAgent(policy, mcp.tools(), budget=Budget(max_steps=5)).run("12 * 34?")
     assert result.stop_reason == StopReason.ANSWER and result.answer == "12 * 34 = 408."
     tool_turns = [m.content for m in result.messages if m.role == "tool"]
     assert tool_turns[0] == "408"
-    assert tool_turns[1].startswith("error: invalid arguments for local__calculator: "
-                                    "expression: 7 is not of type 'string'")
+    assert tool_turns[1].startswith(
+        "error: invalid arguments for local__calculator: expression: 7 is not of type 'string'"
+    )
     advertised = policy.calls[0][1]
-    assert advertised == ["local__calculator", "local__python", "local__search",
-                          "local__generate"]
+    assert advertised == ["local__calculator", "local__python", "local__search", "local__generate"]
 
 
 def test_progress_cancellation_and_timeouts():
@@ -319,14 +364,21 @@ def test_two_servers_are_name_spaced(server):
     other, _ = events_server()
     with MCPClient({"local": server, "events": other}) as mcp:
         names = [t.name for t in mcp.tools()]
-        assert names == ["local__calculator", "local__python", "local__search",
-                         "local__generate", "events__count", "events__sleep"]
+        assert names == [
+            "local__calculator",
+            "local__python",
+            "local__search",
+            "local__generate",
+            "events__count",
+            "events__sleep",
+        ]
         tools = {t.name: t for t in mcp.tools()}
-        assert (tools["events__count"].server, tools["events__count"].remote_name) == \
-            ("events", "count")
+        assert (tools["events__count"].server, tools["events__count"].remote_name) == (
+            "events",
+            "count",
+        )
         assert tools["events__count"].fn(n=2) == "counted to 2"
-        assert mcp.call_tool("local__calculator", {"expression": "2 * 21"}).content[0].text \
-            == "42"
+        assert mcp.call_tool("local__calculator", {"expression": "2 * 21"}).content[0].text == "42"
         with pytest.raises(KeyError, match="no MCP server named 'nope'"):
             mcp.call_tool("nope__calculator", {})
         with pytest.raises(KeyError, match="not of the form"):
@@ -339,15 +391,21 @@ def test_two_servers_are_name_spaced(server):
 def test_targets_and_connection_failures():
     assert as_target("http://127.0.0.1:1/mcp") == "http://127.0.0.1:1/mcp"
     params = as_target("mcp-server-time --local-timezone 'Europe/Paris'")
-    assert (params.command, params.args) == ("mcp-server-time",
-                                             ["--local-timezone", "Europe/Paris"])
+    assert (params.command, params.args) == (
+        "mcp-server-time",
+        ["--local-timezone", "Europe/Paris"],
+    )
     with pytest.raises(ValueError, match="non-empty list of strings"):
         as_target([])
     with pytest.raises(TypeError, match="cannot connect to 42"):
         as_target(42)
     delays = []
-    ghost = MCPSession(["/nonexistent/mcp-server"], name="ghost", sleep=delays.append,
-                       reconnect=RetryPolicy(max_attempts=3, base_delay_s=0.5, max_delay_s=1.0))
+    ghost = MCPSession(
+        ["/nonexistent/mcp-server"],
+        name="ghost",
+        sleep=delays.append,
+        reconnect=RetryPolicy(max_attempts=3, base_delay_s=0.5, max_delay_s=1.0),
+    )
     with ghost, pytest.raises(MCPConnectionError, match="'ghost' in 3 attempts"):
         ghost.list_tools()
     assert len(delays) == 2 and 0 <= delays[0] <= 0.5 and 0 <= delays[1] <= 1.0
@@ -413,8 +471,10 @@ def test_a_third_party_server_over_stdio():
         tools = {t.name: t for t in mcp.tools()}
         assert set(tools) == {"time__get_current_time", "time__convert_time"}
         executor = ToolExecutor(tools.values())
-        call = ToolCall("time__convert_time", {"source_timezone": "UTC", "time": "12:00",
-                                               "target_timezone": "Asia/Tokyo"})
+        call = ToolCall(
+            "time__convert_time",
+            {"source_timezone": "UTC", "time": "12:00", "target_timezone": "Asia/Tokyo"},
+        )
         converted = executor.execute(call)
         assert converted.status == "ok"
         assert json.loads(converted.content)["target"]["datetime"][11:16] == "21:00"
@@ -426,8 +486,11 @@ def test_a_third_party_server_over_stdio():
 
 
 def http_server(port: int) -> subprocess.Popen:
-    return subprocess.Popen([*OUR_SERVER, "--transport", "streamable-http", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [*OUR_SERVER, "--transport", "streamable-http", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def wait_for_port(port: int, timeout_s: float = 60.0) -> None:
@@ -455,11 +518,11 @@ def test_our_server_over_streamable_http():
     port = free_port()
     process = http_server(port)
     try:
-        with MCPSession(f"http://127.0.0.1:{port}/mcp", name="http",
-                        reconnect=WAIT_FOR_START) as http:
+        with MCPSession(
+            f"http://127.0.0.1:{port}/mcp", name="http", reconnect=WAIT_FOR_START
+        ) as http:
             assert [t.name for t in http.list_tools()] == ["calculator", "python"]
-            assert http.call_tool("calculator", {"expression": "99 * 99"}).content[0].text \
-                == "9801"
+            assert http.call_tool("calculator", {"expression": "99 * 99"}).content[0].text == "9801"
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -474,8 +537,9 @@ def test_a_lost_http_session_is_replaced_by_a_new_one(monkeypatch):
     try:
         with MCPClient({"http": f"http://127.0.0.1:{port}/mcp"}) as mcp:
             mcp.session("http").reconnect = WAIT_FOR_START
-            executor = ToolExecutor(mcp.tools(), retry=RetryPolicy(max_attempts=2,
-                                                                   base_delay_s=0.01))
+            executor = ToolExecutor(
+                mcp.tools(), retry=RetryPolicy(max_attempts=2, base_delay_s=0.01)
+            )
             process.terminate()
             process.wait(timeout=30)
             process = http_server(port)
@@ -499,8 +563,9 @@ def test_the_shipped_config_runs_an_agent_on_mcp_tools(server):
     config = dataclasses.replace(config, mcp_servers={"local": server})  # in-process, for speed
     [result] = run_session(config, [config.task], approver=None, write=lines.append)
     assert result.answer == "The sum of the squares of 1 to 10 is 385."
-    assert any(line.startswith("[1] tool   local__python ok") and line.endswith(": 385")
-               for line in lines)
+    assert any(
+        line.startswith("[1] tool   local__python ok") and line.endswith(": 385") for line in lines
+    )
 
 
 # ------------------------------------------------------------------------- no call can stop the server
@@ -567,9 +632,14 @@ def test_tools_that_print_return_megabytes_raise_or_hang_leave_the_stdio_server_
 EXPRESSION = st.text(st.sampled_from("0123456789+-*/() x"), max_size=80)
 ARGUMENTS = st.one_of(
     st.fixed_dictionaries({"expression": st.one_of(EXPRESSION, st.text(max_size=300))}),
-    st.dictionaries(st.text(max_size=10), st.one_of(st.none(), st.integers(), st.text(max_size=5),
-                                                    st.lists(st.integers(), max_size=3)),
-                    max_size=3))
+    st.dictionaries(
+        st.text(max_size=10),
+        st.one_of(
+            st.none(), st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=3)
+        ),
+        max_size=3,
+    ),
+)
 
 
 @settings(max_examples=150, suppress_health_check=list(HealthCheck))
@@ -577,16 +647,28 @@ ARGUMENTS = st.one_of(
 def test_fuzz_calculator_arguments_at_the_edges_of_its_schema(local, arguments):
     result = local.call_tool("calculator", arguments)
     assert result.content and isinstance(result.content[0].text, str)
-    valid = set(arguments) == {"expression"} and len(arguments["expression"]) <= 64 \
+    valid = (
+        set(arguments) == {"expression"}
+        and len(arguments["expression"]) <= 64
         and isinstance(arguments["expression"], str)
+    )
     if not valid:
         assert result.is_error
 
 
-@pytest.mark.parametrize("code", [
-    "print('z' * 10**7)", "raise SystemExit(3)", "import os; os._exit(9)",
-    "def f(): return f()\nf()", "x = bytearray(2**40)", "while True: pass",
-    "import sys; sys.stdout.write('\\x00\\xff' * 1000)", "print('\\udcff')"])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "print('z' * 10**7)",
+        "raise SystemExit(3)",
+        "import os; os._exit(9)",
+        "def f(): return f()\nf()",
+        "x = bytearray(2**40)",
+        "while True: pass",
+        "import sys; sys.stdout.write('\\x00\\xff' * 1000)",
+        "print('\\udcff')",
+    ],
+)
 def test_hostile_python_is_an_answer_not_the_end_of_the_server(local, code):
     result = local.call_tool("python", {"code": code})
     assert result.content and len(result.content[0].text) <= 20_000

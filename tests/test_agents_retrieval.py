@@ -1,4 +1,5 @@
 """Local BM25 retrieval: scores against a brute-force numpy BM25, file loading, the search tool."""
+
 import math
 import unicodedata
 
@@ -38,8 +39,7 @@ corpora = st.lists(st.lists(st.sampled_from(WORDS), max_size=10), min_size=1, ma
 queries = st.lists(st.sampled_from(WORDS + ["absent"]), min_size=1, max_size=4)
 
 
-@given(corpora, queries, st.sampled_from([(1.5, 0.75), (1.2, 0.3), (0.9, 1.0)]),
-       st.integers(1, 9))
+@given(corpora, queries, st.sampled_from([(1.5, 0.75), (1.2, 0.3), (0.9, 1.0)]), st.integers(1, 9))
 def test_search_matches_brute_force_bm25(docs, query, params, k):
     k1, b = params
     texts = [" ".join(d) for d in docs]
@@ -49,8 +49,10 @@ def test_search_matches_brute_force_bm25(docs, query, params, k):
     np.testing.assert_allclose(retriever.scores(" ".join(query)), expected, rtol=1e-5, atol=1e-6)
     hits = retriever.search(" ".join(query), k)
     # Best first, ties in document order, only documents sharing a query token.
-    order = sorted((i for i in range(len(docs)) if expected[i] > 1e-9),
-                   key=lambda i: (-round(expected[i], 5), i))[:k]
+    order = sorted(
+        (i for i in range(len(docs)) if expected[i] > 1e-9),
+        key=lambda i: (-round(expected[i], 5), i),
+    )[:k]
     assert [h.id for h in hits] == [str(i) for i in order]
     for h in hits:
         assert h.text == texts[int(h.id)]
@@ -58,16 +60,23 @@ def test_search_matches_brute_force_bm25(docs, query, params, k):
 
 
 def test_tokenisation_drops_stop_words_case_and_punctuation():
-    retriever = Retriever.from_documents(["The Mesh, sharded!", "a mesh of the devices"],
-                                         ids=["x", "y"])
+    retriever = Retriever.from_documents(
+        ["The Mesh, sharded!", "a mesh of the devices"], ids=["x", "y"]
+    )
     hits = retriever.search("MESH")
     assert [h.id for h in hits] == ["x", "y"]  # shorter document first
     assert retriever.search("the of a") == []  # stop words and one-letter words only
     assert Retriever.from_documents(["a b", "the"]).search("b") == []
 
 
-@given(st.lists(st.sampled_from(["café", "naïve", "Ångström", "ﬁle", "ＪＡＸ", "jax"]),
-                min_size=1, max_size=4), st.sampled_from(["NFC", "NFD", "NFKD"]))
+@given(
+    st.lists(
+        st.sampled_from(["café", "naïve", "Ångström", "ﬁle", "ＪＡＸ", "jax"]),
+        min_size=1,
+        max_size=4,
+    ),
+    st.sampled_from(["NFC", "NFD", "NFKD"]),
+)
 def test_unicode_forms_of_a_word_match_each_other(words, form):
     """Canonically (or compatibly) equivalent spellings are one word, whichever form the
     documents and the query come in."""
@@ -93,8 +102,9 @@ def test_from_path_file_is_one_document_per_paragraph(tmp_path):
     retriever = Retriever.from_path(path)
     assert retriever.ids == ["notes.md#1", "notes.md#2"]
     assert retriever.texts[0] == "first paragraph about jax continued here"
-    assert retriever.search("grain") == [Hit("notes.md#2", "second about grain",
-                                             retriever.search("grain")[0].score)]
+    assert retriever.search("grain") == [
+        Hit("notes.md#2", "second about grain", retriever.search("grain")[0].score)
+    ]
 
 
 def test_bad_input_is_named(tmp_path):

@@ -1,4 +1,5 @@
 """The Python sandbox kills runaway code and blocks writes outside its directory and the network."""
+
 import sys
 
 import pytest
@@ -28,9 +29,11 @@ def test_runaway_code_is_killed():
 
 def test_writes_outside_the_sandbox_are_blocked(tmp_path):
     target = tmp_path / "escaped.txt"
-    for code in (f"open({str(target)!r}, 'w').write('x')",
-                 f"import os\nos.close(os.open({str(target)!r}, os.O_CREAT | os.O_WRONLY))",
-                 f"open('../{target.name}', 'a')"):
+    for code in (
+        f"open({str(target)!r}, 'w').write('x')",
+        f"import os\nos.close(os.open({str(target)!r}, os.O_CREAT | os.O_WRONLY))",
+        f"open('../{target.name}', 'a')",
+    ):
         result = run_python(code)
         assert not result.ok and "writing outside the sandbox is blocked" in result.stderr
     assert not target.exists()
@@ -41,8 +44,9 @@ def test_writes_outside_the_sandbox_are_blocked(tmp_path):
 def test_files_cannot_be_moved_out_or_hard_linked_in(tmp_path):
     outside = tmp_path / "outside.txt"
     outside.write_text("original")
-    moved = run_python(f"import os\nopen('x', 'w').write('evil')\n"
-                       f"os.rename('x', {str(tmp_path / 'moved.txt')!r})")
+    moved = run_python(
+        f"import os\nopen('x', 'w').write('evil')\nos.rename('x', {str(tmp_path / 'moved.txt')!r})"
+    )
     assert "os.rename outside the sandbox is blocked" in moved.stderr
     linked = run_python(f"import os\nos.link({str(outside)!r}, 'h')\nopen('h', 'w').write('evil')")
     assert "os.link outside the sandbox is blocked" in linked.stderr
@@ -51,15 +55,19 @@ def test_files_cannot_be_moved_out_or_hard_linked_in(tmp_path):
 
 
 def test_output_is_bounded_by_the_file_size_limit():
-    flood = run_python("import sys\nfor _ in range(4):\n    sys.stdout.write('x' * 2 ** 20)",
-                       max_file_mb=1, max_output_chars=100)
+    flood = run_python(
+        "import sys\nfor _ in range(4):\n    sys.stdout.write('x' * 2 ** 20)",
+        max_file_mb=1,
+        max_output_chars=100,
+    )
     assert not flood.ok and "File too large" in flood.stderr
     assert flood.stdout.startswith("x" * 100) and "chars cut" in flood.stdout
 
 
 def test_long_stderr_keeps_its_tail_where_the_error_is():
-    noisy = run_python("import sys\nsys.stderr.write('warning\\n' * 100)\n1/0",
-                       max_output_chars=200)
+    noisy = run_python(
+        "import sys\nsys.stderr.write('warning\\n' * 100)\n1/0", max_output_chars=200
+    )
     assert noisy.stderr.startswith("... [") and "ZeroDivisionError" in noisy.stderr
 
 

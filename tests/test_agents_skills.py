@@ -1,4 +1,5 @@
 """The skill registry: loading skill files, BM25 selection, composition, prompts and tools."""
+
 import dataclasses
 import string
 
@@ -8,9 +9,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentic_jax.agents import ReActAgent, ScriptedPolicy
+from agentic_jax.agents.protocols.skills import (
+    SKILLS_DIR,
+    Skill,
+    SkillError,
+    SkillRegistry,
+    compose,
+    parse_skill,
+    skill_tools,
+    skills_prompt,
+    with_skills,
+)
 from agentic_jax.agents.tools.builtin import calculator
-from agentic_jax.agents.protocols.skills import (SKILLS_DIR, Skill, SkillError, SkillRegistry, compose,
-                                       parse_skill, skill_tools, skills_prompt, with_skills)
 
 SKILL_FILE = """---
 name: weather
@@ -37,29 +47,38 @@ def test_load_reads_flat_files_and_agent_skills_directories(tmp_path):
     (tmp_path / "weather.md").write_text(SKILL_FILE)
     nested = tmp_path / "poems"
     nested.mkdir()
-    (nested / "SKILL.md").write_text("---\nname: poems\ndescription: Write short poems.\n"
-                                     "license: MIT\nallowed-tools: Read\n---\nRhyme.\n")
+    (nested / "SKILL.md").write_text(
+        "---\nname: poems\ndescription: Write short poems.\n"
+        "license: MIT\nallowed-tools: Read\n---\nRhyme.\n"
+    )
     (tmp_path / "notes.txt").write_text("not a skill")
     registry = SkillRegistry.load(tmp_path)
     assert [s.name for s in registry] == ["poems", "weather"]
-    assert registry.get("weather") == Skill("weather", "Report the weather forecast for a city.",
-                                            "Say the temperature in Celsius.", ("calculator",),
-                                            ("Will it rain in Oslo tomorrow?",))
+    assert registry.get("weather") == Skill(
+        "weather",
+        "Report the weather forecast for a city.",
+        "Say the temperature in Celsius.",
+        ("calculator",),
+        ("Will it rain in Oslo tomorrow?",),
+    )
     assert registry.get("poems").tools == ()  # allowed-tools names another host's tools
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("name: x\ndescription: y\n", "front-matter block"),
-    ("---\nname: x\ndescription: y\n", "front-matter block"),
-    ("---\nname: [x\n---\n", "not valid YAML"),
-    ("---\n- a list\n---\n", "mapping"),
-    ("---\nname: x\n---\nbody", "missing front-matter field(s) ['description']"),
-    ("---\nname: x\ndescription: y\ntool: [calculator]\n---\n", "unknown front-matter field"),
-    ("---\nname: x\ndescription: y\ntools: calculator\n---\n", "tools must be a list"),
-    ("---\nname: two words\ndescription: y\n---\n", "skill name"),
-    ("---\nname: x\ndescription: ''\n---\n", "needs a description"),
-    ("---\nname: x\ndescription: y\n1: a\ntool: b\n---\n", "field(s) ['1', 'tool']"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("name: x\ndescription: y\n", "front-matter block"),
+        ("---\nname: x\ndescription: y\n", "front-matter block"),
+        ("---\nname: [x\n---\n", "not valid YAML"),
+        ("---\n- a list\n---\n", "mapping"),
+        ("---\nname: x\n---\nbody", "missing front-matter field(s) ['description']"),
+        ("---\nname: x\ndescription: y\ntool: [calculator]\n---\n", "unknown front-matter field"),
+        ("---\nname: x\ndescription: y\ntools: calculator\n---\n", "tools must be a list"),
+        ("---\nname: two words\ndescription: y\n---\n", "skill name"),
+        ("---\nname: x\ndescription: ''\n---\n", "needs a description"),
+        ("---\nname: x\ndescription: y\n1: a\ntool: b\n---\n", "field(s) ['1', 'tool']"),
+    ],
+)
 def test_malformed_skill_files_fail_naming_the_problem(text, problem):
     with pytest.raises(SkillError, match="bad.md") as error:
         parse_skill(text, "bad.md")
@@ -98,8 +117,7 @@ def test_select_ranks_by_relevance_and_leaves_out_unrelated_skills():
     registry = SkillRegistry.load(SKILLS_DIR)
     assert registry.select("What is 4821 * 37? Use the calculator.")[0].name == "arithmetic"
     assert registry.select("summarise these meeting notes", k=1)[0].name == "summarization"
-    assert registry.select("simulate dice rolls with a python program")[0].name == \
-        "python-analysis"
+    assert registry.select("simulate dice rolls with a python program")[0].name == "python-analysis"
     assert registry.select("xylophone quartz") == []
     assert registry.select("the and of") == []  # stop words only
     assert registry.select("calculator", k=0) == []
@@ -115,8 +133,9 @@ def _kept(word: str) -> bool:
 WORD = st.text(string.ascii_lowercase, min_size=4, max_size=8).filter(_kept)
 
 
-@given(st.lists(st.lists(WORD, min_size=2, max_size=5, unique=True), min_size=2, max_size=5),
-       st.data())
+@given(
+    st.lists(st.lists(WORD, min_size=2, max_size=5, unique=True), min_size=2, max_size=5), st.data()
+)
 def test_a_task_with_a_skills_distinctive_words_selects_it_first(vocabularies, data):
     """Words only skill i has make it the top choice, whatever other shared words surround
     them: every other skill scores zero on them."""
@@ -148,8 +167,13 @@ def test_compose_merges_instructions_tools_and_examples_in_order():
     b = Skill("b", "Second.", "Do B.", ("python",), ("ex1", "ex2"))
     c = Skill("c", "Third.", "", (), ())
     merged = compose(a, b, c, name="abc")
-    assert merged == Skill("abc", "First. Second. Third.", "## a\n\nDo A.\n\n## b\n\nDo B.",
-                           ("calculator", "python"), ("ex1", "ex2"))
+    assert merged == Skill(
+        "abc",
+        "First. Second. Third.",
+        "## a\n\nDo A.\n\n## b\n\nDo B.",
+        ("calculator", "python"),
+        ("ex1", "ex2"),
+    )
     assert compose(a, name="solo", description="Own words.").description == "Own words."
     with pytest.raises(SkillError, match="at least one"):
         compose(name="empty")
@@ -165,9 +189,12 @@ def test_selected_skills_equip_an_agent_with_prompt_and_tools():
     assert prompt.startswith("You are terse.\n\n# Skills")
     assert "## Skill: arithmetic" in prompt and "Tools: calculator" in prompt
     assert with_skills("You are terse.", []) == "You are terse." and skills_prompt([]) == ""
-    policy = ScriptedPolicy([{"tool_calls": [{"name": "calculator",
-                                              "arguments": {"expression": "17 * 23 + 100"}}]},
-                             "491"])
+    policy = ScriptedPolicy(
+        [
+            {"tool_calls": [{"name": "calculator", "arguments": {"expression": "17 * 23 + 100"}}]},
+            "491",
+        ]
+    )
     result = ReActAgent(policy, skill_tools(selected), system_prompt=prompt).run(task)
     assert result.answer == "491" and result.tool_calls == ["calculator"]
     assert policy.calls[0][0][0].content == prompt and policy.calls[0][1] == ["calculator"]

@@ -1,4 +1,5 @@
 """Tools: schemas from signatures, argument validation, the executor's gates, retries, timeouts."""
+
 import threading
 import time
 from typing import Annotated, Literal
@@ -7,12 +8,18 @@ import jsonschema
 import pydantic
 import pytest
 
-from agentic_jax.agents import (RetryPolicy, Tool, ToolError, ToolExecutor, ToolSpec,
-                                TransientToolError, tool)
-from agentic_jax.agents.tools.builtin import builtin_tool, calculator
+from agentic_jax.agents import (
+    RetryPolicy,
+    Tool,
+    ToolError,
+    ToolExecutor,
+    ToolSpec,
+    TransientToolError,
+    tool,
+)
 from agentic_jax.agents.tools.base import tool_specs
-from agentic_jax.data.chat import as_data
-from agentic_jax.data.chat import Message, ToolCall, render
+from agentic_jax.agents.tools.builtin import builtin_tool, calculator
+from agentic_jax.data.chat import Message, ToolCall, as_data, render
 from agentic_jax.data.tokenizer import IM_END, IM_START
 
 
@@ -43,8 +50,12 @@ def plain(a: int, b: float = 1.5, flag: bool = False) -> float:
 
 
 @tool(name="search", timeout_s=2)
-def optional_and_lists(query: str, tags: list[str] | None = None, limit: int | None = 10,
-                       mode: Literal["fast", "exact"] = "fast") -> list:
+def optional_and_lists(
+    query: str,
+    tags: list[str] | None = None,
+    limit: int | None = 10,
+    mode: Literal["fast", "exact"] = "fast",
+) -> list:
     """Searches."""
     return [query, tags, limit, mode]
 
@@ -69,8 +80,11 @@ CASES = [
     (plain, {"a": 1, "b": 2.5, "flag": True}, {"a": 1, "c": 2}),
     (optional_and_lists, {"query": "q", "tags": ["a"], "limit": None}, {"query": "q", "tags": "a"}),
     (optional_and_lists, {"query": "q", "mode": "exact"}, {"query": "q", "mode": "slow"}),
-    (nested, {"person": {"name": "Ada", "addresses": [{"street": "X", "zip_code": "0150"}]}},
-     {"person": {"name": "Ada", "addresses": [{"street": "X"}]}}),
+    (
+        nested,
+        {"person": {"name": "Ada", "addresses": [{"street": "X", "zip_code": "0150"}]}},
+        {"person": {"name": "Ada", "addresses": [{"street": "X"}]}},
+    ),
     (nested, {"person": {"name": "Ada"}, "scores": {"x": 1.0}}, {"person": "Ada"}),
     (calculator, {"expression": "1 + 2"}, {"expression": "1" * 49}),
 ]
@@ -111,6 +125,7 @@ def test_signatures_without_a_schema_are_rejected():
     with pytest.raises(TypeError, match="annotation"):
         tool(lambda x: x)
     with pytest.raises(TypeError, match=r"\*args"):
+
         @tool
         def variadic(*values: int) -> int:
             return sum(values)
@@ -125,8 +140,10 @@ def test_bad_arguments_become_tool_messages_not_exceptions():
     unknown = executor.execute(ToolCall("plian", {}))
     assert unknown.status == "unknown_tool" and "plain" in unknown.content
     assert executor.execute(ToolCall("calculator", {"expression": "6 * 7"})).content == "42"
-    assert executor.execute(ToolCall("calculator", {"expression": "1 / 0"})).content == \
-        "error: division by zero"
+    assert (
+        executor.execute(ToolCall("calculator", {"expression": "1 / 0"})).content
+        == "error: division by zero"
+    )
 
 
 def test_a_crashing_tool_is_reported_once_and_refusals_verbatim():
@@ -163,14 +180,16 @@ def flaky_tool(failures: int):
         if len(calls) <= failures:
             raise TransientToolError("service busy")
         return x * 2
+
     return flaky, calls
 
 
 def test_transient_failures_are_retried_with_jittered_exponential_backoff():
     flaky, calls = flaky_tool(2)
     sleeps = []
-    executor = ToolExecutor([flaky], retry=RetryPolicy(max_attempts=3, base_delay_s=0.1),
-                            sleep=sleeps.append, seed=0)
+    executor = ToolExecutor(
+        [flaky], retry=RetryPolicy(max_attempts=3, base_delay_s=0.1), sleep=sleeps.append, seed=0
+    )
     result = executor.execute(ToolCall("flaky", {"x": 4}))
     assert result.ok and result.content == "8" and result.attempts == 3 and len(calls) == 3
     assert len(sleeps) == 2 and 0 <= sleeps[0] <= 0.1 and 0 <= sleeps[1] <= 0.2
@@ -180,9 +199,14 @@ def test_transient_failures_are_retried_with_jittered_exponential_backoff():
 def test_a_tool_that_stays_down_is_cut_off_and_no_longer_advertised():
     flaky, calls = flaky_tool(100)
     now = [0.0]
-    executor = ToolExecutor([flaky, plain], retry=RetryPolicy(max_attempts=2),
-                            failure_threshold=2, cooldown_s=30, sleep=lambda s: None,
-                            clock=lambda: now[0])
+    executor = ToolExecutor(
+        [flaky, plain],
+        retry=RetryPolicy(max_attempts=2),
+        failure_threshold=2,
+        cooldown_s=30,
+        sleep=lambda s: None,
+        clock=lambda: now[0],
+    )
     for _ in range(2):
         assert executor.execute(ToolCall("flaky", {"x": 1})).status == "failed"
     assert [t.name for t in executor.available()] == ["plain"]

@@ -1,4 +1,5 @@
 """Tracing, golden-trajectory regression, and the agent/trace CLI verbs on a scripted policy."""
+
 import concurrent.futures
 import json
 import sys
@@ -6,12 +7,19 @@ import sys
 import gin
 import pytest
 
-from agentic_jax.agents import (Budget, ReActAgent, ScriptedPolicy, Tracer, compare_events, load,
-                                render)
-from agentic_jax.agents.tools.builtin import calculator
+from agentic_jax.agents import (
+    Budget,
+    ReActAgent,
+    ScriptedPolicy,
+    Tracer,
+    compare_events,
+    load,
+    render,
+)
 from agentic_jax.agents.context.golden import Trajectory, compare
 from agentic_jax.agents.session import read_tasks
 from agentic_jax.agents.tools.base import tool
+from agentic_jax.agents.tools.builtin import calculator
 from agentic_jax.cli import main
 
 
@@ -23,8 +31,9 @@ def search(query: str) -> str:
 
 def run_agent(script, path=None, **kwargs):
     tracer = Tracer(path, otel=False)
-    return ReActAgent(ScriptedPolicy(script), [calculator, search], tracer=tracer, **kwargs
-                      ).run("task"), tracer
+    return ReActAgent(ScriptedPolicy(script), [calculator, search], tracer=tracer, **kwargs).run(
+        "task"
+    ), tracer
 
 
 def calls(*names):
@@ -44,8 +53,16 @@ def test_events_are_jsonl_with_tokens_latency_and_cost(tmp_path):
     result, tracer = run_agent(calls("search", "calculator") + ["2"], path)
     events = load(path)
     assert events == json.loads(json.dumps(tracer.events)) and len({e["run"] for e in events}) == 1
-    assert [e["kind"] for e in events] == ["run_start", "model_call", "tool_call", "model_call",
-                                           "tool_call", "model_call", "decision", "run_end"]
+    assert [e["kind"] for e in events] == [
+        "run_start",
+        "model_call",
+        "tool_call",
+        "model_call",
+        "tool_call",
+        "model_call",
+        "decision",
+        "run_end",
+    ]
     model = events[1]
     assert model["prompt_tokens"] > 0 and model["latency_s"] >= 0 and model["cost"] == 0.0
     assert model["tool_calls"] == [{"name": "search", "arguments": {"query": "q"}}]
@@ -64,8 +81,9 @@ def frequent_thread_switches():
     sys.setswitchinterval(interval)
 
 
-def test_scoped_views_in_threads_number_events_uniquely_in_file_order(tmp_path,
-                                                                       frequent_thread_switches):
+def test_scoped_views_in_threads_number_events_uniquely_in_file_order(
+    tmp_path, frequent_thread_switches
+):
     tracer = Tracer(tmp_path / "trace.jsonl", otel=False)
     views = [tracer.scoped(agent=f"a{i}") for i in range(4)]
     with concurrent.futures.ThreadPoolExecutor(len(views)) as pool:  # as graph.parallel runs
@@ -139,7 +157,8 @@ def test_a_trace_file_of_several_runs_compares_one_run(tmp_path):
     events = load(path)
     assert Trajectory.from_events(events) == Trajectory.from_events(last.trace)
     assert Trajectory.from_events(events, run=first_tracer.run_id) == Trajectory.from_events(
-        first.trace)
+        first.trace
+    )
     assert compare_events(events, last.trace).passed
     with pytest.raises(ValueError, match="no run 'nope'"):
         Trajectory.from_events(events, run="nope")
@@ -157,7 +176,7 @@ def test_trace_cli_names_a_run_of_a_session_file(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"run {first.run_id}" in out and f"run {second.run_id}" not in out
     assert "tool   search ok" in out and "calculator" not in out
-    assert main(["trace", "compare", str(golden), str(path)]) == 1   # the last run differs
+    assert main(["trace", "compare", str(golden), str(path)]) == 1  # the last run differs
     assert "FAIL" in capsys.readouterr().out
     assert main(["trace", "compare", str(golden), str(path), "--new_run", first.run_id]) == 0
     assert "PASS" in capsys.readouterr().out
@@ -189,8 +208,20 @@ def test_golden_trajectory_token_overhead_and_stop_reason():
 
 def test_agent_cli_runs_the_scripted_config_and_trace_verbs_render_it(tmp_path, capsys):
     trace = tmp_path / "run.jsonl"
-    assert main(["agent", "--gin_file", "agent_calculator_scripted", "--task",
-                 "What is 17 * 23 + 100?", "--trace", str(trace)]) == 0
+    assert (
+        main(
+            [
+                "agent",
+                "--gin_file",
+                "agent_calculator_scripted",
+                "--task",
+                "What is 17 * 23 + 100?",
+                "--trace",
+                str(trace),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "task: What is 17 * 23 + 100?" in out and "error: invalid arguments" in out
     assert "tool   calculator ok, " in out and "answer: 17 * 23 + 100 = 491." in out
@@ -198,16 +229,36 @@ def test_agent_cli_runs_the_scripted_config_and_trace_verbs_render_it(tmp_path, 
     assert capsys.readouterr().out.strip() == out.strip()
     assert main(["trace", "compare", str(trace), str(trace)]) == 0
     assert "PASS" in capsys.readouterr().out
-    assert main(["agent", "--gin_file", "agent_calculator_scripted",
-                 "--gin_param", "agents.Budget.max_steps=2"]) == 1  # the config's own task
+    assert (
+        main(
+            [
+                "agent",
+                "--gin_file",
+                "agent_calculator_scripted",
+                "--gin_param",
+                "agents.Budget.max_steps=2",
+            ]
+        )
+        == 1
+    )  # the config's own task
     assert "stop: max_steps" in capsys.readouterr().out
 
 
 def test_agent_cli_reads_tasks_interactively(monkeypatch, capsys):
     typed = iter(["What is 17 * 23 + 100?", ""])
     monkeypatch.setattr("builtins.input", lambda prompt="": next(typed))
-    assert main(["agent", "--gin_file", "agent_calculator_scripted",
-                 "--gin_param", "agents.AgentConfig.task=None"]) == 0
+    assert (
+        main(
+            [
+                "agent",
+                "--gin_file",
+                "agent_calculator_scripted",
+                "--gin_param",
+                "agents.AgentConfig.task=None",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.count("task: ") == 1
 
 
@@ -215,14 +266,28 @@ def test_agent_cli_task_file_and_missing_policy(tmp_path, capsys):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"task": "first"}\n\n{"task": "second"}\n')
     # One policy serves every task of a session, so the script needs a turn per task.
-    assert main(["agent", "--gin_file", "agent_calculator_scripted", "--task_file", str(tasks),
-                 "--gin_param", "agents.ScriptedPolicy.responses=['ok', 'ok']"]) == 0
+    assert (
+        main(
+            [
+                "agent",
+                "--gin_file",
+                "agent_calculator_scripted",
+                "--task_file",
+                str(tasks),
+                "--gin_param",
+                "agents.ScriptedPolicy.responses=['ok', 'ok']",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "task: first" in out and "task: second" in out and out.count("answer: ok") == 2
     with pytest.raises(ValueError, match="no policy"):
         main(["agent", "--gin_param", "agents.AgentConfig.task='x'"])
-    for bad, problem in [('{"task": "cut off', "2: not a JSON object"),
-                         ('{"prompt": "x"}', "2: a JSON task line needs a string 'task'")]:
+    for bad, problem in [
+        ('{"task": "cut off', "2: not a JSON object"),
+        ('{"prompt": "x"}', "2: a JSON task line needs a string 'task'"),
+    ]:
         tasks.write_text(f'{{"task": "first"}}\n{bad}\n')
         with pytest.raises(ValueError, match=f"tasks.jsonl:{problem}"):
             read_tasks(tasks)

@@ -1,5 +1,6 @@
 """The house map of docs/architecture.md holds: every module imports, and no package imports one
 that its row does not allow (so the layering cannot silently grow a back door)."""
+
 import ast
 import importlib
 import pathlib
@@ -88,14 +89,19 @@ def test_the_rl_leaf_imports_only_itself():
     assert house_map()["agentic_jax.rl"] == set()
     for module in modules():
         if module.startswith("agentic_jax.rl"):
-            assert all(n.startswith("agentic_jax.rl") or n == "agentic_jax" for n in
-                       imported(module)), module
+            assert all(
+                n.startswith("agentic_jax.rl") or n == "agentic_jax" for n in imported(module)
+            ), module
 
 
 def test_the_check_reports_a_back_door():
     rules = house_map()
-    back_door = {"agentic_jax.models.transformer": {"agentic_jax.inference.serving.engine"},
-                 "agentic_jax.rl.kl": {"agentic_jax.post_training.rl"},
-                 "agentic_jax.agents.tools.base": {"agentic_jax.data.chat"}}  # the last is allowed
+    back_door = {
+        "agentic_jax.models.transformer": {"agentic_jax.inference.serving.engine"},
+        "agentic_jax.rl.kl": {"agentic_jax.post_training.rl"},
+        "agentic_jax.agents.tools.base": {"agentic_jax.data.chat"},
+    }  # the last is allowed
     assert [v.split(" imports ")[0] for v in violations(back_door, rules)] == [
-        "agentic_jax.models.transformer", "agentic_jax.rl.kl"]
+        "agentic_jax.models.transformer",
+        "agentic_jax.rl.kl",
+    ]

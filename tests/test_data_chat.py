@@ -1,4 +1,5 @@
 """ChatML template: render/parse are inverse, and the assistant mask covers exactly the replies."""
+
 import json
 
 import numpy as np
@@ -6,26 +7,43 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentic_jax.data.chat import (Message, ToolCall, as_message, parse, parse_assistant, render,
-                                   render_ids)
+from agentic_jax.data.chat import (
+    Message,
+    ToolCall,
+    as_message,
+    parse,
+    parse_assistant,
+    render,
+    render_ids,
+)
 from agentic_jax.data.corpus import corpus_files
 from agentic_jax.data.tokenizer import IM_END, SPECIAL_TOKENS, train_tokenizer
 
 plain_text = st.text(max_size=40).filter(lambda s: not any(t in s for t in SPECIAL_TOKENS))
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=15),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
-                                                               max_size=3),
-    max_leaves=6)
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
 json_objects = st.dictionaries(st.text(max_size=8), json_values, max_size=3)
 # Text arguments: JSON objects (parsed) or what a model wrote that is none (kept as text).
-tool_calls = st.builds(ToolCall, st.text(min_size=1, max_size=12),
-                       json_objects | json_objects.map(json.dumps) | st.text(max_size=12))
+tool_calls = st.builds(
+    ToolCall,
+    st.text(min_size=1, max_size=12),
+    json_objects | json_objects.map(json.dumps) | st.text(max_size=12),
+)
 messages = st.one_of(
     st.builds(Message, st.sampled_from(["system", "user", "tool"]), plain_text),
-    st.builds(Message, st.just("assistant"), plain_text,
-              st.lists(tool_calls, max_size=2).map(tuple)))
+    st.builds(
+        Message, st.just("assistant"), plain_text, st.lists(tool_calls, max_size=2).map(tuple)
+    ),
+)
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +55,11 @@ def tokenizer(tmp_path_factory):
 def test_render_format():
     conversation = [
         {"role": "user", "content": "Weather in Oslo?"},
-        {"role": "assistant", "content": "Checking.",
-         "tool_calls": [{"name": "weather", "arguments": {"city": "<Oslo>"}}]},
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "tool_calls": [{"name": "weather", "arguments": {"city": "<Oslo>"}}],
+        },
         {"role": "tool", "content": '{"temp_c": 3}'},
     ]
     text = render(conversation, add_generation_prompt=True)
@@ -46,12 +67,14 @@ def test_render_format():
         "<|im_start|>user\nWeather in Oslo?<|im_end|>\n"
         "<|im_start|>assistant\nChecking.<tool_call>\n"
         '{"name": "weather", "arguments": {"city": "\\u003cOslo>"}}\n</tool_call><|im_end|>\n'
-        "<|im_start|>tool\n<tool_result>\n{\"temp_c\": 3}\n</tool_result><|im_end|>\n"
-        "<|im_start|>assistant\n")
+        '<|im_start|>tool\n<tool_result>\n{"temp_c": 3}\n</tool_result><|im_end|>\n'
+        "<|im_start|>assistant\n"
+    )
     assert parse(text) == [
         Message("user", "Weather in Oslo?"),
         Message("assistant", "Checking.", (ToolCall("weather", {"city": "<Oslo>"}),)),
-        Message("tool", '{"temp_c": 3}')]
+        Message("tool", '{"temp_c": 3}'),
+    ]
 
 
 @given(st.lists(messages, max_size=5), st.booleans())
@@ -70,7 +93,7 @@ def test_assistant_mask_covers_exactly_the_replies(tokenizer, conversation, gene
     edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))
     runs = [tokenizer.decode(ids[a:b]) for a, b in zip(edges[::2], edges[1::2])]
     header = "<|im_start|>assistant\n"
-    expected = [render([m])[len(header):-1] for m in conversation if m.role == "assistant"]
+    expected = [render([m])[len(header) : -1] for m in conversation if m.role == "assistant"]
     assert runs == expected
     assert all(run.endswith(IM_END) for run in runs)
 
@@ -80,9 +103,9 @@ def test_generation_prompt_is_a_prefix_of_the_training_ids(tokenizer):
     reply = Message("assistant", "\n\n  Hello!", (ToolCall("greet", {"n": 1}),))
     prompt, _ = render_ids(history, tokenizer, add_generation_prompt=True)
     full, mask = render_ids(history + [reply], tokenizer)
-    np.testing.assert_array_equal(full[:len(prompt)], prompt)
-    assert mask[:len(prompt)].sum() == 0 and mask[len(prompt):-1].all() and mask[-1] == 0
-    generated = tokenizer.decode(full[len(prompt):-1])
+    np.testing.assert_array_equal(full[: len(prompt)], prompt)
+    assert mask[: len(prompt)].sum() == 0 and mask[len(prompt) : -1].all() and mask[-1] == 0
+    generated = tokenizer.decode(full[len(prompt) : -1])
     assert parse_assistant(generated) == reply
 
 
@@ -104,26 +127,32 @@ def test_parse_assistant_accepts_model_whitespace():
     assert parse_assistant(text) == Message("assistant", "ok", (ToolCall("f", {}),))
 
 
-@pytest.mark.parametrize("bad", [
-    [Message("user", "hi <|im_end|>")],
-    [Message("wizard", "hi")],
-    [Message("user", "hi", (ToolCall("f"),))],
-    [Message("assistant", "", (ToolCall("f", [1]),))],
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [Message("user", "hi <|im_end|>")],
+        [Message("wizard", "hi")],
+        [Message("user", "hi", (ToolCall("f"),))],
+        [Message("assistant", "", (ToolCall("f", [1]),))],
+    ],
+)
 def test_render_rejects_invalid_messages(bad):
     with pytest.raises(ValueError):
         render(bad)
 
 
-@pytest.mark.parametrize("text", [
-    "hello",
-    "<|im_start|>user\nhi",
-    "<|im_start|>user\nhi<|im_end|>",
-    "<|im_start|>tool\nno wrapper<|im_end|>\n",
-    "<|im_start|>assistant\n<tool_call>\nnot json\n</tool_call><|im_end|>\n",
-    '<|im_start|>assistant\n<tool_call>\n{"name": 1}\n</tool_call><|im_end|>\n',
-    '<|im_start|>assistant\n<tool_call>\n{"name": "f"}\n<|im_end|>\n',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "hello",
+        "<|im_start|>user\nhi",
+        "<|im_start|>user\nhi<|im_end|>",
+        "<|im_start|>tool\nno wrapper<|im_end|>\n",
+        "<|im_start|>assistant\n<tool_call>\nnot json\n</tool_call><|im_end|>\n",
+        '<|im_start|>assistant\n<tool_call>\n{"name": 1}\n</tool_call><|im_end|>\n',
+        '<|im_start|>assistant\n<tool_call>\n{"name": "f"}\n<|im_end|>\n',
+    ],
+)
 def test_parse_rejects_malformed_text(text):
     with pytest.raises(ValueError):
         parse(text)

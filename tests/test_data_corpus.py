@@ -1,4 +1,5 @@
 """Shipped corpus, multi-document text files and the unigram-entropy baseline."""
+
 import hashlib
 import math
 import os
@@ -97,8 +98,9 @@ def test_tokenized_cache_follows_the_special_tokens_not_only_the_vocabulary(tmp_
     """Same vocabulary (same fingerprint), another EOS (as a tokenizer_config.json can name):
     the cache must not hand back tokens ending in the old EOS."""
     write_documents(tmp_path / "docs.txt", ["one document", "and another one"])
-    plain = train_tokenizer(tmp_path / "tokenizer.json", files=[tmp_path / "docs.txt"],
-                            vocab_size=300)
+    plain = train_tokenizer(
+        tmp_path / "tokenizer.json", files=[tmp_path / "docs.txt"], vocab_size=300
+    )
     chat = Tokenizer(plain.backend, eos_token=IM_END)
     assert chat.fingerprint == plain.fingerprint and chat.eos_id != plain.eos_id
     for tok in (plain, chat):
@@ -110,12 +112,14 @@ def test_tokenized_cache_write_cleans_up_and_respects_umask(tmp_path, monkeypatc
     """A failed write (disk full) leaves no temporary file; a written cache is readable by
     whoever the umask allows (mkstemp's 0600 would hide a shared cache)."""
     write_documents(tmp_path / "docs.txt", ["one document"])
-    tokenizer = train_tokenizer(tmp_path / "tokenizer.json", files=[tmp_path / "docs.txt"],
-                                vocab_size=300)
+    tokenizer = train_tokenizer(
+        tmp_path / "tokenizer.json", files=[tmp_path / "docs.txt"], vocab_size=300
+    )
     cache = tmp_path / "cache"
 
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
+
     with monkeypatch.context() as m:
         m.setattr(np, "savez", disk_full)
         with pytest.raises(OSError, match="No space"):

@@ -1,4 +1,5 @@
 """grain pipeline: packed rows are consistent, epochs lose/duplicate nothing, state resumes."""
+
 import json
 
 import gin
@@ -45,7 +46,7 @@ def reference(tokenizer, docs):
     pieces = []
     for doc in docs:
         ids = tokenizer.encode(doc, add_bos=True, add_eos=True)
-        pieces += [tuple(ids[s:s + SEQ_LEN + 1]) for s in range(0, len(ids) - 1, SEQ_LEN)]
+        pieces += [tuple(ids[s : s + SEQ_LEN + 1]) for s in range(0, len(ids) - 1, SEQ_LEN)]
     assert max(map(len, pieces)) == SEQ_LEN + 1 and len(pieces) > 2 * BATCH
     return sorted(pieces)
 
@@ -73,8 +74,11 @@ def check_rows(batch):
 
 
 def test_one_epoch_packs_every_piece_exactly_once(tokenizer, text_file, reference):
-    batches = list(train_data(tokenizer, [text_file], seq_len=SEQ_LEN, batch_size=BATCH,
-                              num_epochs=1, prefetch=0))
+    batches = list(
+        train_data(
+            tokenizer, [text_file], seq_len=SEQ_LEN, batch_size=BATCH, num_epochs=1, prefetch=0
+        )
+    )
     packed = [p for b in batches for p in check_rows(b)]
     assert sorted(packed) == reference
     assert sum(int(b["loss_mask"].sum()) for b in batches) == sum(len(p) - 1 for p in reference)
@@ -83,10 +87,20 @@ def test_one_epoch_packs_every_piece_exactly_once(tokenizer, text_file, referenc
 
 def test_epochs_are_reshuffled(tokenizer, text_file, reference):
     # One packing bin keeps the pieces in their shuffled order, so the epochs can be compared.
-    batches = list(train_data(tokenizer, [text_file], seq_len=SEQ_LEN, batch_size=BATCH,
-                              num_epochs=2, seed=5, num_packing_bins=1, prefetch=0))
+    batches = list(
+        train_data(
+            tokenizer,
+            [text_file],
+            seq_len=SEQ_LEN,
+            batch_size=BATCH,
+            num_epochs=2,
+            seed=5,
+            num_packing_bins=1,
+            prefetch=0,
+        )
+    )
     packed = [p for b in batches for p in check_rows(b)]
-    first, second = packed[:len(reference)], packed[len(reference):]
+    first, second = packed[: len(reference)], packed[len(reference) :]
     assert sorted(first) == sorted(second) == reference
     assert first != second
 
@@ -105,6 +119,7 @@ def test_seeded_shuffle_is_deterministic_and_seed_dependent(tokenizer, text_file
 def test_iterator_resumes_after_get_state_set_state(tokenizer, text_file):
     def make():
         return train_data(tokenizer, [text_file], seq_len=SEQ_LEN, batch_size=BATCH, seed=2)
+
     it = iter(make())
     for _ in range(7):
         next(it)
@@ -123,6 +138,7 @@ def test_iterator_state_in_an_orbax_checkpoint(tokenizer, text_file, tmp_path):
 
     def make():
         return iter(train_data(tokenizer, [text_file], seq_len=SEQ_LEN, batch_size=BATCH))
+
     it = make()
     next(it)
     with ocp.CheckpointManager(tmp_path) as manager:
@@ -131,7 +147,8 @@ def test_iterator_state_in_an_orbax_checkpoint(tokenizer, text_file, tmp_path):
     want = next(it)["tokens"]
     with ocp.CheckpointManager(tmp_path) as manager:
         restored = manager.restore(
-            1, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(make())))
+            1, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(make()))
+        )
     np.testing.assert_array_equal(next(restored["data"])["tokens"], want)
 
 
@@ -146,14 +163,23 @@ def test_heldout_is_finite_ordered_and_complete(tokenizer, text_file, reference)
 
 
 @pytest.mark.parametrize("shard_count", [2, 5])
-def test_shards_partition_the_pieces_into_equally_many_batches(tokenizer, text_file, reference,
-                                                              shard_count):
+def test_shards_partition_the_pieces_into_equally_many_batches(
+    tokenizer, text_file, reference, shard_count
+):
     """Every host runs the same number of eval steps (a collective step would hang otherwise);
     with 5 hosts the shares pack into 8 or 9 batches, so the short ones end in padding."""
     packed, lengths = [], set()
     for shard in range(shard_count):
-        batches = list(heldout_data(tokenizer, [text_file], seq_len=SEQ_LEN, batch_size=BATCH,
-                                    shard_index=shard, shard_count=shard_count))
+        batches = list(
+            heldout_data(
+                tokenizer,
+                [text_file],
+                seq_len=SEQ_LEN,
+                batch_size=BATCH,
+                shard_index=shard,
+                shard_count=shard_count,
+            )
+        )
         shard_pieces = [p for b in batches for p in check_rows(b)]
         assert 0 < len(shard_pieces) < len(reference)
         packed += shard_pieces
@@ -195,8 +221,9 @@ def test_loss_mask_follows_the_trained_targets():
     example = next_token_example(ids, trained)
     np.testing.assert_array_equal(example["loss_mask"], trained[1:])
     ds = grain.MapDataset.source([example, next_token_example(ids[:3])]).to_iter_dataset()
-    (batch,) = list(pack_batches(ds, seq_len=16, batch_size=2, num_packing_bins=2,
-                                 shuffle_bins=False))
+    (batch,) = list(
+        pack_batches(ds, seq_len=16, batch_size=2, num_packing_bins=2, shuffle_bins=False)
+    )
     row = batch["loss_mask"][0]
     np.testing.assert_array_equal(row, np.r_[trained[1:], 1, 1, np.zeros(7, int)])
     assert (batch["segment_ids"][1] == 0).all()  # the padding row of the last batch.
@@ -206,8 +233,15 @@ def test_loss_mask_follows_the_trained_targets():
 def test_segment_ids_count_up_with_no_gaps(lengths):
     """Examples of one id (no target) take no segment id; every other target is packed once."""
     examples = [next_token_example(np.arange(1, n + 1) * 10 + i) for i, n in enumerate(lengths)]
-    batches = list(pack_batches(grain.MapDataset.source(examples).to_iter_dataset(), seq_len=8,
-                                batch_size=2, num_packing_bins=2, shuffle_bins=False))
+    batches = list(
+        pack_batches(
+            grain.MapDataset.source(examples).to_iter_dataset(),
+            seq_len=8,
+            batch_size=2,
+            num_packing_bins=2,
+            shuffle_bins=False,
+        )
+    )
     segments = 0
     for segment_ids in (row for b in batches for row in b["segment_ids"]):
         ids = segment_ids[segment_ids > 0]
@@ -225,8 +259,13 @@ def test_a_mask_of_another_length_than_the_ids_is_rejected(trained):
 
 
 def test_gin_names_configure_the_pipeline(tokenizer, text_file):
-    gin.parse_config(["train_data.batch_size = 2", "heldout_data.batch_size = 3",
-                      "train_tokenizer.vocab_size = 300"])
+    gin.parse_config(
+        [
+            "train_data.batch_size = 2",
+            "heldout_data.batch_size = 3",
+            "train_tokenizer.vocab_size = 300",
+        ]
+    )
     try:
         train = next(iter(train_data(tokenizer, [text_file], seq_len=SEQ_LEN, prefetch=0)))
         heldout = next(iter(heldout_data(tokenizer, [text_file], seq_len=SEQ_LEN)))

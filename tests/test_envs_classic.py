@@ -89,11 +89,16 @@ def _cartpole_reference_step(physics, action):
     x, x_dot, theta, theta_dot = physics
     force = force_mag if action == 1 else -force_mag
     total = mass_cart + mass_pole
-    theta_acc = (gravity * np.sin(theta) + np.cos(theta) * (
-        (-force - mass_pole * length * theta_dot**2 * np.sin(theta)) / total)) / (
-        length * (4 / 3 - mass_pole * np.cos(theta)**2 / total))
-    x_acc = (force + mass_pole * length * (theta_dot**2 * np.sin(theta) - theta_acc * np.cos(theta))) / total
-    physics = np.array([x + tau * x_dot, x_dot + tau * x_acc, theta + tau * theta_dot, theta_dot + tau * theta_acc])
+    theta_acc = (
+        gravity * np.sin(theta)
+        + np.cos(theta) * ((-force - mass_pole * length * theta_dot**2 * np.sin(theta)) / total)
+    ) / (length * (4 / 3 - mass_pole * np.cos(theta) ** 2 / total))
+    x_acc = (
+        force + mass_pole * length * (theta_dot**2 * np.sin(theta) - theta_acc * np.cos(theta))
+    ) / total
+    physics = np.array(
+        [x + tau * x_dot, x_dot + tau * x_acc, theta + tau * theta_dot, theta_dot + tau * theta_acc]
+    )
     terminated = abs(physics[0]) > 2.4 or abs(physics[2]) > 12 * 2 * np.pi / 360
     return physics, terminated
 
@@ -107,7 +112,9 @@ def test_cartpole_follows_the_classic_equations_under_random_actions():
         physics, steps = np.asarray(obs, np.float64), 0
         while True:
             action = int(rng.integers(2))
-            obs, state, reward, terminated, _, _ = step(jax.random.key(0), state, action, env.default_params)
+            obs, state, reward, terminated, _, _ = step(
+                jax.random.key(0), state, action, env.default_params
+            )
             physics, done = _cartpole_reference_step(physics, action)
             np.testing.assert_allclose(obs, physics, rtol=1e-4, atol=1e-5)
             assert bool(terminated) == done and float(reward) == 1.0
@@ -120,12 +127,19 @@ def test_cartpole_follows_the_classic_equations_under_random_actions():
 def test_cartpole_random_policy_episode_length_and_time_limit():
     env = envs.EpisodeStatistics(CartPole())
     tr = jax.jit(envs.rollout, static_argnums=(0, 1, 4, 5))(
-        env, lambda key, obs: jax.random.bernoulli(key).astype(jnp.int32), jax.random.key(0), None, 64, 200
+        env,
+        lambda key, obs: jax.random.bernoulli(key).astype(jnp.int32),
+        jax.random.key(0),
+        None,
+        64,
+        200,
     )
     lengths = tr.info["episode_length"][tr.info["episode_done"]]
     assert 15.0 < float(lengths.mean()) < 30.0  # a random policy balances ~22 steps
     short = CartPole().default_params.replace(max_steps=5)
     obs, state = CartPole().reset(jax.random.key(0), short)
     for _ in range(5):
-        obs, state, _, terminated, truncated, _ = CartPole().step(jax.random.key(1), state, 0, short)
+        obs, state, _, terminated, truncated, _ = CartPole().step(
+            jax.random.key(1), state, 0, short
+        )
     assert bool(truncated) and not bool(terminated) and int(state.time) == 0

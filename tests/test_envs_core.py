@@ -28,7 +28,14 @@ class Counter(envs.Env):
 
     def step_env(self, key, state, action, params):
         count = state.count + action
-        return count, CounterState(count), jnp.float32(1.0), count >= self.goal, jnp.bool_(False), {}
+        return (
+            count,
+            CounterState(count),
+            jnp.float32(1.0),
+            count >= self.goal,
+            jnp.bool_(False),
+            {},
+        )
 
     def observation_space(self, params=None):
         return envs.Discrete(self.goal + 1)
@@ -61,25 +68,35 @@ def test_cartpole_auto_reset_after_the_pole_falls():
 
 def test_time_limit_truncates_without_terminating_and_keeps_bootstrap():
     env = envs.TimeLimit(Counter(goal=100), max_steps=3)
-    tr = envs.rollout(env, lambda key, obs: jnp.int32(1), jax.random.key(0), None, num_envs=2, num_steps=7)
+    tr = envs.rollout(
+        env, lambda key, obs: jnp.int32(1), jax.random.key(0), None, num_envs=2, num_steps=7
+    )
     np.testing.assert_array_equal(tr.truncated[:, 0], [0, 0, 1, 0, 0, 1, 0])
     assert not bool(jnp.any(tr.terminated))
     np.testing.assert_array_equal(tr.final_obs[:, 0], [1, 2, 3, 1, 2, 3, 1])
     np.testing.assert_array_equal(tr.next_obs[:, 0], [1, 2, 0, 1, 2, 0, 1])
     # Termination on the limit step wins: the flags stay exclusive.
-    tr = envs.rollout(envs.TimeLimit(Counter(goal=3), 3), lambda k, o: jnp.int32(1), jax.random.key(0), None, 1, 3)
+    tr = envs.rollout(
+        envs.TimeLimit(Counter(goal=3), 3), lambda k, o: jnp.int32(1), jax.random.key(0), None, 1, 3
+    )
     assert bool(tr.terminated[-1, 0]) and not bool(tr.truncated[-1, 0])
 
 
 def test_bootstrap_inputs_bootstrap_on_truncation_only():
     gamma, final_value = 0.9, jnp.array([5.0, 5.0, 5.0])
     reward, discount = envs.bootstrap_inputs(
-        jnp.array([1.0, 1.0, 1.0]), jnp.array([False, True, False]), jnp.array([False, False, True]), final_value, gamma
+        jnp.array([1.0, 1.0, 1.0]),
+        jnp.array([False, True, False]),
+        jnp.array([False, False, True]),
+        final_value,
+        gamma,
     )
     np.testing.assert_allclose(reward, [1.0, 1.0, 1.0 + 0.9 * 5.0])
     np.testing.assert_allclose(discount, [0.9, 0.0, 0.0])
     # GAE over a truncated stream: the advantage at the cut is r + γ·V(final) − V(s).
-    values = jnp.array([2.0, 3.0, 4.0, 7.0])  # V(obs_t) for t = 0..2, then V(next_obs_2) = V(reset obs)
+    values = jnp.array(
+        [2.0, 3.0, 4.0, 7.0]
+    )  # V(obs_t) for t = 0..2, then V(next_obs_2) = V(reset obs)
     adv = rl.gae(reward, values, discount, 0.95)
     np.testing.assert_allclose(adv[2], 1.0 + 0.9 * 5.0 - 4.0, rtol=1e-6)
     np.testing.assert_allclose(adv[1], 1.0 - 3.0, rtol=1e-6)
@@ -96,8 +113,17 @@ def _trajectory(env, params, num_steps):
             obs, state = carry
             key_action, key_step = jax.random.split(step_key)
             action = env.action_space(params).sample(key_action)
-            next_obs, state, reward, terminated, truncated, info = env.step(key_step, state, action, params)
-            return (next_obs, state), (obs, action, reward, terminated, truncated, info["final_observation"])
+            next_obs, state, reward, terminated, truncated, info = env.step(
+                key_step, state, action, params
+            )
+            return (next_obs, state), (
+                obs,
+                action,
+                reward,
+                terminated,
+                truncated,
+                info["final_observation"],
+            )
 
         return jax.lax.scan(body, (obs, state), jax.random.split(key_run, num_steps))[1]
 
@@ -109,7 +135,9 @@ def test_vmap_over_1_7_1024_matches_each_environment_alone():
     run = _trajectory(env, env.default_params, 40)
     keys = jax.random.split(jax.random.key(0), 1024)
     alone = jax.jit(lambda ks: jax.lax.map(run, ks))(keys)  # unbatched body, one env at a time
-    assert int(jnp.sum(alone[3])) > 0 and int(jnp.sum(alone[4])) > 0  # both kinds of episode end occur
+    assert (
+        int(jnp.sum(alone[3])) > 0 and int(jnp.sum(alone[4])) > 0
+    )  # both kinds of episode end occur
     for num_envs in (1, 7, 1024):
         batched = jax.jit(jax.vmap(run))(keys[:num_envs])
         assert batched[0].shape == (num_envs, 40, 4)
@@ -119,7 +147,9 @@ def test_vmap_over_1_7_1024_matches_each_environment_alone():
 
 def test_vectorized_with_batched_params():
     env = envs.Vectorized(BernoulliBandit(probs=(0.0, 1.0)), batched_params=True)
-    params = BernoulliBandit().default_params.replace(probs=jnp.array([[0.0, 1.0], [1.0, 0.0], [1.0, 1.0]]))
+    params = BernoulliBandit().default_params.replace(
+        probs=jnp.array([[0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    )
     keys = jax.random.split(jax.random.key(0), 3)
     _, state = env.reset(keys, params)
     _, _, reward, terminated, _, _ = env.step(keys, state, jnp.array([1, 1, 0]), params)
@@ -137,17 +167,26 @@ def test_step_jit_compiles_once_with_static_shapes():
     step = jax.jit(step)
     obs, state = env.reset(jax.random.key(0))
     for i in range(5):
-        new_obs, state, reward, terminated, truncated, info = step(jax.random.key(i), state, jnp.int32(i % 2))
+        new_obs, state, reward, terminated, truncated, info = step(
+            jax.random.key(i), state, jnp.int32(i % 2)
+        )
         assert new_obs.shape == obs.shape and new_obs.dtype == obs.dtype and reward.shape == ()
     assert len(traces) == 1
-    out_shapes = jax.eval_shape(CartPole().step, jax.random.key(0), CartPole().reset(jax.random.key(0))[1], 0)
+    out_shapes = jax.eval_shape(
+        CartPole().step, jax.random.key(0), CartPole().reset(jax.random.key(0))[1], 0
+    )
     assert out_shapes[0].shape == CartPole().observation_space().shape
 
 
 def test_rollout_shapes_and_continuity():
     env = envs.EpisodeStatistics(envs.TimeLimit(CartPole(), 30))
     tr = jax.jit(envs.rollout, static_argnums=(0, 1, 4, 5))(
-        env, lambda key, obs: jax.random.bernoulli(key).astype(jnp.int32), jax.random.key(3), None, 5, 70
+        env,
+        lambda key, obs: jax.random.bernoulli(key).astype(jnp.int32),
+        jax.random.key(3),
+        None,
+        5,
+        70,
     )
     assert tr.obs.shape == (70, 5, 4) and tr.action.shape == (70, 5) and tr.reward.shape == (70, 5)
     np.testing.assert_array_equal(tr.obs[1:], tr.next_obs[:-1])
@@ -156,7 +195,9 @@ def test_rollout_shapes_and_continuity():
     # Episode statistics: every finished episode paid 1 per step.
     done = tr.info["episode_done"]
     assert int(done.sum()) >= 5
-    np.testing.assert_array_equal(tr.info["episode_return"][done], tr.info["episode_length"][done].astype(jnp.float32))
+    np.testing.assert_array_equal(
+        tr.info["episode_return"][done], tr.info["episode_length"][done].astype(jnp.float32)
+    )
     assert int(tr.info["episode_length"][done].max()) <= 30
 
 
@@ -171,7 +212,9 @@ def test_policy_params_and_extras():
 
 
 def test_transform_wrappers():
-    one_hot = envs.TransformObservation(Counter(goal=2), lambda o: jax.nn.one_hot(o, 3), envs.Box(0, 1, (3,)))
+    one_hot = envs.TransformObservation(
+        Counter(goal=2), lambda o: jax.nn.one_hot(o, 3), envs.Box(0, 1, (3,))
+    )
     env = envs.TransformReward(one_hot, lambda r: 2 * r)
     tr = envs.rollout(env, lambda key, obs: jnp.int32(1), jax.random.key(0), None, 1, 3)
     np.testing.assert_array_equal(tr.obs[:, 0], jnp.eye(3)[jnp.array([0, 1, 0])])

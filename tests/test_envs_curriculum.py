@@ -1,4 +1,5 @@
 """Curricula: pass-rate band filter, Prioritized Level Replay, hindsight relabelling."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,9 +17,13 @@ from agentic_jax.envs.text import Countdown
 
 
 def test_in_band_keeps_groups_with_pass_rate_in_band():
-    successes = np.array([[1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 1, 0]])
+    successes = np.array(
+        [[1, 1, 1, 1], [0, 0, 0, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 1, 0]]
+    )
     np.testing.assert_array_equal(in_band(successes), [False, False, False, True, False, True])
-    np.testing.assert_array_equal(in_band(successes, 0.25, 0.75), [False, False, True, True, True, True])
+    np.testing.assert_array_equal(
+        in_band(successes, 0.25, 0.75), [False, False, True, True, True, True]
+    )
 
 
 def test_pass_rate_filter_keeps_exactly_the_in_band_prompts_and_re_estimates():
@@ -45,7 +50,9 @@ def test_pass_rate_filter_keeps_exactly_the_in_band_prompts_and_re_estimates():
 def test_plr_prefers_high_scores():
     plr = PrioritizedLevelReplay(6, beta=0.3, rho=0.1, replay_prob=1.0)
     state = plr.mark_sampled(plr.init(), jnp.arange(6))
-    state = plr.update(state, jnp.arange(6), learnability(jnp.array([0.5, 0.0, 0.4, 1.0, 0.1, 0.2])))
+    state = plr.update(
+        state, jnp.arange(6), learnability(jnp.array([0.5, 0.0, 0.4, 1.0, 0.1, 0.2]))
+    )
     probs = np.asarray(jax.jit(plr.distribution)(state))
     assert probs.sum() == pytest.approx(1.0) and np.argmax(probs) == 0
     for bad in (dict(beta=0.0), dict(rho=1.5), dict(replay_prob=-0.1)):
@@ -60,7 +67,9 @@ def test_plr_prefers_high_scores():
 
 def test_plr_draws_unseen_levels_and_staleness_stays_bounded():
     num_levels, rounds = 12, 300
-    scores = jnp.linspace(0.0, 0.25, num_levels)  # fixed learning potential: level 11 is the favourite
+    scores = jnp.linspace(
+        0.0, 0.25, num_levels
+    )  # fixed learning potential: level 11 is the favourite
 
     def run(rho):
         plr = PrioritizedLevelReplay(num_levels, beta=0.1, rho=rho, replay_prob=0.5)
@@ -70,7 +79,9 @@ def test_plr_draws_unseen_levels_and_staleness_stays_bounded():
             state = plr.update(state, levels, scores[levels])
             return state, jnp.max(state.staleness)
 
-        state, staleness = jax.lax.scan(body, plr.init(), jax.random.split(jax.random.key(1), rounds))
+        state, staleness = jax.lax.scan(
+            body, plr.init(), jax.random.split(jax.random.key(1), rounds)
+        )
         return state, np.asarray(staleness)
 
     state, with_staleness = run(rho=0.5)
@@ -87,10 +98,16 @@ def test_hindsight_relabel_gives_reward_one_to_achieved_goals():
     np.testing.assert_array_equal(rewards, [0, 0, 0, 1, 0])
     for seed in range(5):
         goals, rewards = hindsight_relabel(jax.random.key(seed), achieved, length=4)
-        sources = [[s for s in range(4) if np.array_equal(achieved[s], g)] for g in np.asarray(goals)[:4]]
-        assert all(any(s >= t for s in srcs) for t, srcs in enumerate(sources))  # goals come from the future
+        sources = [
+            [s for s in range(4) if np.array_equal(achieved[s], g)] for g in np.asarray(goals)[:4]
+        ]
+        assert all(
+            any(s >= t for s in srcs) for t, srcs in enumerate(sources)
+        )  # goals come from the future
         np.testing.assert_array_equal(rewards, goal_reached(achieved, goals))
-    assert float(rewards[3]) == 1.0  # the last real step can only relabel with its own achieved goal
+    assert (
+        float(rewards[3]) == 1.0
+    )  # the last real step can only relabel with its own achieved goal
     with pytest.raises(ValueError):
         hindsight_relabel(jax.random.key(0), achieved, strategy="past")
 
@@ -106,5 +123,7 @@ def test_countdown_relabel_turns_a_legal_miss_into_a_solved_task():
     assert relabelled.value == eval(miss) and relabelled.numbers == task.numbers
     assert str(relabelled.value) in relabelled.prompt[-1].content
     assert generator.reward.host(content, relabelled) == pytest.approx(generator.reward.max_value)
-    assert generator.relabel(task, f"{max(task.numbers) + 100} + 1") is None  # not from the given numbers
+    assert (
+        generator.relabel(task, f"{max(task.numbers) + 100} + 1") is None
+    )  # not from the given numbers
     assert generator.relabel(task, "7 / 2") is None  # inexact division

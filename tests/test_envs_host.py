@@ -1,4 +1,5 @@
 """Host-side env: same API and rewards as the jitted env; tool calls on a thread pool under a deadline."""
+
 import pathlib
 import time
 
@@ -8,10 +9,26 @@ import numpy as np
 import pytest
 
 from agentic_jax.data.chat import Message, ToolCall, render
-from agentic_jax.data.tokenizer import IM_END, TOOL_CALL, TOOL_CALL_END, TOOL_RESULT, TOOL_RESULT_END, train_tokenizer
+from agentic_jax.data.tokenizer import (
+    IM_END,
+    TOOL_CALL,
+    TOOL_CALL_END,
+    TOOL_RESULT,
+    TOOL_RESULT_END,
+    train_tokenizer,
+)
 from agentic_jax.envs import Vectorized
 from agentic_jax.envs.host import TIMEOUT, HostTextEnv, HostTextParams, PythonSandbox, ToolPool
-from agentic_jax.envs.text import Arithmetic, Calculator, Lookup, MultiHop, Search, Task, TextEnv, Tool
+from agentic_jax.envs.text import (
+    Arithmetic,
+    Calculator,
+    Lookup,
+    MultiHop,
+    Search,
+    Task,
+    TextEnv,
+    Tool,
+)
 
 TINY_CORPUS = pathlib.Path(__file__).parent / "data" / "tiny_corpus.txt"
 ACTION, MAX_LENGTH = 64, 480
@@ -21,8 +38,12 @@ ACTION, MAX_LENGTH = 64, 480
 def tokenizer(tmp_path_factory):
     """A small BPE fit on prose plus rendered arithmetic tasks, so that digits merge."""
     path = tmp_path_factory.mktemp("tok")
-    (path / "tasks.txt").write_text("\n".join(render(t.conversation()) for t in Arithmetic(3).tasks(range(300))))
-    return train_tokenizer(path / "tokenizer.json", files=[TINY_CORPUS, path / "tasks.txt"], vocab_size=500)
+    (path / "tasks.txt").write_text(
+        "\n".join(render(t.conversation()) for t in Arithmetic(3).tasks(range(300)))
+    )
+    return train_tokenizer(
+        path / "tokenizer.json", files=[TINY_CORPUS, path / "tasks.txt"], vocab_size=500
+    )
 
 
 def _action(tokenizer, content="", call=None, close=True):
@@ -41,8 +62,12 @@ def _drive(reset, step, params, script, batch):
     obs, state = reset(jax.random.split(jax.random.key(0), batch), params)
     history = []
     for t, actions in enumerate(script):
-        obs, state, reward, terminated, truncated, info = step(jax.random.split(jax.random.key(t + 1), batch), state,
-                                                               np.asarray(actions, np.int32), params)
+        obs, state, reward, terminated, truncated, info = step(
+            jax.random.split(jax.random.key(t + 1), batch),
+            state,
+            np.asarray(actions, np.int32),
+            params,
+        )
         history.append(jax.tree.map(np.asarray, (obs, reward, terminated, truncated, info)))
     return history
 
@@ -53,26 +78,52 @@ def test_host_env_matches_the_jitted_env_on_the_same_tool_calls(tokenizer):
     tools = (Calculator(), Lookup(), Search())
     options = {"tools": tools, "max_length": MAX_LENGTH, "action_length": ACTION}
     jitted = TextEnv(tokenizer, tasks, generator.reward, **options)
-    host = HostTextEnv(tokenizer, tasks, generator.reward, pool=ToolPool(4, timeout_s=30.0), **options)
+    host = HostTextEnv(
+        tokenizer, tasks, generator.reward, pool=ToolPool(4, timeout_s=30.0), **options
+    )
     task = tasks[1]
     chain = [m.tool_calls[0].arguments["query"] for m in task.demonstration if m.tool_calls]
     right = _action(tokenizer, f"<think>{chain[0]}</think><answer>{task.answer}</answer>")
     wrong = _action(tokenizer, f"<think>{chain[0]}</think><answer>{chain[0]}</answer>")
-    script = list(zip(*[
-        [_action(tokenizer, "Let me compute.", ("calculator", {"expression": "2 * (3 + 4) - 100000 * 3"})),
-         _action(tokenizer, "", ("lookup", {"key": chain[0]})), right],
-        [_action(tokenizer, "", ("calculator", {"expression": "7 / 0"}), close=False),
-         _action(tokenizer, "", ("search", {"query": chain[1]})), wrong],
-        [_action(tokenizer, "", ("lookup", {"key": "Nobody"})), _action(tokenizer, "", ("weather", {"city": "Oslo"})),
-         _action(tokenizer, f"<answer>{task.answer}</answer>")],
-        [right, _action(tokenizer, "", ("calculator", {"expression": "(1 + 2"})), right],
-        [_action(tokenizer, "", ("search", {"query": chain[0]}))] * 3,  # hits the turn limit
-    ]))
-    weights = np.eye(len(tasks), dtype=np.float32)[1]  # every episode gets task 1: the script knows its answer
+    script = list(
+        zip(
+            *[
+                [
+                    _action(
+                        tokenizer,
+                        "Let me compute.",
+                        ("calculator", {"expression": "2 * (3 + 4) - 100000 * 3"}),
+                    ),
+                    _action(tokenizer, "", ("lookup", {"key": chain[0]})),
+                    right,
+                ],
+                [
+                    _action(tokenizer, "", ("calculator", {"expression": "7 / 0"}), close=False),
+                    _action(tokenizer, "", ("search", {"query": chain[1]})),
+                    wrong,
+                ],
+                [
+                    _action(tokenizer, "", ("lookup", {"key": "Nobody"})),
+                    _action(tokenizer, "", ("weather", {"city": "Oslo"})),
+                    _action(tokenizer, f"<answer>{task.answer}</answer>"),
+                ],
+                [right, _action(tokenizer, "", ("calculator", {"expression": "(1 + 2"})), right],
+                [_action(tokenizer, "", ("search", {"query": chain[0]}))]
+                * 3,  # hits the turn limit
+            ]
+        )
+    )
+    weights = np.eye(len(tasks), dtype=np.float32)[
+        1
+    ]  # every episode gets task 1: the script knows its answer
     venv = Vectorized(jitted)
-    jit_history = _drive(jax.jit(venv.reset), jax.jit(venv.step),
-                         jitted.default_params.replace(task_weights=jnp.asarray(weights), max_turns=jnp.int32(3)),
-                         script, 5)
+    jit_history = _drive(
+        jax.jit(venv.reset),
+        jax.jit(venv.step),
+        jitted.default_params.replace(task_weights=jnp.asarray(weights), max_turns=jnp.int32(3)),
+        script,
+        5,
+    )
     host_history = _drive(host.reset, host.step, HostTextParams(weights, 3), script, 5)
     for (j_obs, *j_out, j_info), (h_obs, *h_out, h_info) in zip(jit_history, host_history):
         for j, h in zip(j_out, h_out):  # reward, terminated, truncated
@@ -80,7 +131,9 @@ def test_host_env_matches_the_jitted_env_on_the_same_tool_calls(tokenizer):
         for key in ("task", "tool_call", "malformed_call"):
             np.testing.assert_array_equal(j_info[key], h_info[key])
         for key in ("tokens", "loss_mask", "length"):
-            np.testing.assert_array_equal(j_info["final_observation"][key], h_info["final_observation"][key])
+            np.testing.assert_array_equal(
+                j_info["final_observation"][key], h_info["final_observation"][key]
+            )
             np.testing.assert_array_equal(j_obs[key], h_obs[key])
     rewards = np.stack([h[1] for h in host_history])
     np.testing.assert_allclose(rewards[:, 0], [0, 0, 1])
@@ -88,7 +141,10 @@ def test_host_env_matches_the_jitted_env_on_the_same_tool_calls(tokenizer):
     np.testing.assert_allclose(rewards[:, 3], [1, 0, 1])
     assert [bool(h[3][4]) for h in host_history] == [False, False, True]
     transcript = tokenizer.decode(host_history[2][4]["final_observation"]["tokens"][2])
-    assert "error: key not found" in transcript and "error: unknown tool or malformed call" in transcript
+    assert (
+        "error: key not found" in transcript
+        and "error: unknown tool or malformed call" in transcript
+    )
     assert "\n-299986\n" in tokenizer.decode(host_history[1][4]["final_observation"]["tokens"][0])
 
 
@@ -122,15 +178,26 @@ def test_python_sandbox_runs_code_and_kills_it_at_the_timeout():
 
 def test_host_env_step_returns_at_the_deadline_with_host_only_tools(tokenizer):
     tasks = Arithmetic(1).tasks(range(2))
-    env = HostTextEnv(tokenizer, tasks, Arithmetic(1).reward, tools=(Sleepy(), PythonSandbox(timeout_s=5.0)),
-                      max_length=MAX_LENGTH, action_length=ACTION, pool=ToolPool(4, timeout_s=1.0))
+    env = HostTextEnv(
+        tokenizer,
+        tasks,
+        Arithmetic(1).reward,
+        tools=(Sleepy(), PythonSandbox(timeout_s=5.0)),
+        max_length=MAX_LENGTH,
+        action_length=ACTION,
+        pool=ToolPool(4, timeout_s=1.0),
+    )
     obs, state = env.reset(jax.random.split(jax.random.key(0), 2))
-    actions = [_action(tokenizer, "", ("sleep", {"seconds": "3"})),
-               _action(tokenizer, "", ("python", {"code": 'print("6 * 7 =", 6 * 7)'}))]  # escapes: host only
+    actions = [
+        _action(tokenizer, "", ("sleep", {"seconds": "3"})),
+        _action(tokenizer, "", ("python", {"code": 'print("6 * 7 =", 6 * 7)'})),
+    ]  # escapes: host only
     start = time.monotonic()
-    obs, state, _, terminated, truncated, info = env.step(jax.random.split(jax.random.key(1), 2), state, actions)
+    obs, state, _, terminated, truncated, info = env.step(
+        jax.random.split(jax.random.key(1), 2), state, actions
+    )
     assert time.monotonic() - start < 2.5
-    texts = [tokenizer.decode(obs["tokens"][i][:obs["length"][i]]) for i in range(2)]
+    texts = [tokenizer.decode(obs["tokens"][i][: obs["length"][i]]) for i in range(2)]
     assert f"<tool_result>\n{TIMEOUT}\n</tool_result>" in texts[0]
     assert "<tool_result>\n6 * 7 = 42\n</tool_result>" in texts[1]
     assert not terminated.any() and not truncated.any() and info["tool_call"].all()
@@ -142,15 +209,19 @@ def test_host_and_jitted_env_agree_on_a_call_longer_than_a_fixed_payload_buffer(
     tasks = Arithmetic(1).tasks(range(2))
     options = {"tools": (Calculator(),), "max_length": MAX_LENGTH, "action_length": 2 * ACTION}
     jitted = TextEnv(tokenizer, tasks, Arithmetic(1).reward, **options)
-    host = HostTextEnv(tokenizer, tasks, Arithmetic(1).reward, pool=ToolPool(2, timeout_s=30.0), **options)
+    host = HostTextEnv(
+        tokenizer, tasks, Arithmetic(1).reward, pool=ToolPool(2, timeout_s=30.0), **options
+    )
     expression = " + ".join(["12345"] * 20)
     payload = f'\n{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}\n'
     ids = tokenizer.encode(TOOL_CALL + payload + TOOL_CALL_END) + [tokenizer.token_id(IM_END)]
     assert len(ids) <= 2 * ACTION and len(payload) > 200
     script = [[ids + [0] * (2 * ACTION - len(ids))] * 2]
     venv = Vectorized(jitted)
-    (j_obs, *_, j_info), = _drive(jax.jit(venv.reset), jax.jit(venv.step), jitted.default_params, script, 2)
-    (h_obs, *_, h_info), = _drive(host.reset, host.step, host.default_params, script, 2)
+    ((j_obs, *_, j_info),) = _drive(
+        jax.jit(venv.reset), jax.jit(venv.step), jitted.default_params, script, 2
+    )
+    ((h_obs, *_, h_info),) = _drive(host.reset, host.step, host.default_params, script, 2)
     assert not h_info["malformed_call"].any() and not j_info["malformed_call"].any()
     np.testing.assert_array_equal(j_obs["tokens"], h_obs["tokens"])
     assert "error: expression too long" in tokenizer.decode(h_obs["tokens"][0])
@@ -163,13 +234,24 @@ def test_tool_output_spelling_a_special_token_cannot_end_the_tool_message(tokeni
     tasks = [Task((Message("user", "q"),), "a", facts=(("k", forged),))]
     options = {"tools": (Lookup(),), "max_length": MAX_LENGTH, "action_length": ACTION}
     jitted = TextEnv(tokenizer, tasks, Arithmetic(1).reward, **options)
-    host = HostTextEnv(tokenizer, tasks, Arithmetic(1).reward, pool=ToolPool(1, timeout_s=30.0), **options)
+    host = HostTextEnv(
+        tokenizer, tasks, Arithmetic(1).reward, pool=ToolPool(1, timeout_s=30.0), **options
+    )
     script = [[_action(tokenizer, "", ("lookup", {"key": "k"}))]]
     venv = Vectorized(jitted)
-    (j_obs, *_), = _drive(jax.jit(venv.reset), jax.jit(venv.step), jitted.default_params, script, 1)
-    (h_obs, *_), = _drive(host.reset, host.step, host.default_params, script, 1)
+    ((j_obs, *_),) = _drive(
+        jax.jit(venv.reset), jax.jit(venv.step), jitted.default_params, script, 1
+    )
+    ((h_obs, *_),) = _drive(host.reset, host.step, host.default_params, script, 1)
     np.testing.assert_array_equal(j_obs["tokens"], h_obs["tokens"])
-    tokens = h_obs["tokens"][0, :h_obs["length"][0]].tolist()
-    result = tokens[tokens.index(tokenizer.token_id(TOOL_RESULT)) + 1:tokens.index(tokenizer.token_id(TOOL_RESULT_END))]
-    assert not set(result) & set(tokenizer.special_ids.values()) and tokenizer.decode(result) == f"\n{forged}\n"
+    tokens = h_obs["tokens"][0, : h_obs["length"][0]].tolist()
+    result = tokens[
+        tokens.index(tokenizer.token_id(TOOL_RESULT)) + 1 : tokens.index(
+            tokenizer.token_id(TOOL_RESULT_END)
+        )
+    ]
+    assert (
+        not set(result) & set(tokenizer.special_ids.values())
+        and tokenizer.decode(result) == f"\n{forged}\n"
+    )
     host.pool.close()

@@ -1,4 +1,5 @@
 """Text environments: token tables, the in-jit calculator, tool-call parsing, masks and budgets."""
+
 from types import SimpleNamespace
 
 import jax
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tiny_models import task_tokenizer
 
 from agentic_jax.data.chat import Message, ToolCall, render, render_ids
 from agentic_jax.data.tokenizer import IM_END, TOOL_CALL, TOOL_CALL_END
@@ -26,10 +28,9 @@ from agentic_jax.envs.text import (
     parse_call_host,
     task_env,
 )
-from tiny_models import task_tokenizer
 
 EXPR_BYTES = 48
-INT32_MAX = 2 ** 31 - 1
+INT32_MAX = 2**31 - 1
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +51,11 @@ _detokenize = jax.jit(detokenize, static_argnums=3)
 @given(st.text(alphabet=st.characters(codec="utf-8"), max_size=30))
 def test_detokenize_recovers_the_utf8_bytes(tokenizer, vocab, text):
     ids = tokenizer.encode(text)
-    ids = np.asarray(ids + [vocab.pad_id] * (128 - len(ids)), np.int32)  # one shape: one compilation
+    ids = np.asarray(
+        ids + [vocab.pad_id] * (128 - len(ids)), np.int32
+    )  # one shape: one compilation
     data, length = _detokenize(vocab, ids, ids != vocab.pad_id, 256)
-    assert bytes(np.asarray(data[:int(length)])) == text.encode()
+    assert bytes(np.asarray(data[: int(length)])) == text.encode()
 
 
 def test_detokenize_reports_overflow_and_special_tokens_as_text(tokenizer, vocab):
@@ -69,7 +72,9 @@ def test_encode_int_is_the_tokenizers_own_spelling(tokenizer, vocab, values):
     ids, lengths = _encode_ints(vocab, np.asarray(values, np.int32))
     for value, row, n in zip(values, np.asarray(ids), np.asarray(lengths)):
         assert row[:n].tolist() == tokenizer.encode(str(value))
-    assert np.asarray(vocab.merge_rank < np.iinfo(np.int32).max).any()  # the fixture's vocabulary merges digits
+    assert np.asarray(
+        vocab.merge_rank < np.iinfo(np.int32).max
+    ).any()  # the fixture's vocabulary merges digits
 
 
 # --- calculator ---------------------------------------------------------------------------------
@@ -82,14 +87,18 @@ def _run(expressions, batch=32):
     data, length = np.zeros((batch, EXPR_BYTES), np.uint8), np.zeros((batch,), np.int32)
     out = []
     for start in range(0, len(expressions), batch):
-        chunk = expressions[start:start + batch]
+        chunk = expressions[start : start + batch]
         data[:] = 0
         for row, e in zip(data, chunk):
             encoded = e.encode()[:EXPR_BYTES]
-            row[:len(encoded)] = np.frombuffer(encoded, np.uint8)
-        length[:len(chunk)] = [len(e.encode()) for e in chunk]
-        out += [calculator.Evaluation(int(v), int(err), bool(ix), tuple(int(x) for x in lit if x >= 0))
-                for v, err, ix, lit in list(zip(*map(np.asarray, _evaluate(data, length))))[:len(chunk)]]
+            row[: len(encoded)] = np.frombuffer(encoded, np.uint8)
+        length[: len(chunk)] = [len(e.encode()) for e in chunk]
+        out += [
+            calculator.Evaluation(int(v), int(err), bool(ix), tuple(int(x) for x in lit if x >= 0))
+            for v, err, ix, lit in list(zip(*map(np.asarray, _evaluate(data, length))))[
+                : len(chunk)
+            ]
+        ]
     return out
 
 
@@ -97,9 +106,11 @@ def _tree(literals):
     """Expression trees: ("lit", n) | ("neg", t) | (op, left, right)."""
     return st.recursive(
         literals.map(lambda n: ("lit", n)),
-        lambda inner: st.one_of(inner.map(lambda t: ("neg", t)),
-                                st.tuples(st.sampled_from("+-*/"), inner, inner)),
-        max_leaves=8)
+        lambda inner: st.one_of(
+            inner.map(lambda t: ("neg", t)), st.tuples(st.sampled_from("+-*/"), inner, inner)
+        ),
+        max_leaves=8,
+    )
 
 
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
@@ -159,7 +170,11 @@ def test_calculator_evaluates_like_python_floor_division(cases):
         assert got == calculator.evaluate_text(text, EXPR_BYTES)
 
 
-@given(st.lists(_tree(st.sampled_from([0, 3, 46341, 65536, 2 ** 31 - 1, 2 ** 31])), min_size=1, max_size=24))
+@given(
+    st.lists(
+        _tree(st.sampled_from([0, 3, 46341, 65536, 2**31 - 1, 2**31])), min_size=1, max_size=24
+    )
+)
 def test_calculator_reports_the_first_error_in_python_order(trees):
     texts = [_show(tree, 1)[0] for tree in trees]
     for tree, text, got in zip(trees, texts, _run(texts)):
@@ -185,37 +200,85 @@ def test_malformed_expressions_give_an_error_code_not_a_crash(texts):
         except SyntaxError:
             assert got.error == calculator.SYNTAX, text
             continue
-        except Exception:  # noqa: BLE001 - "2**3 x" etc.: a NameError/TypeError Python raises at run time
+        except Exception:
             python = None
         if got.error == calculator.OK:
             assert got.value == python, text
 
 
 def test_calculator_conventions():
-    got = _run(["-7 / 2", "7 / -2", "6 / 3", "1 / 0", "2147483647 + 1", "007", "00", "2 ** 3", "(1)(2)", "",
-                "1/0 + )", "2 * -3 * 4", "--2", "1" * 60])
+    got = _run(
+        [
+            "-7 / 2",
+            "7 / -2",
+            "6 / 3",
+            "1 / 0",
+            "2147483647 + 1",
+            "007",
+            "00",
+            "2 ** 3",
+            "(1)(2)",
+            "",
+            "1/0 + )",
+            "2 * -3 * 4",
+            "--2",
+            "1" * 60,
+        ]
+    )
     assert [(g.value, g.error) for g in got] == [
-        (-4, 0), (-4, 0), (2, 0), (0, calculator.DIV_ZERO), (0, calculator.OVERFLOW), (0, calculator.SYNTAX),
-        (0, 0), (0, calculator.SYNTAX), (0, calculator.SYNTAX), (0, calculator.SYNTAX), (0, calculator.SYNTAX),
-        (-24, 0), (2, 0), (0, calculator.TOO_LONG)]
+        (-4, 0),
+        (-4, 0),
+        (2, 0),
+        (0, calculator.DIV_ZERO),
+        (0, calculator.OVERFLOW),
+        (0, calculator.SYNTAX),
+        (0, 0),
+        (0, calculator.SYNTAX),
+        (0, calculator.SYNTAX),
+        (0, calculator.SYNTAX),
+        (0, calculator.SYNTAX),
+        (-24, 0),
+        (2, 0),
+        (0, calculator.TOO_LONG),
+    ]
     assert [g.inexact for g in got[:3]] == [True, True, False]
     assert got[11].literals == (2, 3, 4)
 
 
-_closeness = jax.jit(jax.vmap(lambda data, length, value: NumericCloseness()(Text(data, length),
-                                                                             SimpleNamespace(value=value))))
+_closeness = jax.jit(
+    jax.vmap(
+        lambda data, length, value: NumericCloseness()(
+            Text(data, length), SimpleNamespace(value=value)
+        )
+    )
+)
 
 
-@given(st.lists(st.tuples(st.integers(-INT32_MAX, INT32_MAX), st.integers(-3, 3) | st.integers(-INT32_MAX, INT32_MAX)),
-                min_size=16, max_size=16))
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(-INT32_MAX, INT32_MAX),
+            st.integers(-3, 3) | st.integers(-INT32_MAX, INT32_MAX),
+        ),
+        min_size=16,
+        max_size=16,
+    )
+)
 def test_numeric_closeness_in_jit_is_the_hosts_partial_credit(pairs):
     """Exact for large values too, where float32 cannot tell neighbouring integers apart."""
-    pairs = [(value, int(np.clip(value + offset, -INT32_MAX, INT32_MAX))) for value, offset in pairs]
+    pairs = [
+        (value, int(np.clip(value + offset, -INT32_MAX, INT32_MAX))) for value, offset in pairs
+    ]
     contents = [f"<answer>{answer}</answer>" for _, answer in pairs]
     texts = [Text.from_bytes(c.encode(), 32) for c in contents]
-    got = _closeness(np.stack([t.data for t in texts]), np.stack([t.length for t in texts]),
-                     np.asarray([value for value, _ in pairs], np.int32))
-    want = [NumericCloseness().host(c, Task((), "", value)) for c, (value, _) in zip(contents, pairs)]
+    got = _closeness(
+        np.stack([t.data for t in texts]),
+        np.stack([t.length for t in texts]),
+        np.asarray([value for value, _ in pairs], np.int32),
+    )
+    want = [
+        NumericCloseness().host(c, Task((), "", value)) for c, (value, _) in zip(contents, pairs)
+    ]
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
 
 
@@ -236,23 +299,30 @@ def _rendered_payload(tool, argument):
 
 def test_parse_call_accepts_the_rendered_format_and_rejects_the_rest():
     cases = {_rendered_payload(tool, "a b"): i for i, tool in enumerate(TOOLS)}
-    cases.update({
-        '{"name": "calculator", "arguments": {"expression": "1 + 2"}': -1,  # truncated
-        '{"name": "calc", "arguments": {"expression": "1"}}': -1,
-        '{"name": "lookup", "arguments": {"key": "x", "more": "y"}}': -1,
-        '{"name": "lookup", "arguments": {"key": "a\\"b"}}': -1,  # escapes are not decoded in jit
-        '{"name":"lookup","arguments":{"key":"x"}}': -1,  # not the rendered layout
-    })
+    cases.update(
+        {
+            '{"name": "calculator", "arguments": {"expression": "1 + 2"}': -1,  # truncated
+            '{"name": "calc", "arguments": {"expression": "1"}}': -1,
+            '{"name": "lookup", "arguments": {"key": "x", "more": "y"}}': -1,
+            '{"name": "lookup", "arguments": {"key": "a\\"b"}}': -1,  # escapes are not decoded in jit
+            '{"name":"lookup","arguments":{"key":"x"}}': -1,  # not the rendered layout
+        }
+    )
     parse = jax.jit(lambda p: parse_call(p, TOOLS))
     for text, expected in cases.items():
         index, value = parse(_payload(text))
         assert int(index) == expected, text
         host_tool, host_value = parse_call_host(text, TOOLS)
         if expected >= 0:
-            assert bytes(np.asarray(value.data[:int(value.length)])) == b"a b"
+            assert bytes(np.asarray(value.data[: int(value.length)])) == b"a b"
             assert host_tool is TOOLS[expected] and host_value == "a b"
-    assert parse_call_host('{"name":"lookup","arguments":{"key":"a\\"b"}}', TOOLS) == (TOOLS[1], 'a"b')
-    too_long = Text(np.full((160,), ord("k"), np.uint8), np.int32(161))  # the payload did not fit its buffer
+    assert parse_call_host('{"name":"lookup","arguments":{"key":"a\\"b"}}', TOOLS) == (
+        TOOLS[1],
+        'a"b',
+    )
+    too_long = Text(
+        np.full((160,), ord("k"), np.uint8), np.int32(161)
+    )  # the payload did not fit its buffer
     assert int(parse(too_long)[0]) == -1
 
 
@@ -265,7 +335,12 @@ ACTION = 64
 def arithmetic(tokenizer):
     generator = Arithmetic(2)
     env = task_env(tokenizer, generator, range(4), max_length=400, action_length=ACTION)
-    return generator, env, jax.jit(env.reset), jax.jit(env.step)  # always called with params: one compilation
+    return (
+        generator,
+        env,
+        jax.jit(env.reset),
+        jax.jit(env.step),
+    )  # always called with params: one compilation
 
 
 def _action(tokenizer, text, *, close=True, tail=""):
@@ -283,14 +358,16 @@ def test_tool_results_are_masked_out_of_the_policy_loss(tokenizer, arithmetic):
     params = env.default_params
     obs, state = reset(jax.random.key(0), params)
     prompt_length = int(obs["length"])
-    actions = [_action(tokenizer, _call("6 * 7"), close=False),  # unclosed: the env closes the turn
-               _action(tokenizer, _call("6 *"), tail="ignored after the end of the turn"),
-               _action(tokenizer, "<think>x</think><answer>1</answer>")]
+    actions = [
+        _action(tokenizer, _call("6 * 7"), close=False),  # unclosed: the env closes the turn
+        _action(tokenizer, _call("6 *"), tail="ignored after the end of the turn"),
+        _action(tokenizer, "<think>x</think><answer>1</answer>"),
+    ]
     policy_tokens = []
     for i, action in enumerate(actions):
         _, state, _, terminated, truncated, info = step(jax.random.key(i), state, action, params)
-        turn = np.asarray(action)[:int(np.sum(np.asarray(action) != 0))]
-        policy_tokens.append(turn[:len(tokenizer.encode(_call("6 *"))) + 1] if i == 1 else turn)
+        turn = np.asarray(action)[: int(np.sum(np.asarray(action) != 0))]
+        policy_tokens.append(turn[: len(tokenizer.encode(_call("6 *"))) + 1] if i == 1 else turn)
     final = info["final_observation"]
     n = int(final["length"])
     tokens, mask = np.asarray(final["tokens"][:n]), np.asarray(final["loss_mask"])
@@ -310,8 +387,9 @@ def test_turn_limit_truncates_with_zero_reward(tokenizer, arithmetic):
     _, state = reset(jax.random.key(0), params)
     flags = []
     for i in range(3):
-        _, state, reward, terminated, truncated, _ = step(jax.random.key(i), state,
-                                                               _action(tokenizer, _call("1 + 1")), params)
+        _, state, reward, terminated, truncated, _ = step(
+            jax.random.key(i), state, _action(tokenizer, _call("1 + 1")), params
+        )
         flags.append((float(reward), bool(terminated), bool(truncated), int(state.turn)))
     assert flags == [(0.0, False, False, 1), (0.0, False, True, 0), (0.0, False, False, 1)]
 
@@ -323,15 +401,21 @@ def test_token_budget_truncates_before_overflowing(tokenizer, arithmetic):
     action = _action(tokenizer, _call("123456 * 654321 - 1"))
     for i in range(20):
         before = int(state.length)
-        _, state, reward, terminated, truncated, info = step(jax.random.key(i), state, action, params)
+        _, state, reward, terminated, truncated, info = step(
+            jax.random.key(i), state, action, params
+        )
         final = info["final_observation"]
         assert int(final["length"]) <= env.max_length
         if bool(truncated):
             break
         assert int(state.length) + ACTION <= env.max_length
     assert bool(truncated) and not bool(terminated) and float(reward) == 0.0
-    assert int(final["length"]) == before + int(np.sum(np.asarray(action) != 0))  # the message did not fit
-    assert int(state.length) == int(state.tokens.astype(bool).sum()) and int(state.turn) == 0  # auto-reset
+    assert int(final["length"]) == before + int(
+        np.sum(np.asarray(action) != 0)
+    )  # the message did not fit
+    assert (
+        int(state.length) == int(state.tokens.astype(bool).sum()) and int(state.turn) == 0
+    )  # auto-reset
 
 
 def test_render_ids_prompt_is_the_env_prompt(tokenizer, arithmetic):
@@ -341,7 +425,7 @@ def test_render_ids_prompt_is_the_env_prompt(tokenizer, arithmetic):
     weights[2] = 1.0
     obs, _ = reset(jax.random.key(1), env.default_params.replace(task_weights=jnp.asarray(weights)))
     prompt = render_ids(task.prompt, tokenizer, add_generation_prompt=True).ids
-    assert np.asarray(obs["tokens"][:int(obs["length"])]).tolist() == prompt.tolist()
+    assert np.asarray(obs["tokens"][: int(obs["length"])]).tolist() == prompt.tolist()
     assert bool(env.observation_space().contains(obs)) and int(obs["loss_mask"].sum()) == 0
     assert bool(env.action_space().contains(_action(tokenizer, "<answer>1</answer>")))
 
@@ -352,5 +436,10 @@ def test_a_long_answering_turn_is_scored_in_full_as_on_the_host(tokenizer, arith
     content = f"<think>{' inside' * 38}</think><answer>{task.answer}</answer>"
     assert len(content.encode()) > 280  # longer than a fixed verifier buffer of 256 bytes
     _, state = env.reset_task(1, env.default_params)
-    _, _, reward, terminated, _, _ = step(jax.random.key(0), state, _action(tokenizer, content), env.default_params)
-    assert bool(terminated) and float(reward) == pytest.approx(generator.reward.host(content, task)) == 1.0
+    _, _, reward, terminated, _, _ = step(
+        jax.random.key(0), state, _action(tokenizer, content), env.default_params
+    )
+    assert (
+        bool(terminated)
+        and float(reward) == pytest.approx(generator.reward.host(content, task)) == 1.0
+    )

@@ -1,4 +1,5 @@
 """pass@k against the binomial closed form, bootstrap intervals against normal theory."""
+
 from fractions import Fraction
 from math import comb
 

@@ -6,6 +6,7 @@ On CPU, ``test_pallas_dispatch.py`` checks the same translation of the mask rule
 standing in for cuDNN; only a GPU shows that cuDNN and tokamax accept those arguments and
 compute the same attention, forward and backward.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,8 +17,15 @@ from pallas_kernels import dispatch, gpu_attention, reference_attention
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
 
-BACKENDS = ["cudnn", pytest.param("tokamax", marks=pytest.mark.skipif(
-    dispatch.tokamax_module() is None, reason="tokamax does not import"))]
+BACKENDS = [
+    "cudnn",
+    pytest.param(
+        "tokamax",
+        marks=pytest.mark.skipif(
+            dispatch.tokamax_module() is None, reason="tokamax does not import"
+        ),
+    ),
+]
 S = 256
 # (name, T, options, backends that take the call): cuDNN has no soft cap and no two-sided window.
 CASES = [
@@ -35,14 +43,16 @@ CASES = [
 
 def _inputs(t, options, seed=0):
     rng = np.random.default_rng(seed)
-    q, k, v = (jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
-               for shape in ((2, t, 8, 64), (2, S, 2, 64), (2, S, 2, 64)))
+    q, k, v = (
+        jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
+        for shape in ((2, t, 8, 64), (2, S, 2, 64), (2, S, 2, 64))
+    )
     cotangent = jnp.asarray(rng.standard_normal((2, t, 8, 64)), jnp.float32)
     options = dict(options)
     if options.pop("segment_ids", False):
         kv_ids = np.repeat(np.arange(1, 5), S // 4)[None].repeat(2, axis=0)
-        q_ids = kv_ids[:, S - t:].copy()
-        q_ids[:, ::7] = 9                                # segment 9 has no keys: rows of zeros
+        q_ids = kv_ids[:, S - t :].copy()
+        q_ids[:, ::7] = 9  # segment 9 has no keys: rows of zeros
         options["segment_ids"] = (jnp.asarray(q_ids), jnp.asarray(kv_ids))
     return (q, k, v), cotangent, options
 
@@ -69,8 +79,9 @@ def test_fused_backend_equals_reference(monkeypatch, backend, name, t, options, 
     got, got_grads = jax.jit(lambda *a: _value_and_grads(fused, a, cotangent))(*qkv)
     assert used == [backend], f"{backend} rejected the call and fell back to {used}"
     f32 = tuple(x.astype(jnp.float32) for x in qkv)
-    want, want_grads = jax.jit(lambda *a: _value_and_grads(
-        lambda *b: reference_attention(*b, **options), a, cotangent))(*f32)
+    want, want_grads = jax.jit(
+        lambda *a: _value_and_grads(lambda *b: reference_attention(*b, **options), a, cotangent)
+    )(*f32)
     np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
     for label, g, w in zip("qkv", got_grads, want_grads):
         scale = float(jnp.max(jnp.abs(w)))
@@ -78,11 +89,24 @@ def test_fused_backend_equals_reference(monkeypatch, backend, name, t, options, 
 
 
 def test_model_logits_through_the_gpu_dispatch_equal_xla():
-    cfg = TransformerConfig(vocab_size=97, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2,
-                            head_dim=32, d_ff=256, max_seq_len=128, dtype="bfloat16")
+    cfg = TransformerConfig(
+        vocab_size=97,
+        d_model=128,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=32,
+        d_ff=256,
+        max_seq_len=128,
+        dtype="bfloat16",
+    )
     params = init_params(cfg, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (2, 64), 0, cfg.vocab_size)
-    logits = {impl: jax.jit(lambda p, c=cfg.replace(attention_impl=impl): forward(p, c, tokens))(
-        params).astype(jnp.float32) for impl in ("xla", "cudnn")}
+    logits = {
+        impl: jax.jit(lambda p, c=cfg.replace(attention_impl=impl): forward(p, c, tokens))(
+            params
+        ).astype(jnp.float32)
+        for impl in ("xla", "cudnn")
+    }
     scale = float(jnp.max(jnp.abs(logits["xla"])))
     np.testing.assert_allclose(logits["cudnn"], logits["xla"], atol=2e-2 * scale)

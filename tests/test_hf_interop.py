@@ -4,6 +4,7 @@ The torch tests build tiny random Llama / Mistral / Qwen2 models from configs (n
 randomise every parameter (HF initialises biases to zero and norms to one, which would hide layout
 mistakes), and compare fp32 eval-mode logits with ours.
 """
+
 import json
 
 import jax
@@ -16,33 +17,75 @@ from safetensors.numpy import save_file
 from agentic_jax.data.documents import write_documents
 from agentic_jax.data.tokenizer import IM_END, Tokenizer, train_tokenizer
 from agentic_jax.models import TransformerConfig, forward, param_shapes
-from agentic_jax.models.hf import (INDEX_FILE, SINGLE_FILE, from_hf_config, hf_model_type,
-                                   load_hf_checkpoint, save_hf_checkpoint, to_hf_config)
+from agentic_jax.models.hf import (
+    INDEX_FILE,
+    SINGLE_FILE,
+    from_hf_config,
+    hf_model_type,
+    load_hf_checkpoint,
+    save_hf_checkpoint,
+    to_hf_config,
+)
 
-TINY = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, intermediate_size=48, rms_norm_eps=1e-5, rope_theta=500.0,
-            max_position_embeddings=64, attn_implementation="eager")
+TINY = dict(
+    vocab_size=128,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=48,
+    rms_norm_eps=1e-5,
+    rope_theta=500.0,
+    max_position_embeddings=64,
+    attn_implementation="eager",
+)
 SEQ = 12
 TOKENS = np.random.default_rng(0).integers(0, TINY["vocab_size"], (2, SEQ))
 
 # name -> (HF config class, config fields beyond TINY, save_pretrained max_shard_size)
 HF_CASES = {
     "llama": ("LlamaConfig", dict(tie_word_embeddings=False), "20KB"),
-    "llama_llama3": ("LlamaConfig", dict(head_dim=16, rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 16}), None),
-    "llama_linear": ("LlamaConfig", dict(rope_scaling={"rope_type": "linear", "factor": 2.0}),
-                     None),
+    "llama_llama3": (
+        "LlamaConfig",
+        dict(
+            head_dim=16,
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        ),
+        None,
+    ),
+    "llama_linear": (
+        "LlamaConfig",
+        dict(rope_scaling={"rope_type": "linear", "factor": 2.0}),
+        None,
+    ),
     # Dynamic NTK only acts past max_position_embeddings, so the test sequence runs past it.
-    "llama_dynamic": ("LlamaConfig", dict(
-        max_position_embeddings=SEQ - 4, rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
-        None),
+    "llama_dynamic": (
+        "LlamaConfig",
+        dict(max_position_embeddings=SEQ - 4, rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
+        None,
+    ),
     "mistral": ("MistralConfig", dict(sliding_window=4, tie_word_embeddings=False), None),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True), None),
-    "qwen2_yarn_window": ("Qwen2Config", dict(
-        use_sliding_window=True, sliding_window=5, max_window_layers=0,
-        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}),
-        None),
+    "qwen2_yarn_window": (
+        "Qwen2Config",
+        dict(
+            use_sliding_window=True,
+            sliding_window=5,
+            max_window_layers=0,
+            rope_scaling={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        ),
+        None,
+    ),
 }
 
 _forward = jax.jit(forward, static_argnums=1)
@@ -89,7 +132,8 @@ def test_hf_loads_our_checkpoint_with_the_same_logits(hf_case, tmp_path):
     config, params = load_hf_checkpoint(path)
     save_hf_checkpoint(tmp_path, config, params)
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path, dtype=torch.float32, attn_implementation="eager").eval()
+        tmp_path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     assert type(model).__name__ == HF_CASES[name][0].replace("Config", "ForCausalLM")
     np.testing.assert_allclose(_hf_logits(model, torch), hf_logits, atol=1e-4, rtol=1e-4)
 
@@ -102,6 +146,7 @@ def _random_params(config, seed=0):
     def draw(path, spec):
         offset = 1.0 if "norm" in jax.tree_util.keystr(path) else 0.0
         return jnp.asarray(rng.normal(offset, 0.1, spec.shape), spec.dtype)
+
     return jax.tree_util.tree_map_with_path(draw, param_shapes(config))
 
 
@@ -110,29 +155,60 @@ def test_hf_matches_native_only_features(tmp_path):
     on every layer become Qwen2 with max_window_layers=0; head_dim != hidden / heads."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    config = TransformerConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                               head_dim=16, d_ff=48, qkv_bias=True, tie_embeddings=False,
-                               sliding_window=5, rope_scaling={"type": "ntk", "factor": 4.0})
+    config = TransformerConfig(
+        vocab_size=128,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=16,
+        d_ff=48,
+        qkv_bias=True,
+        tie_embeddings=False,
+        sliding_window=5,
+        rope_scaling={"type": "ntk", "factor": 4.0},
+    )
     params = _random_params(config)
     save_hf_checkpoint(tmp_path, config, params)
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path, dtype=torch.float32, attn_implementation="eager").eval()
+        tmp_path, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     assert type(model).__name__ == "Qwen2ForCausalLM"
-    np.testing.assert_allclose(_hf_logits(model, torch), _forward(params, config, TOKENS),
-                               atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(
+        _hf_logits(model, torch), _forward(params, config, TOKENS), atol=1e-4, rtol=1e-4
+    )
 
 
-BASE = TransformerConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                         head_dim=8, d_ff=48, max_seq_len=64)
+BASE = TransformerConfig(
+    vocab_size=128,
+    d_model=32,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    d_ff=48,
+    max_seq_len=64,
+)
 ROUND_TRIP = {
     "llama": BASE.replace(tie_embeddings=False),
-    "llama3_head16": BASE.replace(head_dim=16, rope_scaling={
-        "type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 16}),
-    "mistral_dynamic": BASE.replace(sliding_window=4, rope_scaling={
-        "type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 64}),
-    "qwen2_yarn": BASE.replace(qkv_bias=True, rope_scaling={
-        "type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}),
+    "llama3_head16": BASE.replace(
+        head_dim=16,
+        rope_scaling={
+            "type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    ),
+    "mistral_dynamic": BASE.replace(
+        sliding_window=4,
+        rope_scaling={"type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 64},
+    ),
+    "qwen2_yarn": BASE.replace(
+        qkv_bias=True,
+        rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+    ),
     "bf16": BASE.replace(qkv_bias=True, param_dtype="bfloat16"),
 }
 
@@ -185,8 +261,10 @@ def _rewrite(path, tensors):
 
 def test_rotary_buffers_and_tied_head_copies_are_ignored(saved):
     path, tensors, params = saved
-    extra = {"model.layers.0.self_attn.rotary_emb.inv_freq": np.ones(4, np.float32),
-             "lm_head.weight": tensors["model.embed_tokens.weight"]}
+    extra = {
+        "model.layers.0.self_attn.rotary_emb.inv_freq": np.ones(4, np.float32),
+        "lm_head.weight": tensors["model.embed_tokens.weight"],
+    }
     _rewrite(path, {**tensors, **extra})
     _, loaded = load_hf_checkpoint(path)
     _assert_trees_equal(loaded, params)
@@ -262,8 +340,9 @@ def test_saved_config_carries_the_tokenizer_ids(tmp_path):
     """``generate`` reads BOS/EOS/PAD from config.json; Llama's defaults (1, 2) are not ours."""
     transformers = pytest.importorskip("transformers")
     write_documents(tmp_path / "docs.txt", ["some text"])
-    trained = train_tokenizer(tmp_path / "tokenizer.json", files=[tmp_path / "docs.txt"],
-                              vocab_size=300)
+    trained = train_tokenizer(
+        tmp_path / "tokenizer.json", files=[tmp_path / "docs.txt"], vocab_size=300
+    )
     tokenizer = Tokenizer(trained.backend, eos_token=IM_END, pad_token=None)
     save_hf_checkpoint(tmp_path / "hf", BASE, _random_params(BASE), tokenizer=tokenizer)
     hf = transformers.AutoConfig.from_pretrained(tmp_path / "hf")

@@ -1,10 +1,11 @@
 """The block manager as a state machine against a model of what every physical block holds."""
+
 import collections
 
 import pytest
-from hypothesis import settings, strategies as st
-from hypothesis.stateful import (Bundle, RuleBasedStateMachine, consumes, initialize, invariant,
-                                 rule)
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, rule
 
 from agentic_jax.inference.serving.block_manager import BlockManager
 
@@ -17,6 +18,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     """``content[block][offset]`` is the token prefix whose K/V the slot holds (K/V of position p
     depends on tokens[:p + 1]); every computed position of every live sequence must read back its
     own prefix through its block table."""
+
     seqs = Bundle("seqs")
 
     @initialize()
@@ -28,8 +30,11 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def _write(self, seq, start, end):
         """prepare_write, then the device's part: copies, then the K/V of positions [start, end)."""
         table = self.bm.block_table(seq)
-        shared = {j for j in range(start // BLOCK_SIZE, (end - 1) // BLOCK_SIZE + 1)
-                  if j < len(table) and self.bm.refcount(table[j]) > 1}
+        shared = {
+            j
+            for j in range(start // BLOCK_SIZE, (end - 1) // BLOCK_SIZE + 1)
+            if j < len(table) and self.bm.refcount(table[j]) > 1
+        }
         expected_cost = self.bm.blocks_to_write(seq, start, end)
         free_before = self.bm.num_free_blocks
         copies = self.bm.prepare_write(seq, start, end)
@@ -41,7 +46,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             self.content[dst] = list(self.content[src])
         table = self.bm.block_table(seq)
         for p in range(start, end):
-            self.content[table[p // BLOCK_SIZE]][p % BLOCK_SIZE] = tuple(self.tokens[seq][:p + 1])
+            self.content[table[p // BLOCK_SIZE]][p % BLOCK_SIZE] = tuple(self.tokens[seq][: p + 1])
         self.bm.commit(seq, self.tokens[seq], end)
 
     @rule(target=seqs, prompt=prompts)
@@ -60,7 +65,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         table = self.bm.block_table(seq)
         # Hits are blocks already holding exactly this prefix.
         for p in range(cached):
-            assert self.content[table[p // BLOCK_SIZE]][p % BLOCK_SIZE] == tuple(prompt[:p + 1])
+            assert self.content[table[p // BLOCK_SIZE]][p % BLOCK_SIZE] == tuple(prompt[: p + 1])
         self._write(seq, cached, len(prompt))
         assert free_before - self.bm.num_free_blocks == cost
         return seq
@@ -84,17 +89,17 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @rule(prompt=prompts)
     def same_prompt_while_live_shares_its_blocks(self, prompt):
         """A prompt equal to a live sequence's computed full blocks hits all of them."""
-        live = [s for s, t in self.tokens.items() if t[:len(prompt)] == prompt]
+        live = [s for s, t in self.tokens.items() if t[: len(prompt)] == prompt]
         full = (len(prompt) // BLOCK_SIZE) * BLOCK_SIZE
         if not live or full == 0 or self.bm.admission_cost(prompt) > self.bm.num_free_blocks:
             return
-        owners = [self.bm.block_table(s)[:full // BLOCK_SIZE] for s in live]
+        owners = [self.bm.block_table(s)[: full // BLOCK_SIZE] for s in live]
         seq, self.next_id = self.next_id, self.next_id + 1
         self.tokens[seq] = list(prompt)
         cached = self.bm.allocate(seq, prompt)
         assert cached == min(full, len(prompt) - 1)
         # Equal hash chains name one block: some live owner's blocks are the ones reused.
-        assert self.bm.block_table(seq)[:full // BLOCK_SIZE] in owners
+        assert self.bm.block_table(seq)[: full // BLOCK_SIZE] in owners
         self._write(seq, cached, len(prompt))
         self.bm.free(seq)
         del self.tokens[seq]
@@ -122,7 +127,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for s, tokens in self.tokens.items():
             table = self.bm.block_table(s)
             for p in range(len(tokens)):
-                assert self.content[table[p // BLOCK_SIZE]][p % BLOCK_SIZE] == tuple(tokens[:p + 1])
+                assert self.content[table[p // BLOCK_SIZE]][p % BLOCK_SIZE] == tuple(
+                    tokens[: p + 1]
+                )
 
     def teardown(self):
         if hasattr(self, "bm"):

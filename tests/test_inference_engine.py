@@ -3,31 +3,42 @@
 All engines share one model and one capacity (4 slots, 16 blocks of 4 tokens, 48-token
 sequences), so the device functions compile once for the whole module.
 """
+
 import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentic_jax.inference import generate_recompute
+from agentic_jax.inference.decoding.sampling import SamplingParams
 from agentic_jax.inference.serving.block_manager import BlockManager
 from agentic_jax.inference.serving.engine import Engine, EngineConfig, Request
-from agentic_jax.inference.decoding.sampling import SamplingParams
 from agentic_jax.inference.serving.scheduler import Scheduler, Sequence
 from agentic_jax.models import TransformerConfig, param_shapes
 
-CFG = TransformerConfig(vocab_size=61, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
-                        d_ff=48, max_seq_len=48)
+CFG = TransformerConfig(
+    vocab_size=61,
+    d_model=32,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    d_ff=48,
+    max_seq_len=48,
+)
 ENGINE = EngineConfig(num_slots=4, block_size=4, num_blocks=16)
 
 
 @pytest.fixture(scope="module")
 def params():
     rng = np.random.default_rng(0)
-    return jax.tree.map(lambda s: jnp.asarray(rng.normal(0.0, 0.3, s.shape), s.dtype),
-                        param_shapes(CFG))
+    return jax.tree.map(
+        lambda s: jnp.asarray(rng.normal(0.0, 0.3, s.shape), s.dtype), param_shapes(CFG)
+    )
 
 
 def _prompt(seed, n):
@@ -50,8 +61,10 @@ def _assert_same(got, want):
 def test_continuous_batching_equals_each_request_alone_and_the_recompute_decoder(params):
     # Skewed output lengths, more requests than slots, and a pool that holds them all.
     lengths = [(5, 12), (5, 2), (9, 9), (7, 1), (2, 11), (6, 4)]
-    requests = [Request(_prompt(i, p), SamplingParams(temperature=0.0, max_tokens=m))
-                for i, (p, m) in enumerate(lengths)]
+    requests = [
+        Request(_prompt(i, p), SamplingParams(temperature=0.0, max_tokens=m))
+        for i, (p, m) in enumerate(lengths)
+    ]
     engine = Engine(params, CFG, ENGINE)
     done = engine.generate(requests)
     assert engine.stats["preemptions"] == 0
@@ -60,10 +73,16 @@ def test_continuous_batching_equals_each_request_alone_and_the_recompute_decoder
     for request, d in zip(requests, done):
         _assert_same(d, _alone(params, request))
     # The first two prompts have one length: one batched call of the reference decoder.
-    want = generate_recompute(params, CFG, jnp.asarray([r.prompt for r in requests[:2]]),
-                              jax.random.key(0), max_new_tokens=12, temperature=0.0)
+    want = generate_recompute(
+        params,
+        CFG,
+        jnp.asarray([r.prompt for r in requests[:2]]),
+        jax.random.key(0),
+        max_new_tokens=12,
+        temperature=0.0,
+    )
     for row, d in enumerate(done[:2]):
-        assert d.tokens == tuple(int(t) for t in want[row, 5:5 + len(d.tokens)])
+        assert d.tokens == tuple(int(t) for t in want[row, 5 : 5 + len(d.tokens)])
     # Slots freed by short requests were refilled at once: later requests waited, and the whole
     # batch took fewer steps than static batching, which only refills an empty batch.
     assert max(d.wait_steps for d in done) > 0
@@ -76,12 +95,25 @@ def test_continuous_batching_equals_each_request_alone_and_the_recompute_decoder
 def test_preemption_by_recompute_gives_the_same_tokens(params):
     # Four sequences growing to ~30 tokens need ~32 blocks; the pool has 16.  Sampled rows use
     # seeds and penalties, so recompute must restore their keys and token counts too.
-    sampled = SamplingParams(temperature=1.0, top_k=20, repetition_penalty=1.3,
-                             frequency_penalty=0.4, max_tokens=22, seed=7)
-    requests = [Request(_prompt(10 + i, 8), p) for i, p in enumerate(
-        [SamplingParams(temperature=0.0, max_tokens=22), sampled,
-         SamplingParams(temperature=0.0, max_tokens=24, presence_penalty=0.5),
-         dataclasses.replace(sampled, seed=8)])]
+    sampled = SamplingParams(
+        temperature=1.0,
+        top_k=20,
+        repetition_penalty=1.3,
+        frequency_penalty=0.4,
+        max_tokens=22,
+        seed=7,
+    )
+    requests = [
+        Request(_prompt(10 + i, 8), p)
+        for i, p in enumerate(
+            [
+                SamplingParams(temperature=0.0, max_tokens=22),
+                sampled,
+                SamplingParams(temperature=0.0, max_tokens=24, presence_penalty=0.5),
+                dataclasses.replace(sampled, seed=8),
+            ]
+        )
+    ]
     engine = Engine(params, CFG, ENGINE)
     done = engine.generate(requests)
     assert engine.stats["preemptions"] > 0 and any(d.preemptions for d in done)
@@ -94,8 +126,10 @@ def test_preemption_by_recompute_gives_the_same_tokens(params):
 def test_prefix_cache_reuses_a_shared_system_prompt_and_copies_on_write(params):
     system = _prompt(20, 8)  # two full blocks
     first = Request(system + _prompt(21, 3), SamplingParams(temperature=0.0, max_tokens=3))
-    followers = [Request(system + _prompt(22 + i, 2 + i),
-                         SamplingParams(temperature=0.0, max_tokens=4)) for i in range(3)]
+    followers = [
+        Request(system + _prompt(22 + i, 2 + i), SamplingParams(temperature=0.0, max_tokens=4))
+        for i in range(3)
+    ]
     engine = Engine(params, CFG, ENGINE)
     copies = []
     real_copy = engine._copy
@@ -122,9 +156,11 @@ def test_a_burst_shares_prefixes_computed_in_the_same_step(params):
     # Admitted together: the first computes the shared blocks, the others read them in the same
     # step; the identical twin's copy-on-write must copy the block after it was written.
     shared = _prompt(50, 12)
-    burst = [Request(shared, SamplingParams(temperature=0.0, max_tokens=5)),
-             Request(shared, SamplingParams(temperature=0.0, max_tokens=5)),
-             Request(shared[:8] + _prompt(51, 3), SamplingParams(temperature=0.0, max_tokens=5))]
+    burst = [
+        Request(shared, SamplingParams(temperature=0.0, max_tokens=5)),
+        Request(shared, SamplingParams(temperature=0.0, max_tokens=5)),
+        Request(shared[:8] + _prompt(51, 3), SamplingParams(temperature=0.0, max_tokens=5)),
+    ]
     done = Engine(params, CFG, ENGINE).generate(burst)
     assert [d.cached_tokens for d in done] == [0, 11, 8]
     assert [d.wait_steps for d in done] == [0, 0, 0]
@@ -148,16 +184,21 @@ def test_stream_stops_and_validation(params):
     _assert_same(events[-1].completion, _alone(params, request))
 
     stop = Letters().decode(tokens[3:5])
-    [by_id, by_text] = engine.generate([
-        Request(request.prompt, dataclasses.replace(request.params, stop_token_ids=(tokens[2],))),
-        Request(request.prompt, dataclasses.replace(request.params, stop_strings=(stop,)))])
-    assert by_id.tokens == tuple(tokens[:tokens.index(tokens[2]) + 1])
+    [by_id, by_text] = engine.generate(
+        [
+            Request(
+                request.prompt, dataclasses.replace(request.params, stop_token_ids=(tokens[2],))
+            ),
+            Request(request.prompt, dataclasses.replace(request.params, stop_strings=(stop,))),
+        ]
+    )
+    assert by_id.tokens == tuple(tokens[: tokens.index(tokens[2]) + 1])
     # Cut at the first token whose text completes the stop string.
     cut = next(k for k in range(9) if stop in Letters().decode(tokens[:k]))
     assert by_text.tokens == tuple(tokens[:cut])
     assert by_id.finish_reason == by_text.finish_reason == "stop"
     eos = Engine(params, CFG, ENGINE, eos_id=tokens[1])
-    assert eos.generate([request])[0].tokens == tuple(tokens[:tokens.index(tokens[1]) + 1])
+    assert eos.generate([request])[0].tokens == tuple(tokens[: tokens.index(tokens[1]) + 1])
 
     with pytest.raises(ValueError, match="prompt length"):
         engine.add_request(Request(_prompt(0, CFG.max_seq_len)))
@@ -180,8 +221,8 @@ def test_abort_frees_a_request_and_leaves_the_others_unchanged(params):
         engine.add_request(r)
     for _ in range(3):
         engine.step()
-    assert engine.abort_request("r1")       # running
-    assert engine.abort_request("r5")       # still waiting for a slot
+    assert engine.abort_request("r1")  # running
+    assert engine.abort_request("r5")  # still waiting for a slot
     assert not engine.abort_request("r1") and not engine.abort_request("nope")
     done = {}
     while engine.has_unfinished():
@@ -205,8 +246,11 @@ def test_rejected_requests_leave_the_engine_unchanged(params):
     # A sampled request's key comes from its arrival number: rejections must not consume one.
     request = Request(_prompt(41, 4), SamplingParams(temperature=1.0, max_tokens=6))
     engine = Engine(params, CFG, ENGINE)
-    bad = [Request([CFG.vocab_size]), Request([1], request_id="req-0"),
-           Request([1], SamplingParams(stop_strings=("x",)))]
+    bad = [
+        Request([CFG.vocab_size]),
+        Request([1], request_id="req-0"),
+        Request([1], SamplingParams(stop_strings=("x",))),
+    ]
     for r in bad:
         with pytest.raises(ValueError):
             engine.add_request(r)
@@ -244,13 +288,24 @@ def _simulate(scheduler, arrivals, max_steps):
 
 
 def _seq(i, arrival, prompt_len, max_tokens):
-    return Sequence(f"r{i}", tuple(range(i, i + prompt_len)), SamplingParams(max_tokens=max_tokens),
-                    np.zeros(2, np.uint32), arrival_step=arrival, arrival_time=0.0)
+    return Sequence(
+        f"r{i}",
+        tuple(range(i, i + prompt_len)),
+        SamplingParams(max_tokens=max_tokens),
+        np.zeros(2, np.uint32),
+        arrival_step=arrival,
+        arrival_time=0.0,
+    )
 
 
 @settings(max_examples=25)
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 20), st.integers(1, 12)),
-                min_size=1, max_size=12))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(1, 20), st.integers(1, 12)),
+        min_size=1,
+        max_size=12,
+    )
+)
 def test_fifo_admission_and_every_request_finishes_in_bounded_time(spec):
     blocks = BlockManager(9, 4)  # 36 tokens: small enough to force preemptions
     scheduler = Scheduler(blocks, 3, watermark_blocks=1)

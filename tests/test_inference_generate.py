@@ -1,4 +1,5 @@
 """KV-cache decoding against full forward passes, per-row stopping and host-side stop strings."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,13 +7,23 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 import sharding
-from agentic_jax.inference import (GenerationResult, PromptBatch, SamplingParams, beam_search,
-                                   contrastive_search, generate, generate_recompute, init_cache,
-                                   speculative_generate, truncate_at_stop_strings)
+from agentic_jax.inference import (
+    GenerationResult,
+    PromptBatch,
+    SamplingParams,
+    beam_search,
+    contrastive_search,
+    generate,
+    generate_recompute,
+    init_cache,
+    speculative_generate,
+    truncate_at_stop_strings,
+)
 from agentic_jax.models import TransformerConfig, forward, param_shapes
 
-CFG = TransformerConfig(vocab_size=32, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8,
-                        d_ff=32)
+CFG = TransformerConfig(
+    vocab_size=32, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32
+)
 EOS = 2
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
 NEW = 6
@@ -22,18 +33,30 @@ NEW = 6
 def params():
     """Random weights drawn with numpy (``init_params`` would compile for seconds)."""
     rng = np.random.default_rng(0)
-    return jax.tree.map(lambda s: jnp.asarray(rng.normal(0.0, 0.3, s.shape), s.dtype), param_shapes(CFG))
+    return jax.tree.map(
+        lambda s: jnp.asarray(rng.normal(0.0, 0.3, s.shape), s.dtype), param_shapes(CFG)
+    )
 
 
 def _generate(params, config, sampling, *, padding="left", key=1):
     """Every call has the same shapes and static arguments, so they share one compilation."""
-    return generate(params, config, PromptBatch.from_lists(PROMPTS, padding=padding, length=5),
-                    sampling=sampling, key=jax.random.key(key), eos_id=EOS, return_logits=True)
+    return generate(
+        params,
+        config,
+        PromptBatch.from_lists(PROMPTS, padding=padding, length=5),
+        sampling=sampling,
+        key=jax.random.key(key),
+        eos_id=EOS,
+        return_logits=True,
+    )
 
 
 def _full_forward_logits(params, config, result: GenerationResult):
     """Logits of a plain forward pass over each row's prompt + generated tokens, right-padded."""
-    seqs = [p + np.asarray(result.tokens[b, :result.lengths[b]]).tolist() for b, p in enumerate(PROMPTS)]
+    seqs = [
+        p + np.asarray(result.tokens[b, : result.lengths[b]]).tolist()
+        for b, p in enumerate(PROMPTS)
+    ]
     width = max(map(len, seqs))
     return forward(params, config, jnp.array([s + [0] * (width - len(s)) for s in seqs]))
 
@@ -46,21 +69,34 @@ def test_cached_logits_equal_a_full_forward_over_the_growing_prefix(params, padd
     for b, prompt in enumerate(PROMPTS):
         n = int(result.lengths[b])
         assert n >= 1
-        want = full[b, len(prompt) - 1:len(prompt) - 1 + n]
+        want = full[b, len(prompt) - 1 : len(prompt) - 1 + n]
         np.testing.assert_allclose(result.logits[b, :n], want, atol=2e-5, rtol=1e-5)
         tokens = np.asarray(result.tokens[b, :n])
-        np.testing.assert_allclose(result.raw_logprobs[b, :n],
-                                   jax.nn.log_softmax(want)[np.arange(n), tokens], atol=2e-5)
+        np.testing.assert_allclose(
+            result.raw_logprobs[b, :n], jax.nn.log_softmax(want)[np.arange(n), tokens], atol=2e-5
+        )
         # Temperature 1 with no filters: the sampling distribution is the model's.
-        np.testing.assert_allclose(result.sample_logprobs[b, :n], result.raw_logprobs[b, :n], atol=1e-5)
+        np.testing.assert_allclose(
+            result.sample_logprobs[b, :n], result.raw_logprobs[b, :n], atol=1e-5
+        )
 
 
 def test_greedy_equals_the_recompute_decoder(params):
     prompt = jnp.array([(p * 5)[:5] for p in PROMPTS])
-    got = generate(params, CFG, PromptBatch.from_array(prompt), key=jax.random.key(1), eos_id=EOS,
-                   sampling=SamplingParams(temperature=0, max_tokens=NEW), return_logits=True)
-    want = np.asarray(generate_recompute(params, CFG, prompt, jax.random.key(0), max_new_tokens=NEW,
-                                         temperature=0.0))[:, 5:]
+    got = generate(
+        params,
+        CFG,
+        PromptBatch.from_array(prompt),
+        key=jax.random.key(1),
+        eos_id=EOS,
+        sampling=SamplingParams(temperature=0, max_tokens=NEW),
+        return_logits=True,
+    )
+    want = np.asarray(
+        generate_recompute(
+            params, CFG, prompt, jax.random.key(0), max_new_tokens=NEW, temperature=0.0
+        )
+    )[:, 5:]
     for b in range(len(PROMPTS)):
         n = int(got.lengths[b])
         np.testing.assert_array_equal(got.tokens[b, :n], want[b, :n])
@@ -71,8 +107,11 @@ def test_rows_stop_on_their_own_stop_tokens_and_budgets(params):
     greedy = SamplingParams(temperature=0.0, max_tokens=NEW)
     free = np.asarray(_generate(params, CFG, greedy).tokens)
     stop = int(free[1, 2])
-    rows = [SamplingParams(temperature=0.0, max_tokens=2),
-            SamplingParams(temperature=0.0, max_tokens=NEW, stop_token_ids=(stop,)), greedy]
+    rows = [
+        SamplingParams(temperature=0.0, max_tokens=2),
+        SamplingParams(temperature=0.0, max_tokens=NEW, stop_token_ids=(stop,)),
+        greedy,
+    ]
     result = _generate(params, CFG, rows)
     lengths = np.asarray(result.lengths)
     assert lengths[0] == 2
@@ -80,10 +119,10 @@ def test_rows_stop_on_their_own_stop_tokens_and_budgets(params):
     eos_at = [i for i, t in enumerate(free[2]) if t == EOS]
     assert lengths[2] == (eos_at[0] + 1 if eos_at else NEW)
     for b in range(3):
-        np.testing.assert_array_equal(result.tokens[b, :lengths[b]], free[b, :lengths[b]])
-        assert (np.asarray(result.tokens[b, lengths[b]:]) == 0).all()
-        assert (np.asarray(result.raw_logprobs[b, lengths[b]:]) == 0).all()
-        assert (np.asarray(result.logits[b, lengths[b]:]) == 0).all()
+        np.testing.assert_array_equal(result.tokens[b, : lengths[b]], free[b, : lengths[b]])
+        assert (np.asarray(result.tokens[b, lengths[b] :]) == 0).all()
+        assert (np.asarray(result.raw_logprobs[b, lengths[b] :]) == 0).all()
+        assert (np.asarray(result.logits[b, lengths[b] :]) == 0).all()
 
 
 def test_seeded_rows_reproduce_across_batches(params):
@@ -121,23 +160,27 @@ def test_cache_is_laid_out_by_its_logical_axes():
     assert cache.k.sharding.is_equivalent_to(want, 5) and cache.v.sharding.is_equivalent_to(want, 5)
 
 
-@pytest.mark.parametrize("prompts", [np.array([1, 2, 3]), np.zeros((2, 0), np.int32)],
-                         ids=["one-dimensional", "empty"])
+@pytest.mark.parametrize(
+    "prompts", [np.array([1, 2, 3]), np.zeros((2, 0), np.int32)], ids=["one-dimensional", "empty"]
+)
 def test_prompt_arrays_must_be_batches_of_nonempty_rows(prompts):
     # An empty row would silently read its logits from position -1.
     with pytest.raises(ValueError, match=r"\[batch, length\]"):
         PromptBatch.from_array(prompts)
 
 
-@pytest.mark.parametrize("prompts", [[[3], [1, CFG.vocab_size]], np.array([[-1, 3]])],
-                         ids=["lists", "numpy"])
+@pytest.mark.parametrize(
+    "prompts", [[[3], [1, CFG.vocab_size]], np.array([[-1, 3]])], ids=["lists", "numpy"]
+)
 def test_host_prompts_outside_the_vocabulary_are_rejected(prompts):
     # The embedding lookup would silently clamp them (device arrays go unchecked: no sync).
     sampling = SamplingParams(max_tokens=1)
-    decoders = [lambda: generate(None, CFG, prompts, sampling=sampling, key=None),
-                lambda: speculative_generate(None, CFG, prompts, sampling=sampling, key=None),
-                lambda: beam_search(None, CFG, prompts, width=1, max_new_tokens=1),
-                lambda: contrastive_search(None, CFG, prompts, top_k=1, max_new_tokens=1)]
+    decoders = [
+        lambda: generate(None, CFG, prompts, sampling=sampling, key=None),
+        lambda: speculative_generate(None, CFG, prompts, sampling=sampling, key=None),
+        lambda: beam_search(None, CFG, prompts, width=1, max_new_tokens=1),
+        lambda: contrastive_search(None, CFG, prompts, top_k=1, max_new_tokens=1),
+    ]
     for decode in decoders:
         with pytest.raises(ValueError, match="token ids"):
             decode()

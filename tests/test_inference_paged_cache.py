@@ -1,4 +1,5 @@
 """Decoding through a paged KV cache reproduces the full forward pass at every position."""
+
 import functools
 
 import jax
@@ -6,21 +7,36 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentic_jax.inference.serving.paged_cache import (PagedBatch, PagedKVCache, copy_blocks,
-                                               decode_attention_fn, paged_forward)
+from agentic_jax.inference.serving.paged_cache import (
+    PagedBatch,
+    PagedKVCache,
+    copy_blocks,
+    decode_attention_fn,
+    paged_forward,
+)
 from agentic_jax.models import TransformerConfig, forward, param_shapes
 
 # A window shorter than the sequences, so the windowed masks of both attention paths count.
-CFG = TransformerConfig(vocab_size=61, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
-                        d_ff=48, init_std=0.2, sliding_window=7)
+CFG = TransformerConfig(
+    vocab_size=61,
+    d_model=32,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    d_ff=48,
+    init_std=0.2,
+    sliding_window=7,
+)
 BLOCK, NUM_BLOCKS, MAX_BLOCKS = 4, 16, 6
 
 
 def random_params(config, seed=0):
     """Gaussian parameters from numpy: compiling ``init_params`` costs seconds on a busy CPU."""
     rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda s: jnp.asarray(rng.normal(0.0, 0.3, s.shape), s.dtype),
-                        param_shapes(config))
+    return jax.tree.map(
+        lambda s: jnp.asarray(rng.normal(0.0, 0.3, s.shape), s.dtype), param_shapes(config)
+    )
 
 
 def _batch(tables, starts, ends, width):
@@ -30,15 +46,15 @@ def _batch(tables, starts, ends, width):
     slots = np.full((b, width), NUM_BLOCKS * BLOCK, np.int32)
     for i, (s, e) in enumerate(zip(starts, ends)):
         pos = np.arange(s, e)
-        positions[i, width - (e - s):] = pos
-        slots[i, width - (e - s):] = tables[i][pos // BLOCK] * BLOCK + pos % BLOCK
+        positions[i, width - (e - s) :] = pos
+        slots[i, width - (e - s) :] = tables[i][pos // BLOCK] * BLOCK + pos % BLOCK
     return PagedBatch(positions, slots, tables, np.asarray(ends, np.int32))
 
 
 def _tokens(seqs, starts, ends, width):
     out = np.zeros((len(seqs), width), np.int32)
     for i, (s, e) in enumerate(zip(starts, ends)):
-        out[i, width - (e - s):] = seqs[i][s:e]
+        out[i, width - (e - s) :] = seqs[i][s:e]
     return out
 
 
@@ -49,11 +65,16 @@ def test_prefill_chunks_then_decode_equal_the_forward_pass(decode):
     rng = np.random.default_rng(1)
     lengths = (19, 13)
     seqs = [rng.integers(0, config.vocab_size, n) for n in lengths]
-    tables = rng.permutation(NUM_BLOCKS)[:2 * MAX_BLOCKS].reshape(2, MAX_BLOCKS).astype(np.int32)
-    want = [np.asarray(jax.jit(forward, static_argnums=1)(params, config, jnp.asarray(s)[None])[0])
-            for s in seqs]
-    step = jax.jit(functools.partial(paged_forward, config=config,
-                                     decode_attention=decode_attention_fn(decode)))
+    tables = rng.permutation(NUM_BLOCKS)[: 2 * MAX_BLOCKS].reshape(2, MAX_BLOCKS).astype(np.int32)
+    want = [
+        np.asarray(jax.jit(forward, static_argnums=1)(params, config, jnp.asarray(s)[None])[0])
+        for s in seqs
+    ]
+    step = jax.jit(
+        functools.partial(
+            paged_forward, config=config, decode_attention=decode_attention_fn(decode)
+        )
+    )
     cache = PagedKVCache.create(config, NUM_BLOCKS, BLOCK)
 
     # Two prefill chunks of different lengths per row (the second sees the first through the
@@ -61,8 +82,9 @@ def test_prefill_chunks_then_decode_equal_the_forward_pass(decode):
     bounds = [(0, 0), (5, 3), (9, 9)]
     for (s0, s1), (e0, e1) in zip(bounds, bounds[1:]):
         batch = _batch(tables, (s0, s1), (e0, e1), 8)
-        logits, cache = step(params, cache=cache, tokens=_tokens(seqs, (s0, s1), (e0, e1), 8),
-                             batch=batch)
+        logits, cache = step(
+            params, cache=cache, tokens=_tokens(seqs, (s0, s1), (e0, e1), 8), batch=batch
+        )
         np.testing.assert_allclose(logits[0], want[0][e0 - 1], atol=2e-5)
         np.testing.assert_allclose(logits[1], want[1][e1 - 1], atol=2e-5)
     for p in range(9, max(lengths)):

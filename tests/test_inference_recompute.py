@@ -1,4 +1,5 @@
 """The recompute-the-prefix decoder against a growing-prefix Python loop."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,14 +7,17 @@ import numpy as np
 from agentic_jax.inference import generate_recompute
 from agentic_jax.models import TransformerConfig, forward, init_params
 
-CFG = TransformerConfig(vocab_size=53, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8,
-                        d_ff=24)
+CFG = TransformerConfig(
+    vocab_size=53, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=24
+)
 
 
 def test_greedy_equals_argmax_over_growing_prefix():
     params = init_params(CFG, jax.random.key(0))
     prompt = jax.random.randint(jax.random.key(1), (2, 3), 0, CFG.vocab_size)
-    got = generate_recompute(params, CFG, prompt, jax.random.key(2), max_new_tokens=4, temperature=0.0)
+    got = generate_recompute(
+        params, CFG, prompt, jax.random.key(2), max_new_tokens=4, temperature=0.0
+    )
     seq = prompt
     for _ in range(4):
         nxt = jnp.argmax(forward(params, CFG, seq)[:, -1], axis=-1)

@@ -1,13 +1,20 @@
 """Sampling filters, penalties, seeds and the empirical distribution of sampled tokens."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
-from agentic_jax.inference.decoding.sampling import (SamplingArrays, SamplingParams, count_tokens,
-                                            filtered_logits, sample)
+from agentic_jax.inference.decoding.sampling import (
+    SamplingArrays,
+    SamplingParams,
+    count_tokens,
+    filtered_logits,
+    sample,
+)
 
 V = 16
 EOS = 2
@@ -17,8 +24,9 @@ N = 8192  # draws in the distribution tests
 
 @jax.jit
 def _filter(logits, arrays, counts, prompt_counts, allowed):
-    return filtered_logits(logits, arrays, counts, prompt_counts=prompt_counts, allowed=allowed,
-                           eos_id=EOS)
+    return filtered_logits(
+        logits, arrays, counts, prompt_counts=prompt_counts, allowed=allowed, eos_id=EOS
+    )
 
 
 @jax.jit
@@ -41,15 +49,21 @@ def _no_counts(rows=B):
 
 
 def filtered(logits, arrays, counts=None, prompt_counts=None, allowed=None):
-    return _filter(logits, arrays, _no_counts() if counts is None else counts,
-                   _no_counts() if prompt_counts is None else prompt_counts,
-                   jnp.ones((B, V), bool) if allowed is None else allowed)
+    return _filter(
+        logits,
+        arrays,
+        _no_counts() if counts is None else counts,
+        _no_counts() if prompt_counts is None else prompt_counts,
+        jnp.ones((B, V), bool) if allowed is None else allowed,
+    )
 
 
 def draw(logits, key, arrays, counts=None, step=0):
     rows = logits.shape[0]
     counts = _no_counts(rows) if counts is None else counts
-    return _draw(logits, key, arrays, counts, counts, jnp.broadcast_to(jnp.asarray(step, jnp.int32), (rows,)))
+    return _draw(
+        logits, key, arrays, counts, counts, jnp.broadcast_to(jnp.asarray(step, jnp.int32), (rows,))
+    )
 
 
 def _kept(f):
@@ -63,20 +77,26 @@ def test_top_k_keeps_exactly_k_highest():
     for row, k in enumerate(ks):
         assert kept[row].sum() == (k or V)
         order = np.argsort(-np.asarray(logits[row]))
-        assert kept[row, order[:k or V]].all()
+        assert kept[row, order[: k or V]].all()
 
 
 def test_ties_are_broken_by_token_id():
     logits = jnp.zeros((B, V)).at[:, EOS].set(1.0)  # EOS, then fifteen tied tokens
-    params = [SamplingParams(top_k=3), SamplingParams(top_k=1), SamplingParams(top_p=0.5),
-              SamplingParams(top_p=0.5, temperature=0.1)]
+    params = [
+        SamplingParams(top_k=3),
+        SamplingParams(top_k=1),
+        SamplingParams(top_p=0.5),
+        SamplingParams(top_p=0.5, temperature=0.1),
+    ]
     kept = _kept(filtered(logits, _arrays(*params)))
     assert sorted(np.flatnonzero(kept[0])) == [0, 1, EOS]
     assert sorted(np.flatnonzero(kept[1])) == [EOS]
     # p(EOS) = e / (e + 15) < 0.5: the tied tokens join in id order until the mass reaches 0.5.
     p_eos, p_tie = np.e / (np.e + 15), 1 / (np.e + 15)
     need = int(np.ceil((0.5 - p_eos) / p_tie))
-    assert sorted(np.flatnonzero(kept[2])) == sorted([EOS] + [i for i in range(V) if i != EOS][:need])
+    assert sorted(np.flatnonzero(kept[2])) == sorted(
+        [EOS] + [i for i in range(V) if i != EOS][:need]
+    )
     assert sorted(np.flatnonzero(kept[3])) == [EOS]  # at T=0.1 EOS alone holds the mass
 
 
@@ -100,7 +120,7 @@ def _kept_by_sorting(z, p: SamplingParams):
     s = z / np.float32(p.temperature)
     order = sorted(range(V), key=lambda t: (-s[t], t))
     top_k = np.zeros(V, bool)
-    top_k[order[:p.top_k or V]] = True
+    top_k[order[: p.top_k or V]] = True
     e = np.where(top_k, np.exp(s - s[top_k].max()), 0.0)
     probs = e / e.sum()
     top_p, before, close = np.zeros(V, bool), 0.0, False
@@ -117,11 +137,17 @@ def _kept_by_sorting(z, p: SamplingParams):
 _rows = st.tuples(
     # Few distinct values, so ties (and ties across the top-k / top-p boundary) are common; 20
     # leaves the rest so little mass that the float sum before them reaches 1 (top_p = 1).
-    st.lists(st.sampled_from([-np.inf, -1.0, 0.0, 0.5, 1.0, 2.5, 20.0]), min_size=V, max_size=V)
-    .filter(lambda z: np.isfinite(z).any()),
-    st.builds(SamplingParams, temperature=st.sampled_from([0.5, 1.0, 3.0]),
-              top_k=st.integers(0, V + 1), top_p=st.sampled_from([0.2, 0.5, 0.9, 1.0]),
-              min_p=st.sampled_from([0.0, 0.1, 0.5])))
+    st.lists(
+        st.sampled_from([-np.inf, -1.0, 0.0, 0.5, 1.0, 2.5, 20.0]), min_size=V, max_size=V
+    ).filter(lambda z: np.isfinite(z).any()),
+    st.builds(
+        SamplingParams,
+        temperature=st.sampled_from([0.5, 1.0, 3.0]),
+        top_k=st.integers(0, V + 1),
+        top_p=st.sampled_from([0.2, 0.5, 0.9, 1.0]),
+        min_p=st.sampled_from([0.0, 0.1, 0.5]),
+    ),
+)
 
 
 @settings(max_examples=20, deadline=None)
@@ -180,24 +206,34 @@ def test_seeded_rows_do_not_depend_on_their_batch_but_on_their_step():
     logits = jnp.zeros((B, V))
     seeded, free = SamplingParams(seed=1234), SamplingParams()
     a = draw(logits, jax.random.key(0), _arrays(seeded, free, free, free), step=5)
-    b = draw(logits, jax.random.key(9), _arrays(free, free, seeded, free), step=jnp.array([0, 1, 5, 2]))
+    b = draw(
+        logits, jax.random.key(9), _arrays(free, free, seeded, free), step=jnp.array([0, 1, 5, 2])
+    )
     assert a.tokens[0] == b.tokens[2]
     c = draw(logits, jax.random.key(0), _arrays(*[seeded] * B), step=jnp.arange(B))
     assert len(set(np.asarray(c.tokens).tolist())) > 1
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0.7, top_k=6),
-    SamplingParams(temperature=1.3, top_p=0.8, min_p=0.02, repetition_penalty=1.3,
-                   frequency_penalty=0.4),
-], ids=["top_k", "top_p+min_p+penalties"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7, top_k=6),
+        SamplingParams(
+            temperature=1.3, top_p=0.8, min_p=0.02, repetition_penalty=1.3, frequency_penalty=0.4
+        ),
+    ],
+    ids=["top_k", "top_p+min_p+penalties"],
+)
 def test_sampled_frequencies_match_the_filtered_distribution(params):
     logits = jnp.tile(_logits(7)[:1].at[:, EOS].set(0.0), (N, 1))
     counts = jnp.tile(count_tokens(jnp.array([[1, 1, 3]]), V), (N, 1))
     arrays = SamplingArrays.from_params(params, N)
     s = draw(logits, jax.random.key(42), arrays, counts)
-    target = np.asarray(jax.nn.softmax(filtered(logits[:B], SamplingArrays.from_params(params, B),
-                                                counts[:B], counts[:B])))[0].astype(np.float64)
+    target = np.asarray(
+        jax.nn.softmax(
+            filtered(logits[:B], SamplingArrays.from_params(params, B), counts[:B], counts[:B])
+        )
+    )[0].astype(np.float64)
     observed = np.bincount(np.asarray(s.tokens), minlength=V)
     assert observed[target == 0].sum() == 0
     support = target > 0

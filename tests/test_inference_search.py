@@ -1,4 +1,5 @@
 """Beam search and contrastive search against brute force on a tiny model."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,8 +9,9 @@ from agentic_jax.inference import beam_search, contrastive_search
 from agentic_jax.models import TransformerConfig, param_shapes
 from agentic_jax.models.transformer import hidden_states, logits_from_hidden
 
-CFG = TransformerConfig(vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8,
-                        d_ff=32)
+CFG = TransformerConfig(
+    vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32
+)
 EOS = 2
 PROMPTS = [[3, 4, 5], [6, 7]]
 WIDTH, ROWS = 16, 256  # every brute-force forward runs on this shape: one compilation
@@ -18,7 +20,9 @@ WIDTH, ROWS = 16, 256  # every brute-force forward runs on this shape: one compi
 @pytest.fixture(scope="module")
 def params():
     rng = np.random.default_rng(1)
-    return jax.tree.map(lambda s: jnp.asarray(rng.normal(0.0, 0.5, s.shape), s.dtype), param_shapes(CFG))
+    return jax.tree.map(
+        lambda s: jnp.asarray(rng.normal(0.0, 0.5, s.shape), s.dtype), param_shapes(CFG)
+    )
 
 
 @jax.jit
@@ -31,10 +35,10 @@ def _run(params, seqs):
     """Full forward passes: hidden states ``[n, WIDTH, D]`` and next-token log-probs ``[n, V]``."""
     tokens = np.zeros((ROWS, WIDTH), np.int32)
     for i, s in enumerate(seqs):
-        tokens[i, :len(s)] = s
+        tokens[i, : len(s)] = s
     h, logp = _forward(params, jnp.asarray(tokens))
     last = [len(s) - 1 for s in seqs]
-    return np.asarray(h[:len(seqs)]), np.asarray(logp[np.arange(len(seqs)), last])
+    return np.asarray(h[: len(seqs)]), np.asarray(logp[np.arange(len(seqs)), last])
 
 
 def _next_logprobs(params, seqs):
@@ -47,7 +51,7 @@ def _greedy(params, prompt, n):
         seq.append(int(np.argmax(_next_logprobs(params, [seq])[0])))
         if seq[-1] == EOS:
             break
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 def _all_hypotheses(params, prompt, n, penalty):
@@ -71,18 +75,30 @@ def test_beam_width_one_is_greedy(params):
     result = beam_search(params, CFG, PROMPTS, width=1, max_new_tokens=6, eos_id=EOS)
     for b, prompt in enumerate(PROMPTS):
         want = _greedy(params, prompt, 6)
-        assert np.asarray(result.tokens[b, 0, :result.lengths[b, 0]]).tolist() == want
+        assert np.asarray(result.tokens[b, 0, : result.lengths[b, 0]]).tolist() == want
 
 
 def test_wide_beam_returns_the_exact_n_best_list(params):
     n, penalty, best = 3, 0.7, 4
     width = (CFG.vocab_size - 1) ** (n - 1)  # nothing is ever pruned
-    result = beam_search(params, CFG, PROMPTS, width=width, max_new_tokens=n, eos_id=EOS,
-                         length_penalty=penalty, early_stopping=False, num_return=best)
+    result = beam_search(
+        params,
+        CFG,
+        PROMPTS,
+        width=width,
+        max_new_tokens=n,
+        eos_id=EOS,
+        length_penalty=penalty,
+        early_stopping=False,
+        num_return=best,
+    )
     assert result.tokens.shape == (len(PROMPTS), best, n)
     for b, prompt in enumerate(PROMPTS):
         want = _all_hypotheses(params, prompt, n, penalty)[:best]
-        got = [tuple(np.asarray(result.tokens[b, i, :result.lengths[b, i]]).tolist()) for i in range(best)]
+        got = [
+            tuple(np.asarray(result.tokens[b, i, : result.lengths[b, i]]).tolist())
+            for i in range(best)
+        ]
         assert got == [seq for _, seq in want]
         np.testing.assert_allclose(result.scores[b], [s for s, _ in want], rtol=1e-4)
 
@@ -92,10 +108,17 @@ def _beam_reference(params, prompt, width, n, penalty, eos):
     alive, finished = [((), 0.0)], []
     for step in range(n):
         logp = _next_logprobs(params, [prompt + list(s) for s, _ in alive])
-        grown = sorted(((lp + row[tok], s + (tok,)) for (s, lp), row in zip(alive, logp)
-                        for tok in range(CFG.vocab_size)), reverse=True)[:2 * width]
-        finished += [(lp / (step + 1) ** penalty, s) for lp, s in grown
-                     if s[-1] == eos or step == n - 1]
+        grown = sorted(
+            (
+                (lp + row[tok], s + (tok,))
+                for (s, lp), row in zip(alive, logp)
+                for tok in range(CFG.vocab_size)
+            ),
+            reverse=True,
+        )[: 2 * width]
+        finished += [
+            (lp / (step + 1) ** penalty, s) for lp, s in grown if s[-1] == eos or step == n - 1
+        ]
         alive = [(s, lp) for lp, s in grown if s[-1] != eos][:width]
     return sorted(finished, reverse=True)[:width]
 
@@ -107,39 +130,57 @@ def test_stopping_without_early_stopping_never_changes_the_beams(params):
     # score at its next length.
     eos, penalty = 15, -0.5
     prompts = np.random.default_rng(3).integers(0, CFG.vocab_size, (12, 3)).tolist()
-    result = beam_search(params, CFG, prompts, width=2, max_new_tokens=6, eos_id=eos,
-                         length_penalty=penalty, early_stopping=False)
+    result = beam_search(
+        params,
+        CFG,
+        prompts,
+        width=2,
+        max_new_tokens=6,
+        eos_id=eos,
+        length_penalty=penalty,
+        early_stopping=False,
+    )
     for b, prompt in enumerate(prompts):
         want = _beam_reference(params, prompt, 2, 6, penalty, eos)
-        got = [tuple(np.asarray(result.tokens[b, i, :result.lengths[b, i]]).tolist()) for i in range(2)]
+        got = [
+            tuple(np.asarray(result.tokens[b, i, : result.lengths[b, i]]).tolist())
+            for i in range(2)
+        ]
         assert got == [seq for _, seq in want]
         np.testing.assert_allclose(result.scores[b], [s for s, _ in want], rtol=1e-4)
 
 
 def test_contrastive_search_without_penalty_is_greedy(params):
-    result = contrastive_search(params, CFG, PROMPTS, alpha=0.0, top_k=3, max_new_tokens=6,
-                                eos_id=EOS)
+    result = contrastive_search(
+        params, CFG, PROMPTS, alpha=0.0, top_k=3, max_new_tokens=6, eos_id=EOS
+    )
     for b, prompt in enumerate(PROMPTS):
-        assert np.asarray(result.tokens[b, :result.lengths[b]]).tolist() == _greedy(params, prompt, 6)
+        assert np.asarray(result.tokens[b, : result.lengths[b]]).tolist() == _greedy(
+            params, prompt, 6
+        )
 
 
 def test_contrastive_search_maximises_the_degeneration_penalised_score(params):
     alpha, k, n = 0.6, 3, 6
-    result = contrastive_search(params, CFG, PROMPTS, alpha=alpha, top_k=k, max_new_tokens=n,
-                                eos_id=EOS)
+    result = contrastive_search(
+        params, CFG, PROMPTS, alpha=alpha, top_k=k, max_new_tokens=n, eos_id=EOS
+    )
     for b, prompt in enumerate(PROMPTS):
         seq = list(prompt)
         while len(seq) < len(prompt) + n and seq[-1] != EOS:
             probs = np.exp(_next_logprobs(params, [seq])[0])
             candidates = np.argsort(-probs)[:k]
             h, _ = _run(params, [seq + [int(c)] for c in candidates])
-            h = h[:, :len(seq) + 1] / np.linalg.norm(h[:, :len(seq) + 1], axis=-1, keepdims=True)
+            h = h[:, : len(seq) + 1] / np.linalg.norm(h[:, : len(seq) + 1], axis=-1, keepdims=True)
             penalty = np.einsum("cd,csd->cs", h[:, -1], h[:, :-1]).max(-1)
-            seq.append(int(candidates[np.argmax((1 - alpha) * probs[candidates] - alpha * penalty)]))
-        assert np.asarray(result.tokens[b, :result.lengths[b]]).tolist() == seq[len(prompt):]
+            seq.append(
+                int(candidates[np.argmax((1 - alpha) * probs[candidates] - alpha * penalty)])
+            )
+        assert np.asarray(result.tokens[b, : result.lengths[b]]).tolist() == seq[len(prompt) :]
     # The penalty changes the output of this model (else the test would not tell).
-    greedy = contrastive_search(params, CFG, PROMPTS, alpha=0.0, top_k=k, max_new_tokens=n,
-                                eos_id=EOS)
+    greedy = contrastive_search(
+        params, CFG, PROMPTS, alpha=0.0, top_k=k, max_new_tokens=n, eos_id=EOS
+    )
     assert not np.array_equal(greedy.tokens, result.tokens)
 
 

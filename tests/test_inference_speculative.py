@@ -1,21 +1,31 @@
 """Speculative decoding: exact target distribution, greedy equivalence, tree attention, policy."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats
 
-from agentic_jax.inference import (PromptBatch, SamplingArrays, SamplingParams,
-                                   advise_speculation, count_tokens, filtered_logits, generate,
-                                   init_cache, speculative_generate)
+from agentic_jax.inference import (
+    PromptBatch,
+    SamplingArrays,
+    SamplingParams,
+    advise_speculation,
+    count_tokens,
+    filtered_logits,
+    generate,
+    init_cache,
+    speculative_generate,
+)
 from agentic_jax.inference.decoding.kv_cache import extend_logits, prefill
 from agentic_jax.inference.decoding.prompt_lookup import ngram_drafts
 from agentic_jax.inference.decoding.speculation_policy import expected_tokens_per_step
 from agentic_jax.inference.decoding.speculative import draft_tree
 from agentic_jax.models import TransformerConfig, forward, param_shapes
 
-CFG = TransformerConfig(vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8,
-                        d_ff=32)
+CFG = TransformerConfig(
+    vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32
+)
 GAMMA, NEW, ROWS, PROMPT_LEN = 2, 6, 4096, 8
 # (branches, draft model?): a tree of sampled draft-model chains and a single prompt-lookup chain.
 # Every call below has the same shapes and static arguments: one compilation per mode.
@@ -25,7 +35,9 @@ PENALTIES = {"repetition_penalty": 1.2, "presence_penalty": 0.3}
 
 def _random_params(seed, scale):
     rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda s: jnp.asarray(rng.normal(0.0, scale, s.shape), s.dtype), param_shapes(CFG))
+    return jax.tree.map(
+        lambda s: jnp.asarray(rng.normal(0.0, scale, s.shape), s.dtype), param_shapes(CFG)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +55,16 @@ def draft_params(params):
 def _speculate(params, draft, mode, prompts, sampling, key=0):
     branches, use_draft = MODES[mode]
     extra = {"draft_params": draft, "draft_config": CFG} if use_draft else {}
-    return speculative_generate(params, CFG, prompts, sampling=sampling, key=jax.random.key(key),
-                                gamma=GAMMA, branches=branches, **extra)
+    return speculative_generate(
+        params,
+        CFG,
+        prompts,
+        sampling=sampling,
+        key=jax.random.key(key),
+        gamma=GAMMA,
+        branches=branches,
+        **extra,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +82,15 @@ def random_prompts():
 @pytest.fixture(scope="module")
 def greedy_reference(params, random_prompts):
     sampling = SamplingParams(temperature=0.0, max_tokens=NEW, **PENALTIES)
-    return sampling, np.asarray(generate(params, CFG, random_prompts, sampling=sampling,
-                                         key=jax.random.key(0)).tokens)
+    return sampling, np.asarray(
+        generate(params, CFG, random_prompts, sampling=sampling, key=jax.random.key(0)).tokens
+    )
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_greedy_speculation_equals_greedy_decoding(params, draft_params, random_prompts,
-                                                   greedy_reference, mode):
+def test_greedy_speculation_equals_greedy_decoding(
+    params, draft_params, random_prompts, greedy_reference, mode
+):
     sampling, want = greedy_reference
     result = _speculate(params, draft_params, mode, random_prompts, sampling)
     np.testing.assert_array_equal(result.generation.tokens, want)
@@ -83,8 +105,9 @@ def _target_probs(params, prompts, generated, arrays):
     last = prompts.shape[1] - 1 + (generated >= 0).sum(1)
     logits = forward(params, CFG, tokens)[jnp.arange(tokens.shape[0]), last]
     counts = count_tokens(jnp.maximum(generated, 0), v, generated >= 0)
-    return jax.nn.softmax(filtered_logits(logits, arrays, counts,
-                                          prompt_counts=count_tokens(prompts, v)))
+    return jax.nn.softmax(
+        filtered_logits(logits, arrays, counts, prompt_counts=count_tokens(prompts, v))
+    )
 
 
 def _exact_marginals(params, prompt, sampling, depth, rows=128):
@@ -96,13 +119,19 @@ def _exact_marginals(params, prompt, sampling, depth, rows=128):
         assert len(seqs) <= rows
         generated = np.full((rows, depth), -1, np.int32)
         for i, s in enumerate(seqs):
-            generated[i, :len(s)] = s
-        probs = np.asarray(_target_probs(params, jnp.array([prompt] * rows), jnp.asarray(generated),
-                                         arrays), np.float64)[:len(seqs)]
+            generated[i, : len(s)] = s
+        probs = np.asarray(
+            _target_probs(params, jnp.array([prompt] * rows), jnp.asarray(generated), arrays),
+            np.float64,
+        )[: len(seqs)]
         weights = np.array([prefixes[s] for s in seqs])
         marginals.append(weights @ probs)
-        prefixes = {s + (t,): w * probs[i, t] for i, (s, w) in enumerate(zip(seqs, weights))
-                    for t in range(CFG.vocab_size) if probs[i, t] > 0}
+        prefixes = {
+            s + (t,): w * probs[i, t]
+            for i, (s, w) in enumerate(zip(seqs, weights))
+            for t in range(CFG.vocab_size)
+            if probs[i, t] > 0
+        }
     return marginals
 
 
@@ -118,7 +147,9 @@ def test_speculative_samples_follow_the_target_distribution(params, draft_params
         observed = np.bincount(tokens[:, i], minlength=CFG.vocab_size)
         assert observed[exact == 0].sum() == 0
         support = exact > 0
-        _, p_value = stats.chisquare(observed[support], ROWS * exact[support] / exact[support].sum())
+        _, p_value = stats.chisquare(
+            observed[support], ROWS * exact[support] / exact[support].sum()
+        )
         assert p_value > 1e-3, (i, p_value)
 
 
@@ -152,18 +183,30 @@ def test_tree_attention_scores_every_branch_like_a_forward_pass(params):
 def test_a_draft_model_tree_has_at_most_one_branch_per_token():
     # Greedy rows start each chain from a different token of the draft's top-branches.
     with pytest.raises(ValueError, match="branches"):
-        speculative_generate(None, CFG, [[3, 4]], sampling=SamplingParams(temperature=0.0),
-                             key=jax.random.key(0), branches=CFG.vocab_size + 1,
-                             draft_params={}, draft_config=CFG)
+        speculative_generate(
+            None,
+            CFG,
+            [[3, 4]],
+            sampling=SamplingParams(temperature=0.0),
+            key=jax.random.key(0),
+            branches=CFG.vocab_size + 1,
+            draft_params={},
+            draft_config=CFG,
+        )
 
 
 def test_prompt_lookup_proposes_what_followed_the_latest_ngram():
-    seq = jnp.array([[0, 0, 1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 0, 0],
-                     [7, 8, 9, 7, 8, 9, 7, 0, 0, 0, 0, 0, 0, 0],
-                     [1, 2, 3, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]])
+    seq = jnp.array(
+        [
+            [0, 0, 1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 0, 0],
+            [7, 8, 9, 7, 8, 9, 7, 0, 0, 0, 0, 0, 0, 0],
+            [1, 2, 3, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        ]
+    )
     lookup = jax.jit(ngram_drafts, static_argnames=("max_ngram", "gamma", "branches"))
-    drafts = lookup(seq, jnp.array([2, 0, 0]), jnp.array([12, 7, 4]), max_ngram=3, gamma=3,
-                    branches=2)
+    drafts = lookup(
+        seq, jnp.array([2, 0, 0]), jnp.array([12, 7, 4]), max_ngram=3, gamma=3, branches=2
+    )
     np.testing.assert_array_equal(drafts[0], [[3, 5, 1], [3, 4, 1]])  # "1 2" twice: latest first
     np.testing.assert_array_equal(drafts[1], [[8, 9, 7], [8, 9, 7]])  # "8 9 7" once
     np.testing.assert_array_equal(drafts[2], [[4, 4, 4], [4, 4, 4]])  # no match: last token

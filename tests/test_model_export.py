@@ -1,4 +1,5 @@
 """The native model format (config.json + orbax params) and the HF <-> native converters."""
+
 import json
 
 import jax
@@ -9,20 +10,36 @@ import pytest
 from agentic_jax.data.documents import write_documents
 from agentic_jax.data.tokenizer import IM_END, load_tokenizer, train_tokenizer
 from agentic_jax.models import TransformerConfig, param_shapes
-from agentic_jax.models.export import (CONFIG_FILE, PARAMS_DIR, hf_to_native, load_model,
-                                       native_to_hf, save_model)
+from agentic_jax.models.export import (
+    CONFIG_FILE,
+    PARAMS_DIR,
+    hf_to_native,
+    load_model,
+    native_to_hf,
+    save_model,
+)
 from agentic_jax.models.hf import INDEX_FILE, load_hf_checkpoint, save_hf_checkpoint
 
-CONFIG = TransformerConfig(vocab_size=128, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                           head_dim=8, d_ff=48, max_seq_len=64, qkv_bias=True, sliding_window=6,
-                           rope_scaling={"type": "yarn", "factor": 4.0,
-                                         "original_max_position_embeddings": 16})
+CONFIG = TransformerConfig(
+    vocab_size=128,
+    d_model=32,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    d_ff=48,
+    max_seq_len=64,
+    qkv_bias=True,
+    sliding_window=6,
+    rope_scaling={"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+)
 
 
 def _random_params(config, seed=0):
     rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda s: jnp.asarray(rng.normal(0.0, 0.1, s.shape), s.dtype),
-                        param_shapes(config))
+    return jax.tree.map(
+        lambda s: jnp.asarray(rng.normal(0.0, 0.1, s.shape), s.dtype), param_shapes(config)
+    )
 
 
 def _assert_trees_equal(a, b):
@@ -32,12 +49,21 @@ def _assert_trees_equal(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-@pytest.mark.parametrize("config", [
-    CONFIG,
-    # Fields a HF config cannot carry survive the native format.
-    CONFIG.replace(tie_embeddings=False, param_dtype="bfloat16", dtype="bfloat16",
-                   attention_impl="xla_chunked", remat_policy="dots", rope_scaling=None),
-])
+@pytest.mark.parametrize(
+    "config",
+    [
+        CONFIG,
+        # Fields a HF config cannot carry survive the native format.
+        CONFIG.replace(
+            tie_embeddings=False,
+            param_dtype="bfloat16",
+            dtype="bfloat16",
+            attention_impl="xla_chunked",
+            remat_policy="dots",
+            rope_scaling=None,
+        ),
+    ],
+)
 def test_save_load_round_trip_is_exact(config, tmp_path):
     params = _random_params(config)
     save_model(tmp_path / "model", config, params)
@@ -87,8 +113,9 @@ def test_conversions_carry_the_tokenizer(tmp_path):
     """A training workdir keeps ``tokenizer.json`` beside ``model/``; both conversions must take
     it (and the config naming its special tokens) along, or the result cannot encode a prompt."""
     write_documents(tmp_path / "docs.txt", ["some text to learn merges from"])
-    tokenizer = train_tokenizer(tmp_path / "run" / "tokenizer.json",
-                                files=[tmp_path / "docs.txt"], vocab_size=300)
+    tokenizer = train_tokenizer(
+        tmp_path / "run" / "tokenizer.json", files=[tmp_path / "docs.txt"], vocab_size=300
+    )
     (tmp_path / "run" / "tokenizer_config.json").write_text(json.dumps({"eos_token": IM_END}))
     save_model(tmp_path / "run" / "model", CONFIG, _random_params(CONFIG))
     native_to_hf(tmp_path / "run" / "model", tmp_path / "hf")

@@ -1,16 +1,34 @@
 """Transformer core: masks, RoPE, GQA, packing, layer scan and precision."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import example, given, settings, strategies as st
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
-from agentic_jax.models import (TransformerConfig, attention, flops_per_token, forward, init_params,
-                                param_axes, param_count, segment_positions)
+from agentic_jax.models import (
+    TransformerConfig,
+    attention,
+    flops_per_token,
+    forward,
+    init_params,
+    param_axes,
+    param_count,
+    segment_positions,
+)
 from agentic_jax.models.rope import apply_rope, rope_tables
 
-CFG = TransformerConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
-                        d_ff=48, max_seq_len=64)
+CFG = TransformerConfig(
+    vocab_size=97,
+    d_model=32,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    d_ff=48,
+    max_seq_len=64,
+)
 
 
 @pytest.fixture(scope="module")
@@ -28,16 +46,22 @@ def _tokens(seed, b=2, t=12, v=CFG.vocab_size):
 @given(st.integers(0, 10))
 def test_causal_prefix_logits_ignore_future_tokens(params, i):
     tokens = _tokens(1)
-    changed = tokens.at[:, i + 1:].set((tokens[:, i + 1:] + 7) % CFG.vocab_size)
+    changed = tokens.at[:, i + 1 :].set((tokens[:, i + 1 :] + 7) % CFG.vocab_size)
     a, b = _forward(params, CFG, tokens), _forward(params, CFG, changed)
-    np.testing.assert_allclose(a[:, :i + 1], b[:, :i + 1], atol=1e-5)
-    assert not np.allclose(a[:, i + 1:], b[:, i + 1:], atol=1e-3)
+    np.testing.assert_allclose(a[:, : i + 1], b[:, : i + 1], atol=1e-5)
+    assert not np.allclose(a[:, i + 1 :], b[:, i + 1 :], atol=1e-3)
 
 
-@pytest.mark.parametrize("scaling", [None, {"type": "linear", "factor": 2.0},
-                                     {"type": "ntk", "factor": 4.0},
-                                     {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
-                                     {"type": "llama3", "factor": 8.0, "original_max_position_embeddings": 16}])
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        None,
+        {"type": "linear", "factor": 2.0},
+        {"type": "ntk", "factor": 4.0},
+        {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+        {"type": "llama3", "factor": 8.0, "original_max_position_embeddings": 16},
+    ],
+)
 @given(m=st.integers(0, 40), n=st.integers(0, 40), shift=st.integers(0, 200))
 def test_rope_scores_depend_only_on_relative_position(scaling, m, n, shift):
     cfg = CFG.replace(rope_scaling=scaling)
@@ -55,8 +79,11 @@ def test_rope_scores_depend_only_on_relative_position(scaling, m, n, shift):
 
 def _qkv(seed, b=2, t=16, s=16, n=4, k=2, h=8, dtype=jnp.float32):
     ks = jax.random.split(jax.random.key(seed), 3)
-    return (jax.random.normal(ks[0], (b, t, n, h), dtype), jax.random.normal(ks[1], (b, s, k, h), dtype),
-            jax.random.normal(ks[2], (b, s, k, h), dtype))
+    return (
+        jax.random.normal(ks[0], (b, t, n, h), dtype),
+        jax.random.normal(ks[1], (b, s, k, h), dtype),
+        jax.random.normal(ks[2], (b, s, k, h), dtype),
+    )
 
 
 def _naive_mha(q, k, v, causal):
@@ -69,7 +96,9 @@ def _naive_mha(q, k, v, causal):
         for ni in range(n):
             logits = q[bi, :, ni] @ k[bi, :, ni].T / np.sqrt(h)
             if causal:
-                logits = np.where(np.arange(s)[None] <= np.arange(t)[:, None] + s - t, logits, -np.inf)
+                logits = np.where(
+                    np.arange(s)[None] <= np.arange(t)[:, None] + s - t, logits, -np.inf
+                )
             p = np.exp(logits - logits.max(-1, keepdims=True))
             out[bi, :, ni] = (p / p.sum(-1, keepdims=True)) @ v[bi, :, ni]
     return out
@@ -88,8 +117,9 @@ def test_gqa_equals_mha_with_repeated_kv(impl, kv_heads):
     q, k, v = _qkv(1, n=4, k=kv_heads)
     rep = 4 // kv_heads
     got = attention(q, k, v, implementation=impl, chunk_size=8)
-    want = attention(q, jnp.repeat(k, rep, axis=2), jnp.repeat(v, rep, axis=2), implementation=impl,
-                     chunk_size=8)
+    want = attention(
+        q, jnp.repeat(k, rep, axis=2), jnp.repeat(v, rep, axis=2), implementation=impl, chunk_size=8
+    )
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
@@ -110,28 +140,33 @@ def test_chunked_equals_reference_value_and_grad(mask, t, s, chunk):
     q, k, v = _qkv(2, t=t, s=s)
     if kw.pop("segments", False):
         k_seg = jnp.array([[1] * (s // 2) + [2] * (s - s // 2), [1] * s])
-        kw["segment_ids"] = (k_seg[:, s - t:], k_seg)
+        kw["segment_ids"] = (k_seg[:, s - t :], k_seg)
     w = jax.random.normal(jax.random.key(9), q.shape)
 
     def loss(impl, q, k, v):
         return jnp.sum(attention(q, k, v, implementation=impl, chunk_size=chunk, **kw) * w)
 
-    ref_val, ref_grad = jax.jit(jax.value_and_grad(lambda *a: loss("xla", *a), argnums=(0, 1, 2)))(q, k, v)
-    val, grad = jax.jit(jax.value_and_grad(lambda *a: loss("xla_chunked", *a), argnums=(0, 1, 2)))(q, k, v)
+    ref_val, ref_grad = jax.jit(jax.value_and_grad(lambda *a: loss("xla", *a), argnums=(0, 1, 2)))(
+        q, k, v
+    )
+    val, grad = jax.jit(jax.value_and_grad(lambda *a: loss("xla_chunked", *a), argnums=(0, 1, 2)))(
+        q, k, v
+    )
     np.testing.assert_allclose(val, ref_val, rtol=1e-5, atol=1e-4)
     for g, r in zip(grad, ref_grad):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
 
 
 @settings(max_examples=10, deadline=None)
-@given(seg_id=st.integers(-2**31, 2**31 - 1), s=st.sampled_from([5, 7]), causal=st.booleans())
+@given(seg_id=st.integers(-(2**31), 2**31 - 1), s=st.sampled_from([5, 7]), causal=st.booleans())
 @example(seg_id=-1, s=5, causal=False)
 def test_chunked_padding_keys_stay_hidden_for_any_segment_id(seg_id, s, causal):
     """Keys padded up to a whole chunk are invisible whatever id the real tokens carry (-1 too)."""
     q, k, v = _qkv(6, t=s, s=s)
     seg = (jnp.full((2, s), seg_id, jnp.int32), jnp.full((2, s), seg_id, jnp.int32))
-    got = attention(q, k, v, causal=causal, segment_ids=seg, implementation="xla_chunked",
-                    chunk_size=4)
+    got = attention(
+        q, k, v, causal=causal, segment_ids=seg, implementation="xla_chunked", chunk_size=4
+    )
     want = attention(q, k, v, causal=causal, segment_ids=seg, implementation="xla")
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
@@ -167,10 +202,13 @@ def test_scanned_layers_equal_unrolled(params, remat):
     tokens = _tokens(6)
     scanned = CFG.replace(remat_policy=remat)
     unrolled = scanned.replace(scan_layers=False)
-    np.testing.assert_allclose(_forward(params, scanned, tokens), _forward(params, unrolled, tokens),
-                               atol=1e-5)
-    g = [jax.jit(jax.grad(lambda p, c=c: jnp.sum(forward(p, c, tokens) ** 2)))(params)
-         for c in (scanned, unrolled)]
+    np.testing.assert_allclose(
+        _forward(params, scanned, tokens), _forward(params, unrolled, tokens), atol=1e-5
+    )
+    g = [
+        jax.jit(jax.grad(lambda p, c=c: jnp.sum(forward(p, c, tokens) ** 2)))(params)
+        for c in (scanned, unrolled)
+    ]
     for x, y in zip(jax.tree.leaves(g[0]), jax.tree.leaves(g[1])):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
 
@@ -198,8 +236,12 @@ def test_sliding_window_limits_context(params):
 def test_param_axes_match_param_ranks(params):
     axes = param_axes(CFG.replace(qkv_bias=True, tie_embeddings=False))
     p = init_params(CFG.replace(qkv_bias=True, tie_embeddings=False), jax.random.key(1))
-    pairs = jax.tree.map(lambda a, ax: (a.ndim, len(ax)), p, axes,
-                         is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(s, str) for s in x))
+    pairs = jax.tree.map(
+        lambda a, ax: (a.ndim, len(ax)),
+        p,
+        axes,
+        is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(s, str) for s in x),
+    )
     for ndim, n_axes in jax.tree.leaves(pairs, is_leaf=lambda x: isinstance(x, tuple)):
         assert ndim == n_axes
     assert param_count(CFG) == sum(a.size for a in jax.tree.leaves(params))
@@ -207,7 +249,15 @@ def test_param_axes_match_param_ranks(params):
 
 def test_flops_per_token_closed_form():
     c = CFG
-    D, N, K, H, F, L, V = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff, c.n_layers, c.vocab_size
+    D, N, K, H, F, L, V = (
+        c.d_model,
+        c.n_heads,
+        c.n_kv_heads,
+        c.head_dim,
+        c.d_ff,
+        c.n_layers,
+        c.vocab_size,
+    )
     per_layer = D * N * H + 2 * D * K * H + N * H * D + 3 * D * F + 2 * D
     n = L * per_layer + V * D + D
     assert param_count(c) == n
@@ -218,16 +268,19 @@ def test_flops_per_token_closed_form():
     assert flops_per_token(untied, 64) == pytest.approx(want)
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(n_heads=3, n_kv_heads=2), "multiple of n_kv_heads"),
-    (dict(attention_impl="flash"), "attention_impl"),
-    (dict(rope_scaling={"type": "weird"}), "rope_scaling"),
-    (dict(rope_scaling={"type": "linear"}), "'linear' needs a positive 'factor'"),
-    (dict(rope_scaling={"type": "ntk", "factor": 0.0}), "'ntk' needs a positive 'factor'"),
-    (dict(rope_scaling={"type": "yarn", "factor": 4.0}), "'original_max_position_embeddings'"),
-    (dict(dtype="float13"), "dtype"),
-    (dict(d_model=0), "d_model"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(n_heads=3, n_kv_heads=2), "multiple of n_kv_heads"),
+        (dict(attention_impl="flash"), "attention_impl"),
+        (dict(rope_scaling={"type": "weird"}), "rope_scaling"),
+        (dict(rope_scaling={"type": "linear"}), "'linear' needs a positive 'factor'"),
+        (dict(rope_scaling={"type": "ntk", "factor": 0.0}), "'ntk' needs a positive 'factor'"),
+        (dict(rope_scaling={"type": "yarn", "factor": 4.0}), "'original_max_position_embeddings'"),
+        (dict(dtype="float13"), "dtype"),
+        (dict(d_model=0), "d_model"),
+    ],
+)
 def test_bad_config_values_are_named(bad, match):
     with pytest.raises(ValueError, match=match):
         TransformerConfig(**bad)

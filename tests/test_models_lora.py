@@ -1,4 +1,5 @@
 """LoRA adapters: exact start, adapter forward = merged weights, frozen base, dropout, checkpoints."""
+
 import gin
 import jax
 import jax.numpy as jnp
@@ -20,8 +21,16 @@ from agentic_jax.models.lora import (
 from agentic_jax.post_training.common import tree_fingerprint
 from sharding import logical_to_specs
 
-CFG = TransformerConfig(vocab_size=61, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=4,
-                        d_ff=24, max_seq_len=32)
+CFG = TransformerConfig(
+    vocab_size=61,
+    d_model=16,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=4,
+    d_ff=24,
+    max_seq_len=32,
+)
 UNROLLED = CFG.replace(scan_layers=False)  # run eagerly: op by op, no compile per example
 UNTIED = UNROLLED.replace(tie_embeddings=False)
 TOKENS = jnp.asarray(np.random.default_rng(1).integers(0, CFG.vocab_size, (2, 10)), jnp.int32)
@@ -48,8 +57,10 @@ def _random_adapters(lora, base, seed, std=0.5):
     """Adapters with nonzero A and B (B is zero after init, which would hide every merge error);
     drawn by numpy, so that no example compiles a random-number kernel for its shapes."""
     rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda s: jnp.asarray(rng.normal(0.0, std, s.shape), s.dtype),
-                        jax.eval_shape(lora.init, base, _key(0)))
+    return jax.tree.map(
+        lambda s: jnp.asarray(rng.normal(0.0, std, s.shape), s.dtype),
+        jax.eval_shape(lora.init, base, _key(0)),
+    )
 
 
 def test_zero_b_gives_exactly_the_base_logits(base):
@@ -63,8 +74,12 @@ def test_zero_b_gives_exactly_the_base_logits(base):
     np.testing.assert_array_equal(_forward(dropped, CFG, TOKENS), ref)
 
 
-@given(rank=st.integers(1, 4), targets=st.sets(st.sampled_from(tuple(PROJECTIONS)), min_size=1),
-       tied=st.booleans(), seed=st.integers(0, 100))
+@given(
+    rank=st.integers(1, 4),
+    targets=st.sets(st.sampled_from(tuple(PROJECTIONS)), min_size=1),
+    tied=st.booleans(),
+    seed=st.integers(0, 100),
+)
 def test_adapter_forward_equals_merged_weights(base, untied_base, rank, targets, tied, seed):
     cfg, base = (UNROLLED, base) if tied else (UNTIED, untied_base)
     lora = LoRA(LoraConfig(rank=rank, alpha=3.0, targets=tuple(sorted(targets))))
@@ -80,9 +95,13 @@ def test_merged_equals_an_independent_dense_delta(base):
     """The merge, by numpy: W_o[l] + (α/r) · (A[l] reshaped [N·H, r]) @ B[l]."""
     lora = LoRA(LoraConfig(rank=3, alpha=6.0, targets=("o",)))
     adapters = _random_adapters(lora, base, 4)
-    a, b, w = (np.asarray(x, np.float64) for x in (adapters["o"]["a"], adapters["o"]["b"],
-                                                    base["layers"]["attn"]["o"]))
-    want = np.stack([w[i] + 2.0 * (a[i].reshape(-1, 3) @ b[i]).reshape(w[i].shape) for i in range(2)])
+    a, b, w = (
+        np.asarray(x, np.float64)
+        for x in (adapters["o"]["a"], adapters["o"]["b"], base["layers"]["attn"]["o"])
+    )
+    want = np.stack(
+        [w[i] + 2.0 * (a[i].reshape(-1, 3) @ b[i]).reshape(w[i].shape) for i in range(2)]
+    )
     np.testing.assert_allclose(lora.merged(adapters, base)["layers"]["attn"]["o"], want, atol=1e-6)
 
 
@@ -105,7 +124,9 @@ def test_training_moves_only_the_adapters_and_lowers_the_loss(base):
     optimizer = optax.adam(3e-2)
     opt_state = optimizer.init(adapters)
     adapter_shapes = sorted(x.shape for x in jax.tree.leaves(adapters))
-    assert sorted(x.shape for x in jax.tree.leaves(opt_state) if x.ndim) == sorted(2 * adapter_shapes)
+    assert sorted(x.shape for x in jax.tree.leaves(opt_state) if x.ndim) == sorted(
+        2 * adapter_shapes
+    )
 
     def loss_fn(trainable):
         logits = forward(lora.model_params(trainable, base), CFG, tokens[:, :-1])
@@ -132,14 +153,18 @@ def test_dropout_changes_outputs_only_with_a_key(base):
     adapters = _random_adapters(lora, base, 7)
     plain = _forward(lora.model_params(adapters, base), CFG, TOKENS)
     np.testing.assert_allclose(plain, _forward(lora.merged(adapters, base), CFG, TOKENS), atol=1e-5)
-    dropped = [_forward(lora.model_params(adapters, base, jax.random.key(k)), CFG, TOKENS) for k in (1, 2)]
+    dropped = [
+        _forward(lora.model_params(adapters, base, jax.random.key(k)), CFG, TOKENS) for k in (1, 2)
+    ]
     assert not np.allclose(dropped[0], plain, atol=1e-3)
     assert not np.allclose(dropped[0], dropped[1], atol=1e-3)
     np.testing.assert_array_equal(
-        dropped[0], _forward(lora.model_params(adapters, base, jax.random.key(1)), CFG, TOKENS))
+        dropped[0], _forward(lora.model_params(adapters, base, jax.random.key(1)), CFG, TOKENS)
+    )
     no_rate = LoRA(LoraConfig(rank=4, dropout=0.0))
-    np.testing.assert_array_equal(_forward(no_rate.model_params(adapters, base, jax.random.key(1)), CFG, TOKENS),
-                                  plain)
+    np.testing.assert_array_equal(
+        _forward(no_rate.model_params(adapters, base, jax.random.key(1)), CFG, TOKENS), plain
+    )
 
 
 def test_unrolled_layers_dropout_and_gradients_equal_scanned(base):
@@ -151,7 +176,9 @@ def test_unrolled_layers_dropout_and_gradients_equal_scanned(base):
 
     value_and_grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
     scanned, unrolled = (value_and_grad(adapters, cfg) for cfg in (CFG, UNROLLED))
-    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-4), scanned, unrolled)
+    jax.tree.map(
+        lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-4), scanned, unrolled
+    )
 
 
 def test_bf16_adapter_path_as_accurate_as_bf16_merged_weights(base):
@@ -170,8 +197,10 @@ def test_adapter_axes_shard_on_a_mesh(base):
     lora_config = LoraConfig(rank=4)
     adapters = jax.eval_shape(LoRA(lora_config).init, base, _key(0))
     axes = lora_axes(CFG, lora_config)
-    assert axes["q"] == {"a": ("layers", "embed", "lora_rank"),
-                         "b": ("layers", "lora_rank", "q_heads", "head_dim")}
+    assert axes["q"] == {
+        "a": ("layers", "embed", "lora_rank"),
+        "b": ("layers", "lora_rank", "q_heads", "head_dim"),
+    }
     assert axes["o"]["a"] == ("layers", "q_heads", "head_dim", "lora_rank")
     specs = logical_to_specs(axes, {"fsdp": 2, "tensor": 2}, shapes=adapters)
     assert specs["q"]["a"] == jax.sharding.PartitionSpec(None, "fsdp", None)
@@ -180,8 +209,9 @@ def test_adapter_axes_shard_on_a_mesh(base):
 
 def test_adapter_checkpoint_round_trip_and_wrong_base(base, tmp_path):
     lora_config = LoraConfig(rank=2, alpha=4.0, dropout=0.1, targets=("v", "down"))
-    adapters = jax.tree.map(lambda x: x.astype(jnp.bfloat16),
-                            _random_adapters(LoRA(lora_config), base, 11))
+    adapters = jax.tree.map(
+        lambda x: x.astype(jnp.bfloat16), _random_adapters(LoRA(lora_config), base, 11)
+    )
     fingerprint = tree_fingerprint(base)
     save_adapters(tmp_path / "ad", adapters, lora_config, fingerprint)
     loaded, loaded_config = load_adapters(tmp_path / "ad", base_fingerprint=fingerprint)
@@ -198,16 +228,19 @@ def test_adapter_checkpoint_round_trip_and_wrong_base(base, tmp_path):
         load_adapters(tmp_path / "missing")
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"rank": 0}, ValueError, "rank must be a positive integer"),
-    ({"rank": 2.5}, ValueError, "rank must be a positive integer"),
-    ({"alpha": 0.0}, ValueError, "alpha must be positive"),
-    ({"dropout": 1.0}, ValueError, r"dropout must be in \[0, 1\)"),
-    ({"targets": ()}, ValueError, "at least one"),
-    ({"targets": ("q", "wq")}, ValueError, r"unknown: \['wq'\]"),
-    ({"targets": ("q", "q")}, ValueError, "distinct"),
-    ({"targets": "q"}, TypeError, "not the string"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"rank": 0}, ValueError, "rank must be a positive integer"),
+        ({"rank": 2.5}, ValueError, "rank must be a positive integer"),
+        ({"alpha": 0.0}, ValueError, "alpha must be positive"),
+        ({"dropout": 1.0}, ValueError, r"dropout must be in \[0, 1\)"),
+        ({"targets": ()}, ValueError, "at least one"),
+        ({"targets": ("q", "wq")}, ValueError, r"unknown: \['wq'\]"),
+        ({"targets": ("q", "q")}, ValueError, "distinct"),
+        ({"targets": "q"}, TypeError, "not the string"),
+    ],
+)
 def test_bad_config_values_are_named(kwargs, error, match):
     with pytest.raises(error, match=match):
         LoraConfig(**kwargs)

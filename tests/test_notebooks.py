@@ -1,4 +1,5 @@
 """The shipped notebooks run top to bottom."""
+
 import pathlib
 
 import pytest
@@ -13,10 +14,16 @@ NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parents[1] / "notebooks").g
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_executes(path, tmp_path):
     nb = nbformat.read(path, as_version=4)
-    nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
+    nbclient.NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    errors = [
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
     assert not errors
 
 

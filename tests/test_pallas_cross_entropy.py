@@ -1,11 +1,13 @@
 """Chunked LM-head cross-entropy against optax on materialised logits."""
+
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pallas_kernels import cross_entropy_reference, fused_cross_entropy
 
@@ -16,9 +18,16 @@ def mean_loss(fn, hidden, w, labels, **kwargs):
 
 
 @settings(max_examples=6)
-@given(b=st.integers(1, 2), t=st.integers(1, 6), d=st.sampled_from([8, 16]),
-       vocab=st.integers(5, 70), chunk=st.integers(4, 32), ignored=st.floats(0.0, 1.0),
-       dtype=st.sampled_from([jnp.float32, jnp.bfloat16]), seed=st.integers(0, 2**16))
+@given(
+    b=st.integers(1, 2),
+    t=st.integers(1, 6),
+    d=st.sampled_from([8, 16]),
+    vocab=st.integers(5, 70),
+    chunk=st.integers(4, 32),
+    ignored=st.floats(0.0, 1.0),
+    dtype=st.sampled_from([jnp.float32, jnp.bfloat16]),
+    seed=st.integers(0, 2**16),
+)
 def test_values_and_gradients_match_optax(b, t, d, vocab, chunk, ignored, dtype, seed):
     rng = np.random.default_rng(seed)
     hidden = jnp.asarray(rng.standard_normal((b, t, d)), dtype)
@@ -27,8 +36,9 @@ def test_values_and_gradients_match_optax(b, t, d, vocab, chunk, ignored, dtype,
     labels = jnp.asarray(np.where(rng.random((b, t)) < ignored, -100, labels), jnp.int32)
 
     def value_and_grads(fn, **kwargs):
-        run = jax.value_and_grad(functools.partial(mean_loss, fn, **kwargs), argnums=(0, 1),
-                                 has_aux=True)
+        run = jax.value_and_grad(
+            functools.partial(mean_loss, fn, **kwargs), argnums=(0, 1), has_aux=True
+        )
         return jax.jit(run)(hidden, w, labels)
 
     (loss, losses), grads = value_and_grads(fused_cross_entropy, vocab_chunk=chunk)
@@ -40,8 +50,9 @@ def test_values_and_gradients_match_optax(b, t, d, vocab, chunk, ignored, dtype,
     np.testing.assert_allclose(loss, want_loss, atol=tol, rtol=tol)
     for got, want, x in zip(grads, want_grads, (hidden, w)):
         assert got.dtype == x.dtype
-        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
-                                   atol=tol, rtol=tol)
+        np.testing.assert_allclose(
+            np.asarray(got, np.float32), np.asarray(want, np.float32), atol=tol, rtol=tol
+        )
 
 
 def test_logits_are_never_materialised():

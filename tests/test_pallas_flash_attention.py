@@ -1,11 +1,13 @@
 """Pallas flash attention (interpret mode on CPU) against the pure-jnp reference."""
+
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentic_jax.models import chunked_attention
 from pallas_kernels import BlockSizes, flash_attention, reference_attention
@@ -45,8 +47,14 @@ def problems(draw, feature):
     s = draw(st.integers(17, 48))
     t = s - draw(st.integers(0, s - 1))
     kv_heads, groups = draw(st.sampled_from([2, 1])), draw(st.sampled_from([2, 3, 1]))
-    dims = dict(b=draw(st.sampled_from([2, 1])), t=t, s=s, n=kv_heads * groups, k=kv_heads,
-                h=draw(st.sampled_from([16, 8])))
+    dims = dict(
+        b=draw(st.sampled_from([2, 1])),
+        t=t,
+        s=s,
+        n=kv_heads * groups,
+        k=kv_heads,
+        h=draw(st.sampled_from([16, 8])),
+    )
     blocks = BlockSizes(*(draw(st.sampled_from([16, 8])) for _ in range(4)))
     kwargs = dict(causal=spec["causal"], sm_scale=draw(st.sampled_from([None, 0.3])))
     if spec.get("sliding_window"):
@@ -55,10 +63,11 @@ def problems(draw, feature):
         kwargs["logits_soft_cap"] = draw(st.sampled_from([5.0, 0.5]))
     if spec.get("segment_ids"):
         # Packed sequences: ids step up at random cut points; queries are the last T keys.
-        cuts = [draw(st.lists(st.integers(1, s - 1), min_size=1, max_size=3))
-                for _ in range(dims["b"])]
+        cuts = [
+            draw(st.lists(st.integers(1, s - 1), min_size=1, max_size=3)) for _ in range(dims["b"])
+        ]
         kv_ids = np.stack([(np.arange(s)[:, None] >= np.array(c)).sum(-1) for c in cuts])
-        kwargs["segment_ids"] = (jnp.asarray(kv_ids[:, s - t:]), jnp.asarray(kv_ids))
+        kwargs["segment_ids"] = (jnp.asarray(kv_ids[:, s - t :]), jnp.asarray(kv_ids))
     return dims, blocks, kwargs, draw(st.integers(0, 2**16))
 
 
@@ -71,14 +80,18 @@ def random_qkv(dims, dtype, seed):
 
 def output_and_grads(fn, q, k, v, **kwargs):
     """(out, dq, dk, dv) for a random output cotangent, compiled as one program."""
+
     def run(q, k, v, kwargs):
         out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v, **kwargs), q, k, v)
         cotangent = jax.random.normal(jax.random.key(7), out.shape, jnp.bfloat16).astype(out.dtype)
         return (out, *vjp(cotangent))
+
     arrays = {name: x for name, x in kwargs.items() if isinstance(x, (tuple, jax.Array))}
     static = {name: x for name, x in kwargs.items() if name not in arrays}
-    return jax.jit(lambda q, k, v, arrays: run(q, k, v, {**arrays, **static}),
-                   compiler_options=INTERPRET_COMPILER_OPTIONS)(q, k, v, arrays)
+    return jax.jit(
+        lambda q, k, v, arrays: run(q, k, v, {**arrays, **static}),
+        compiler_options=INTERPRET_COMPILER_OPTIONS,
+    )(q, k, v, arrays)
 
 
 def assert_close(got, want, dtype, what):
@@ -114,16 +127,17 @@ def test_fully_masked_rows_are_zero_with_finite_gradients():
     dims = dict(b=2, t=12, s=20, n=4, k=2, h=8)
     q, k, v = random_qkv(dims, jnp.float32, 0)
     kv_ids = jnp.broadcast_to(jnp.repeat(jnp.arange(4), 5), (2, 20))
-    q_ids = kv_ids[:, 8:].at[:, ::3].set(9)          # segment 9 has no keys
+    q_ids = kv_ids[:, 8:].at[:, ::3].set(9)  # segment 9 has no keys
     kwargs = dict(segment_ids=(q_ids, kv_ids), sliding_window=6)
-    got = output_and_grads(flash_attention, q, k, v, block_sizes=BlockSizes(8, 8, 8, 8),
-                           interpret=True, **kwargs)
+    got = output_and_grads(
+        flash_attention, q, k, v, block_sizes=BlockSizes(8, 8, 8, 8), interpret=True, **kwargs
+    )
     want = output_and_grads(reference_attention, q, k, v, **kwargs)
     np.testing.assert_array_equal(got[0][:, ::3], 0.0)
     assert np.abs(np.asarray(got[0][:, 1::3])).min() > 0
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
         assert_close(a, b, jnp.float32, name)
-    np.testing.assert_array_equal(got[1][:, ::3], 0.0)   # no key, no gradient to that query
+    np.testing.assert_array_equal(got[1][:, ::3], 0.0)  # no key, no gradient to that query
 
 
 def test_bf16_inputs_accumulate_in_f32():
@@ -131,8 +145,9 @@ def test_bf16_inputs_accumulate_in_f32():
     by several percent, summed in f32 it is the exact mean rounded once to bf16."""
     v = jax.random.uniform(jax.random.key(0), (1, 4096, 1, 8), jnp.bfloat16, 1.0, 2.0)
     q, k = jnp.zeros((1, 1, 1, 8), jnp.bfloat16), jnp.zeros_like(v)
-    out = flash_attention(q, k, v, causal=False, block_sizes=BlockSizes(8, 4096, 8, 512),
-                          interpret=True)
+    out = flash_attention(
+        q, k, v, causal=False, block_sizes=BlockSizes(8, 4096, 8, 512), interpret=True
+    )
     mean = np.asarray(v, np.float64).mean(axis=1)
     assert out.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(out[:, 0], np.float64), mean, rtol=2**-8)
@@ -150,26 +165,36 @@ def test_lengths_are_padded_to_whole_tiles():
     assert (small.block_q, small.block_kv, small.q_padded, small.kv_padded) == (8, 8, 8, 8)
 
 
-@pytest.mark.parametrize("make, message", [
-    (lambda: BlockSizes(block_q=12), "multiple of 8"),
-    (lambda: BlockSizes(block_kv=0), "multiple of 8"),
-    (lambda: plan_tiling(BlockSizes(block_kv=64), 8, 1000, check_tpu_layout=True),
-     "multiple of 128"),
-])
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: BlockSizes(block_q=12), "multiple of 8"),
+        (lambda: BlockSizes(block_kv=0), "multiple of 8"),
+        (
+            lambda: plan_tiling(BlockSizes(block_kv=64), 8, 1000, check_tpu_layout=True),
+            "multiple of 128",
+        ),
+    ],
+)
 def test_bad_block_sizes_raise_clear_errors(make, message):
     with pytest.raises(ValueError, match=message):
         make()
 
 
-@pytest.mark.parametrize("shapes, kwargs, message", [
-    (((1, 9, 2, 8), (1, 8, 1, 8), (1, 8, 1, 8)), {}, "exceeds key length"),
-    (((1, 8, 3, 8), (1, 8, 2, 8), (1, 8, 2, 8)), {}, "multiple of kv heads"),
-    (((1, 8, 2, 8), (1, 8, 1, 8), (1, 8, 1, 8)), dict(sliding_window=0), "sliding_window"),
-    (((1, 8, 2, 8), (1, 8, 1, 8), (1, 8, 1, 8)), dict(logits_soft_cap=-1.0), "soft_cap"),
-])
-@pytest.mark.parametrize("attend", [functools.partial(flash_attention, interpret=True),
-                                    reference_attention, chunked_attention],
-                         ids=["flash", "reference", "xla_chunked"])
+@pytest.mark.parametrize(
+    "shapes, kwargs, message",
+    [
+        (((1, 9, 2, 8), (1, 8, 1, 8), (1, 8, 1, 8)), {}, "exceeds key length"),
+        (((1, 8, 3, 8), (1, 8, 2, 8), (1, 8, 2, 8)), {}, "multiple of kv heads"),
+        (((1, 8, 2, 8), (1, 8, 1, 8), (1, 8, 1, 8)), dict(sliding_window=0), "sliding_window"),
+        (((1, 8, 2, 8), (1, 8, 1, 8), (1, 8, 1, 8)), dict(logits_soft_cap=-1.0), "soft_cap"),
+    ],
+)
+@pytest.mark.parametrize(
+    "attend",
+    [functools.partial(flash_attention, interpret=True), reference_attention, chunked_attention],
+    ids=["flash", "reference", "xla_chunked"],
+)
 def test_bad_inputs_raise_clear_errors(attend, shapes, kwargs, message):
     q, k, v = (jnp.zeros(shape) for shape in shapes)
     with pytest.raises(ValueError, match=message):
@@ -177,11 +202,14 @@ def test_bad_inputs_raise_clear_errors(attend, shapes, kwargs, message):
 
 
 def test_a_numpy_integer_window_is_a_window():
-    q, k, v = (jax.random.normal(key, (1, 16, 2, 8)) for key in jax.random.split(jax.random.key(0), 3))
+    q, k, v = (
+        jax.random.normal(key, (1, 16, 2, 8)) for key in jax.random.split(jax.random.key(0), 3)
+    )
     expected = reference_attention(q, k, v, sliding_window=4)
     for window in (np.int32(4), np.int64(4)):
-        got = flash_attention(q, k, v, sliding_window=window, interpret=True,
-                              block_sizes=BlockSizes(8, 8, 8, 8))
+        got = flash_attention(
+            q, k, v, sliding_window=window, interpret=True, block_sizes=BlockSizes(8, 8, 8, 8)
+        )
         np.testing.assert_allclose(got, expected, atol=2e-5)
 
 

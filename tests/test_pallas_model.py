@@ -1,4 +1,5 @@
 """A tiny transformer evaluates and trains identically through the Pallas kernel and XLA."""
+
 import functools
 
 import jax
@@ -11,10 +12,19 @@ from agentic_jax.models.transformer import hidden_states, lm_head_weight
 from pallas_kernels import fused_cross_entropy
 from pallas_kernels.backend import INTERPRET_COMPILER_OPTIONS
 
-CFG = TransformerConfig(vocab_size=61, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
-                        d_ff=48, max_seq_len=64, sliding_window=6)
+CFG = TransformerConfig(
+    vocab_size=61,
+    d_model=32,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    d_ff=48,
+    max_seq_len=64,
+    sliding_window=6,
+)
 TOKENS = jax.random.randint(jax.random.key(1), (2, 21), 0, CFG.vocab_size)
-SEGMENTS = jnp.asarray([[1] * 13 + [2] * 7, [1] * 20])   # one packed row, one plain row
+SEGMENTS = jnp.asarray([[1] * 13 + [2] * 7, [1] * 20])  # one packed row, one plain row
 
 
 @functools.partial(jax.jit, static_argnums=1, compiler_options=INTERPRET_COMPILER_OPTIONS)
@@ -22,6 +32,7 @@ def _loss_grads_logits(params, config):
     def loss(params):
         logits = forward(params, config, TOKENS[:, :-1], segment_ids=SEGMENTS)
         return optax.softmax_cross_entropy_with_integer_labels(logits, TOKENS[:, 1:]).mean(), logits
+
     (value, logits), grads = jax.value_and_grad(loss, has_aux=True)(params)
     return value, grads, logits
 

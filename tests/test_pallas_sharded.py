@@ -1,9 +1,11 @@
 """The shard_map wrapper runs the kernel per (batch, head) shard on 8 fake CPU devices."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from pallas_kernels import BlockSizes, reference_attention, sharded_flash_attention
 from pallas_kernels.backend import INTERPRET_COMPILER_OPTIONS
@@ -26,8 +28,9 @@ def _grads(fn, q, k, v):
     def loss(q, k, v):
         return jnp.sum(jnp.sin(fn(q, k, v)))
 
-    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)),
-                   compiler_options=INTERPRET_COMPILER_OPTIONS)(q, k, v)
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2)), compiler_options=INTERPRET_COMPILER_OPTIONS)(
+        q, k, v
+    )
 
 
 def test_sharded_forward_and_gradients_equal_reference():
@@ -39,8 +42,16 @@ def test_sharded_forward_and_gradients_equal_reference():
     q, k, v = (jax.device_put(x, heads) for x in (q, k, v))
 
     def flash(q, k, v):
-        return sharded_flash_attention(q, k, v, segment_ids=segs, mesh=mesh, block_sizes=BLOCKS,
-                                       interpret=True, sliding_window=5)
+        return sharded_flash_attention(
+            q,
+            k,
+            v,
+            segment_ids=segs,
+            mesh=mesh,
+            block_sizes=BLOCKS,
+            interpret=True,
+            sliding_window=5,
+        )
 
     def ref(q, k, v):
         return reference_attention(q, k, v, segment_ids=segs, sliding_window=5)
@@ -55,9 +66,10 @@ def test_sharded_forward_and_gradients_equal_reference():
 def test_mqa_kv_heads_are_repeated_to_the_tensor_axis_under_set_mesh():
     q, k, v = _qkv(kv_heads=1, seed=1)
     with jax.set_mesh(_mesh(jax.sharding.AxisType.Explicit)):
-        out = jax.jit(lambda q, k, v: sharded_flash_attention(q, k, v, block_sizes=BLOCKS,
-                                                              interpret=True),
-                      compiler_options=INTERPRET_COMPILER_OPTIONS)(q, k, v)
+        out = jax.jit(
+            lambda q, k, v: sharded_flash_attention(q, k, v, block_sizes=BLOCKS, interpret=True),
+            compiler_options=INTERPRET_COMPILER_OPTIONS,
+        )(q, k, v)
         assert out.sharding.spec == P(("data", "fsdp"), None, "tensor", None)
     np.testing.assert_allclose(out, reference_attention(q, k, v), atol=2e-5)
 
@@ -67,5 +79,6 @@ def test_indivisible_batch_and_missing_mesh_raise():
     with pytest.raises(ValueError, match="needs a mesh"):
         sharded_flash_attention(q, k, v, interpret=True)
     with pytest.raises(ValueError, match="batch 3"):
-        sharded_flash_attention(q[:3], k[:3], v[:3], mesh=_mesh(jax.sharding.AxisType.Auto),
-                                interpret=True)
+        sharded_flash_attention(
+            q[:3], k[:3], v[:3], mesh=_mesh(jax.sharding.AxisType.Auto), interpret=True
+        )

@@ -6,6 +6,7 @@ exactly as it would on the TPU host; only the TPU runtime's final compile is lef
 Shapes here are production-sized (head_dim 128, 512-wide tiles) because that is where
 Mosaic's layout rules bite; nothing is executed, so they cost only tracing time.
 """
+
 import importlib
 
 import jax
@@ -56,7 +57,7 @@ def test_flash_attention_forward_and_backward_lower_to_mosaic(case, device_kind)
         out = flash_attention(q, k, v, segment_ids=segments or None, **opts)
         return jnp.sum(out.astype(jnp.float32) ** 2)
 
-    assert mosaic_calls(lower_for_tpu(loss, *args, device_kind=device_kind)) == 1   # forward
+    assert mosaic_calls(lower_for_tpu(loss, *args, device_kind=device_kind)) == 1  # forward
     grads = jax.grad(loss, argnums=(0, 1, 2))
     assert mosaic_calls(lower_for_tpu(grads, *args, device_kind=device_kind)) == 3  # fwd, dQ, dK/dV
 
@@ -64,8 +65,13 @@ def test_flash_attention_forward_and_backward_lower_to_mosaic(case, device_kind)
 @pytest.mark.parametrize("device_kind", TPUS)
 def test_paged_attention_lowers_to_mosaic(device_kind):
     pages = Spec((256, 16, 8, 128), jnp.bfloat16)
-    args = (Spec((4, 32, 128), jnp.bfloat16), pages, pages, Spec((4, 64), jnp.int32),
-            Spec((4,), jnp.int32))
+    args = (
+        Spec((4, 32, 128), jnp.bfloat16),
+        pages,
+        pages,
+        Spec((4, 64), jnp.int32),
+        Spec((4,), jnp.int32),
+    )
 
     def decode(*args):
         return paged_attention(*args, sliding_window=300, logits_soft_cap=30.0)
@@ -76,9 +82,18 @@ def test_paged_attention_lowers_to_mosaic(device_kind):
 def test_a_pallas_model_train_step_lowers_for_tpu():
     """Loss and gradients of a bf16 model whose attention is the kernel: one forward and
     two backward kernels per layer body (the layers are scanned, so the body appears once)."""
-    config = TransformerConfig(vocab_size=1024, d_model=256, n_layers=2, n_heads=4, n_kv_heads=2,
-                               head_dim=128, d_ff=512, max_seq_len=1024, dtype="bfloat16",
-                               attention_impl="pallas")
+    config = TransformerConfig(
+        vocab_size=1024,
+        d_model=256,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=128,
+        d_ff=512,
+        max_seq_len=1024,
+        dtype="bfloat16",
+        attention_impl="pallas",
+    )
     params = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
     batch = {key: Spec((2, 1024), jnp.int32) for key in BATCH_KEYS}
 
@@ -92,8 +107,9 @@ def test_tpu_target_compiles_kernels_and_enforces_the_lane_tile():
     q, k, v = attention_args(2048, 2048)
     assert target_platform() == "cpu" and resolve_interpret(None, "x")
     with pytest.raises(ValueError, match="block_kv=64 must be a multiple of 128 on TPU"):
-        lower_for_tpu(lambda q, k, v: flash_attention(q, k, v, block_sizes=BlockSizes(block_kv=64)),
-                      q, k, v)
+        lower_for_tpu(
+            lambda q, k, v: flash_attention(q, k, v, block_sizes=BlockSizes(block_kv=64)), q, k, v
+        )
 
     def inspect(q, k, v):
         assert target_platform() == "tpu" and not resolve_interpret(None, "x")
@@ -108,8 +124,9 @@ def test_the_tiling_rule_is_mosaics_own(monkeypatch):
     """A key tile the planner refuses on TPU is one Mosaic's lowering refuses too, so the
     planner's error (which names the block size to change) is not stricter than needed."""
     module = importlib.import_module("pallas_kernels.flash_attention")
-    unchecked = lambda blocks, t, s, check_tpu_layout: plan_tiling(blocks, t, s,
-                                                                    check_tpu_layout=False)
+    unchecked = lambda blocks, t, s, check_tpu_layout: plan_tiling(
+        blocks, t, s, check_tpu_layout=False
+    )
     monkeypatch.setattr(module, "plan_tiling", unchecked)
     q, k, v = attention_args(2048, 2048)
     segments = (Spec((2, 2048), jnp.int32), Spec((2, 2048), jnp.int32))

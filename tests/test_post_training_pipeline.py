@@ -1,4 +1,5 @@
 """`agentic-jax train` with the quickstart config: tokenizer -> pretraining -> SFT -> RL -> report."""
+
 import json
 import os
 
@@ -14,14 +15,32 @@ CORPUS = os.path.join(HERE, "data", "tiny_corpus.txt")
 
 # The quickstart pipeline at toy sizes: every stage runs, in seconds.
 TINY = [
-    f"post_training.tokenizer_corpus = ['{CORPUS}']", f"train_data.files = ['{CORPUS}']",
-    f"heldout_data.files = ['{CORPUS}']", "post_training.vocab_size = 500", "post_training.eval_samples = 2",
-    "TransformerConfig.d_model = 32", "TransformerConfig.n_layers = 1", "TransformerConfig.n_heads = 2",
-    "TransformerConfig.n_kv_heads = 1", "TransformerConfig.head_dim = 16", "TransformerConfig.d_ff = 64",
-    "train.steps = 4", "train.batch_size = 8", "train.seq_len = 32", "train.eval_every = 4",
-    "train.checkpoint_every = 4", "make_schedule.warmup_steps = 1", "train_sft.steps = 3", "train_sft.batch_size = 4", "train_sft.eval_every = 3",
-    "train_rl.steps = 2", "RLConfig.group_size = 2", "RLConfig.prompts_per_step = 2",
-    "sft/TaskSpec.num_train = 8", "sft/TaskSpec.num_heldout = 3", "rl/TaskSpec.num_train = 8",
+    f"post_training.tokenizer_corpus = ['{CORPUS}']",
+    f"train_data.files = ['{CORPUS}']",
+    f"heldout_data.files = ['{CORPUS}']",
+    "post_training.vocab_size = 500",
+    "post_training.eval_samples = 2",
+    "TransformerConfig.d_model = 32",
+    "TransformerConfig.n_layers = 1",
+    "TransformerConfig.n_heads = 2",
+    "TransformerConfig.n_kv_heads = 1",
+    "TransformerConfig.head_dim = 16",
+    "TransformerConfig.d_ff = 64",
+    "train.steps = 4",
+    "train.batch_size = 8",
+    "train.seq_len = 32",
+    "train.eval_every = 4",
+    "train.checkpoint_every = 4",
+    "make_schedule.warmup_steps = 1",
+    "train_sft.steps = 3",
+    "train_sft.batch_size = 4",
+    "train_sft.eval_every = 3",
+    "train_rl.steps = 2",
+    "RLConfig.group_size = 2",
+    "RLConfig.prompts_per_step = 2",
+    "sft/TaskSpec.num_train = 8",
+    "sft/TaskSpec.num_heldout = 3",
+    "rl/TaskSpec.num_train = 8",
     "rl/TaskSpec.num_heldout = 2",
 ]
 
@@ -37,7 +56,9 @@ def test_quickstart_pipeline_writes_every_stage_and_the_report(tmp_path):
     for when in ("before_rl", "after_rl"):  # held-out rl_tasks: two generators x 2 problems
         result = report[when]
         assert len(result["per_task_success"]) == 4
-        assert 0.0 <= result["success"] <= 1.0 and 0.0 <= result["pass@1"] <= result["pass@2"] <= 1.0
+        assert (
+            0.0 <= result["success"] <= 1.0 and 0.0 <= result["pass@1"] <= result["pass@2"] <= 1.0
+        )
         assert result["tool_calls"] >= 0
     for measure in ("success", "pass@1"):
         low, high = report["improvement"][f"{measure}_ci95"]
@@ -52,6 +73,7 @@ def test_quickstart_pipeline_writes_every_stage_and_the_report(tmp_path):
 @pytest.mark.parametrize("name", sorted(p.stem for p in config_dir().glob("*.gin")))
 def test_every_shipped_config_parses(name):
     import agentic_jax.registry  # noqa: F401  (registers every configurable)
+
     gin_config.parse([name], [])
 
 
@@ -59,6 +81,9 @@ def test_importing_every_configurable_leaves_the_jax_backend_alone():
     """Multi-process jobs call jax.distributed.initialize after the CLI imported the registry."""
     import subprocess
     import sys
-    code = ("import jax._src.xla_bridge as xb, agentic_jax.registry; "
-            "assert not xb.backends_are_initialized(), 'an import initialised the JAX backend'")
+
+    code = (
+        "import jax._src.xla_bridge as xb, agentic_jax.registry; "
+        "assert not xb.backends_are_initialized(), 'an import initialised the JAX backend'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,5 +1,6 @@
 """The preference trainer: every loss type through the model, DPO learning, exact resume with
 the reference computed either way, and online pairs of the best and worst sampled episodes."""
+
 import shutil
 
 import jax
@@ -12,10 +13,8 @@ from hypothesis.extra import numpy as hnp
 from tiny_models import task_model_dir
 
 from agentic_jax.envs.text import Arithmetic
-from agentic_jax.models.export import load_checkpoint
 from agentic_jax.inference.decoding.sampling import SamplingParams
-from agentic_jax.models.export import save_model
-from agentic_jax.rl import PREFERENCE_LOSSES
+from agentic_jax.models.export import load_checkpoint, save_model
 from agentic_jax.post_training.common import on_device
 from agentic_jax.post_training.pairs import sampled_pairs, task_pairs
 from agentic_jax.post_training.preference import (
@@ -31,9 +30,12 @@ from agentic_jax.post_training.reward import (
 )
 from agentic_jax.post_training.rollout import collect
 from agentic_jax.post_training.tasks import TaskSpec
+from agentic_jax.rl import PREFERENCE_LOSSES
 from agentic_jax.training.metrics import read_metrics
 
-SPEC = TaskSpec(generators=(Arithmetic(1),), num_train=12, num_heldout=8, max_length=112, action_length=40)
+SPEC = TaskSpec(
+    generators=(Arithmetic(1),), num_train=12, num_heldout=8, max_length=112, action_length=40
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +46,16 @@ def policy(tmp_path_factory):
 
 
 def _train(workdir, policy, **kwargs):
-    settings = {"init_from": str(policy[0]), "tasks": SPEC, "steps": 4, "prompts_per_step": 4, "peak_lr": 1e-2,
-                "checkpoint_every": 2, "eval_every": 4, "progress": False}
+    settings = {
+        "init_from": str(policy[0]),
+        "tasks": SPEC,
+        "steps": 4,
+        "prompts_per_step": 4,
+        "peak_lr": 1e-2,
+        "checkpoint_every": 2,
+        "eval_every": 4,
+        "progress": False,
+    }
     return train_preference(str(workdir), **{**settings, **kwargs})
 
 
@@ -72,7 +82,9 @@ def test_every_loss_type_trains_the_model_with_finite_loss_and_gradient(policy):
         def mean_loss(c, r, objective=objective):
             return objective(c, r, ref_chosen, ref_rejected, chosen_len, rejected_len)[0].mean()
 
-        loss, (d_chosen, d_rejected) = jax.value_and_grad(mean_loss, argnums=(0, 1))(chosen, rejected)
+        loss, (d_chosen, d_rejected) = jax.value_and_grad(mean_loss, argnums=(0, 1))(
+            chosen, rejected
+        )
         norm = float(optax.global_norm(pullback((d_chosen, d_rejected, zeros, zeros))[1]))
         assert np.isfinite(float(loss)) and np.isfinite(norm) and norm > 0, (loss_type, loss, norm)
 
@@ -99,14 +111,20 @@ def test_sampled_pairs_are_each_prompts_best_and_worst(scores):
         return
     chosen, rejected = batch["chosen"][:, 0], batch["rejected"][:, 0]
     prompt = chosen // 3
-    assert (rejected // 3 == prompt).all() and decisive[prompt].all()  # a pair never mixes or ties prompts
+    assert (rejected // 3 == prompt).all() and decisive[
+        prompt
+    ].all()  # a pair never mixes or ties prompts
     flat = scores.reshape(-1)
     np.testing.assert_array_equal(flat[chosen], scores.max(axis=1)[prompt])
     np.testing.assert_array_equal(flat[rejected], scores.min(axis=1)[prompt])
     np.testing.assert_array_equal(batch["chosen_score"], flat[chosen])
     np.testing.assert_array_equal(batch["chosen_mask"], tokens[chosen] % 2)
-    assert set(prompt) == set(np.flatnonzero(decisive))  # every decisive prompt, each weighing 1 in all
-    np.testing.assert_allclose(np.bincount(prompt, batch["weight"], minlength=5)[decisive], 1.0, rtol=1e-6)
+    assert set(prompt) == set(
+        np.flatnonzero(decisive)
+    )  # every decisive prompt, each weighing 1 in all
+    np.testing.assert_allclose(
+        np.bincount(prompt, batch["weight"], minlength=5)[decisive], 1.0, rtol=1e-6
+    )
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +151,9 @@ def test_dpo_raises_the_margin_of_chosen_over_rejected(dpo, policy):
     logps = jax.jit(lambda p: completion_logps(p, config, pairs)[:2])
     (chosen, rejected), (ref_chosen, ref_rejected) = logps(trained), logps(reference)
     gain = np.asarray((chosen - ref_chosen) - (rejected - ref_rejected))
-    assert gain.mean() > 0.5 and np.mean(gain > 0) >= 0.75, gain  # log π(y_w)/π(y_l) rose on most pairs
+    assert gain.mean() > 0.5 and np.mean(gain > 0) >= 0.75, (
+        gain
+    )  # log π(y_w)/π(y_l) rose on most pairs
 
 
 def _numbers(record):
@@ -177,9 +197,12 @@ def test_online_pairs_are_the_best_and_worst_sample_of_each_prompt(policy, ranke
     # Committed arrays, as in the trainer, so the online job below reuses the compiled decoder.
     params, key = on_device((params, jax.random.key(0)))
     prompts, sampling = np.array([3, 7]), SamplingParams(temperature=1.0)
-    batch, metrics = sample_pairs(params, config, env, prompts, samples_per_prompt=3, sampling=sampling,
-                                  key=key, ranker=rm)
-    rollouts = collect(params, config, env, env.default_params, prompts, group_size=3, sampling=sampling, key=key)
+    batch, metrics = sample_pairs(
+        params, config, env, prompts, samples_per_prompt=3, sampling=sampling, key=key, ranker=rm
+    )
+    rollouts = collect(
+        params, config, env, env.default_params, prompts, group_size=3, sampling=sampling, key=key
+    )
     scores = rm.scores(rollouts.tokens, rollouts.loss_mask).reshape(2, 3)
     best, worst = scores.argmax(axis=1) + [0, 3], scores.argmin(axis=1) + [0, 3]
     np.testing.assert_array_equal(batch["chosen"], rollouts.tokens[best])
@@ -189,18 +212,34 @@ def test_online_pairs_are_the_best_and_worst_sample_of_each_prompt(policy, ranke
     assert metrics["rejected_score"] == pytest.approx(scores.min(axis=1).mean(), rel=1e-5)
 
     # By the verifier's reward instead: a random policy never earns it, every prompt ties, no pairs.
-    batch, metrics = sample_pairs(params, config, env, prompts, samples_per_prompt=3, sampling=sampling, key=key)
+    batch, metrics = sample_pairs(
+        params, config, env, prompts, samples_per_prompt=3, sampling=sampling, key=key
+    )
     assert batch is None and metrics["tied_prompts"] == 1.0 and metrics["reward_mean"] == 0.0
 
 
 def test_online_dpo_trains_on_ranked_samples(policy, ranker, tmp_path):
-    last = _train(tmp_path, policy, online=True, reward_model=str(ranker), samples_per_prompt=3,
-                  prompts_per_step=2, steps=2, eval_every=0)
+    last = _train(
+        tmp_path,
+        policy,
+        online=True,
+        reward_model=str(ranker),
+        samples_per_prompt=3,
+        prompts_per_step=2,
+        steps=2,
+        eval_every=0,
+    )
     records = read_metrics(str(tmp_path / "metrics.jsonl"))
     assert [r["step"] for r in records] == [1, 2] and records[-1] == last
     for r in records:
-        assert r["tied_prompts"] == 0.0 and r["chosen_score"] > r["rejected_score"] and np.isfinite(r["loss"])
+        assert (
+            r["tied_prompts"] == 0.0
+            and r["chosen_score"] > r["rejected_score"]
+            and np.isfinite(r["loss"])
+        )
         assert r["generation_seconds"] > 0 and r["training_seconds"] > 0
-    assert records[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-6)  # the policy starts as the reference
+    assert records[0]["rewards/margins"] == pytest.approx(
+        0.0, abs=1e-6
+    )  # the policy starts as the reference
     _, trained, _ = load_checkpoint(tmp_path)
     assert any(jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.any(a != b)), trained, policy[2])))

@@ -15,7 +15,6 @@ from agentic_jax.envs.text import Arithmetic, Reward
 from agentic_jax.models import TransformerConfig, forward, init_params
 from agentic_jax.models.export import load_model, save_model
 from agentic_jax.models.lora import LoRA, LoraConfig
-from agentic_jax.rl import GROUP_ESTIMATORS
 from agentic_jax.post_training import common
 from agentic_jax.post_training.common import (
     FullFinetune,
@@ -34,6 +33,7 @@ from agentic_jax.post_training.rl import (
 )
 from agentic_jax.post_training.sft import chat_batches, chat_examples, sft_loss, train_sft
 from agentic_jax.post_training.tasks import TaskSpec
+from agentic_jax.rl import GROUP_ESTIMATORS
 from agentic_jax.training.loss import cross_entropy
 from agentic_jax.training.metrics import read_metrics
 from agentic_jax.training.state import TrainState
@@ -62,14 +62,26 @@ def run_dir(tmp_path_factory):
     """A run directory (model/ + tokenizer.json) with a tiny random model."""
     path = tmp_path_factory.mktemp("base")
     tokenizer = task_tokenizer(path)
-    config = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
-                               head_dim=16, d_ff=64, max_seq_len=160)
+    config = TransformerConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=16,
+        d_ff=64,
+        max_seq_len=160,
+    )
     save_model(path / "model", config, init_params(config, jax.random.key(0)))
     return path, config, tokenizer
 
 
-TOOLS = TaskSpec(generators=(Arithmetic(1),), num_train=16, num_heldout=4, max_length=128, action_length=32)
-SHORT = TaskSpec(generators=(DigitArithmetic(),), num_train=16, num_heldout=4, max_length=96, action_length=16)
+TOOLS = TaskSpec(
+    generators=(Arithmetic(1),), num_train=16, num_heldout=4, max_length=128, action_length=32
+)
+SHORT = TaskSpec(
+    generators=(DigitArithmetic(),), num_train=16, num_heldout=4, max_length=96, action_length=16
+)
 
 
 def test_sft_masks_everything_but_the_assistant_tokens(run_dir):
@@ -91,7 +103,9 @@ def test_sft_loss_ignores_logits_at_masked_positions(seed, scale):
     logits = rng.normal(size=(2, 12, 7)).astype(np.float32)
     targets = rng.integers(0, 7, size=(2, 12))
     mask = rng.integers(0, 2, size=(2, 12))
-    perturbed = logits + scale * rng.normal(size=logits.shape).astype(np.float32) * (mask == 0)[..., None]
+    perturbed = (
+        logits + scale * rng.normal(size=logits.shape).astype(np.float32) * (mask == 0)[..., None]
+    )
     a, b = cross_entropy(logits, targets, mask), cross_entropy(perturbed, targets, mask)
     np.testing.assert_allclose(a[0], b[0], rtol=1e-6)
     assert float(a[1]) == mask.sum()
@@ -100,29 +114,63 @@ def test_sft_loss_ignores_logits_at_masked_positions(seed, scale):
 def test_packed_rows_compute_what_unpacked_conversations_do(run_dir):
     _, config, tokenizer = run_dir
     params = init_params(config, jax.random.key(1))
-    examples = chat_examples([t.conversation() for t in Arithmetic(1).tasks(range(3))], tokenizer, 150)
+    examples = chat_examples(
+        [t.conversation() for t in Arithmetic(1).tasks(range(3))], tokenizer, 150
+    )
     (packed,) = list(chat_batches(examples, seq_len=150 * 2, batch_size=1, seed=0, num_epochs=1))
     assert packed["segment_ids"].max() >= 2  # several conversations share the row
     loss = sft_loss(config.replace(max_seq_len=300))
     total, count, _ = loss(params, {k: jnp.asarray(v) for k, v in packed.items()}, None)
-    alone = [loss(params, {k: jnp.asarray(v)[None] for k, v in {
-        **e, "segment_ids": np.ones_like(e["tokens"]), "positions": np.arange(len(e["tokens"]))}.items()}, None)
-        for e in examples]
+    alone = [
+        loss(
+            params,
+            {
+                k: jnp.asarray(v)[None]
+                for k, v in {
+                    **e,
+                    "segment_ids": np.ones_like(e["tokens"]),
+                    "positions": np.arange(len(e["tokens"])),
+                }.items()
+            },
+            None,
+        )
+        for e in examples
+    ]
     np.testing.assert_allclose(total, sum(a[0] for a in alone), rtol=1e-5)
     assert count == sum(a[1] for a in alone)
 
 
 def test_train_sft_lowers_held_out_loss_and_resumes(run_dir, tmp_path):
     path, config, _ = run_dir
-    first = train_sft(str(tmp_path / "sft"), init_from=str(path), tasks=TOOLS, steps=6, batch_size=4,
-                      peak_lr=1e-2, warmup_steps=1, eval_every=3, checkpoint_every=3, progress=False)
+    first = train_sft(
+        str(tmp_path / "sft"),
+        init_from=str(path),
+        tasks=TOOLS,
+        steps=6,
+        batch_size=4,
+        peak_lr=1e-2,
+        warmup_steps=1,
+        eval_every=3,
+        checkpoint_every=3,
+        progress=False,
+    )
     records = read_metrics(tmp_path / "sft" / "metrics.jsonl")
     evals = [r["eval_loss"] for r in records if "eval_loss" in r]
     assert len(evals) == 2 and evals[1] < evals[0]
     assert (tmp_path / "sft" / "model" / "config.json").exists()
     # Resuming a finished run restores step 6 and trains nothing more.
-    again = train_sft(str(tmp_path / "sft"), init_from=str(path), tasks=TOOLS, steps=6, batch_size=4,
-                      peak_lr=1e-2, warmup_steps=1, eval_every=3, checkpoint_every=3, progress=False)
+    again = train_sft(
+        str(tmp_path / "sft"),
+        init_from=str(path),
+        tasks=TOOLS,
+        steps=6,
+        batch_size=4,
+        peak_lr=1e-2,
+        warmup_steps=1,
+        eval_every=3,
+        checkpoint_every=3,
+        progress=False,
+    )
     assert again == {} and first["step"] == 6
 
 
@@ -137,14 +185,31 @@ def changed_weights(base_dir, merged_dir) -> set[str]:
 def test_sft_with_lora_trains_only_adapters_and_saves_the_merged_model(run_dir, tmp_path):
     path, config, _ = run_dir
     lora = LoRA(LoraConfig(rank=2, targets=("q", "v")))
-    train_sft(str(tmp_path / "lora"), init_from=str(path), tasks=TOOLS, steps=2, batch_size=4, peak_lr=1e-2,
-              warmup_steps=0, finetune=lora, checkpoint_every=2, progress=False)
+    train_sft(
+        str(tmp_path / "lora"),
+        init_from=str(path),
+        tasks=TOOLS,
+        steps=2,
+        batch_size=4,
+        peak_lr=1e-2,
+        warmup_steps=0,
+        finetune=lora,
+        checkpoint_every=2,
+        progress=False,
+    )
+
     def size(directory):
         return sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+
     # The checkpoint holds adapters and their two Adam moments only: less than one model (a full
     # fine-tuning state holds the parameters and both moments, three models).
-    assert size(tmp_path / "lora" / "checkpoints" / "2" / "state") < size(tmp_path / "lora" / "model")
-    assert changed_weights(path / "model", tmp_path / "lora" / "model") == {"layers/attn/q", "layers/attn/v"}
+    assert size(tmp_path / "lora" / "checkpoints" / "2" / "state") < size(
+        tmp_path / "lora" / "model"
+    )
+    assert changed_weights(path / "model", tmp_path / "lora" / "model") == {
+        "layers/attn/q",
+        "layers/attn/v",
+    }
 
 
 def test_gradient_accumulation_sums_micro_batch_parts_exactly(run_dir):
@@ -153,9 +218,15 @@ def test_gradient_accumulation_sums_micro_batch_parts_exactly(run_dir):
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(0, config.vocab_size, (8, 24)), jnp.int32)
     mask = jnp.asarray(rng.integers(0, 2, (8, 24)), jnp.int32).at[:, 0].set(0)
-    old = token_logprobs(params, config, tokens) + 0.05 * jnp.asarray(rng.normal(size=(8, 24)), jnp.float32)
-    batch = {"tokens": tokens, "mask": mask, "old_logp": old,
-             "advantages": jnp.asarray(rng.normal(size=(8,)), jnp.float32)}
+    old = token_logprobs(params, config, tokens) + 0.05 * jnp.asarray(
+        rng.normal(size=(8, 24)), jnp.float32
+    )
+    batch = {
+        "tokens": tokens,
+        "mask": mask,
+        "old_logp": old,
+        "advantages": jnp.asarray(rng.normal(size=(8,)), jnp.float32),
+    }
     algo = RLConfig(loss_type="grpo", group_size=2, prompts_per_step=4)
     loss = _policy_loss(config, algo, 24)
     optimizer = optax.sgd(0.1)
@@ -167,17 +238,25 @@ def test_gradient_accumulation_sums_micro_batch_parts_exactly(run_dir):
     for params_k, metrics_k in results[1:]:
         np.testing.assert_allclose(metrics_k["loss"], results[0][1]["loss"], rtol=1e-5)
         np.testing.assert_allclose(metrics_k["count"], results[0][1]["count"])
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6), params_k, results[0][0])
+        jax.tree.map(
+            lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6),
+            params_k,
+            results[0][0],
+        )
 
 
 def test_entropy_counts_minus_inf_logits_as_zero_probability(run_dir, monkeypatch):
     _, config, _ = run_dir
     params = init_params(config, jax.random.key(4))
-    tokens = jnp.asarray(np.random.default_rng(0).integers(1, config.vocab_size, (2, 10)), jnp.int32)
+    tokens = jnp.asarray(
+        np.random.default_rng(0).integers(1, config.vocab_size, (2, 10)), jnp.int32
+    )
     logits = np.float64(forward(params, config, tokens))[:, :-1, 1:]
     head = common.logits_from_hidden
     # A head that masks token 0 out of the vocabulary (as constrained decoding does): 0·log 0 = 0.
-    monkeypatch.setattr(common, "logits_from_hidden", lambda *args: head(*args).at[..., 0].set(-jnp.inf))
+    monkeypatch.setattr(
+        common, "logits_from_hidden", lambda *args: head(*args).at[..., 0].set(-jnp.inf)
+    )
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
 
@@ -193,7 +272,7 @@ def test_entropy_counts_minus_inf_logits_as_zero_probability(run_dir, monkeypatc
 def test_prompt_stream_covers_every_task_once_per_epoch():
     stream = next_prompts(0, 30, 10, seed=3)
     for epoch in range(3):
-        assert sorted(stream[epoch * 10:(epoch + 1) * 10]) == list(range(10))
+        assert sorted(stream[epoch * 10 : (epoch + 1) * 10]) == list(range(10))
     np.testing.assert_array_equal(next_prompts(7, 9, 10, seed=3), stream[7:16])
 
 
@@ -203,9 +282,14 @@ def test_overlong_penalty_is_dapo_soft_punishment():
 
 
 @settings(max_examples=20, deadline=None)
-@given(estimator=st.sampled_from([e for e in GROUP_ESTIMATORS if e != "remax"]), seed=st.integers(0, 2**16),
-       kept=st.lists(st.booleans(), min_size=4, max_size=4))
-def test_advantages_of_trained_groups_ignore_the_groups_dynamic_sampling_dropped(estimator, seed, kept):
+@given(
+    estimator=st.sampled_from([e for e in GROUP_ESTIMATORS if e != "remax"]),
+    seed=st.integers(0, 2**16),
+    kept=st.lists(st.booleans(), min_size=4, max_size=4),
+)
+def test_advantages_of_trained_groups_ignore_the_groups_dynamic_sampling_dropped(
+    estimator, seed, kept
+):
     rng = np.random.default_rng(seed)
     algo = RLConfig(advantage=estimator, group_size=3, prompts_per_step=4)
     row_kept = np.repeat(kept, 3)
@@ -219,7 +303,9 @@ def test_advantages_of_trained_groups_ignore_the_groups_dynamic_sampling_dropped
 
 
 def test_rl_config_rejects_what_train_rl_cannot_train():
-    with pytest.raises(ValueError, match="greedy"):  # ReMax's baseline is a greedy rollout, never sampled
+    with pytest.raises(
+        ValueError, match="greedy"
+    ):  # ReMax's baseline is a greedy rollout, never sampled
         RLConfig(advantage="remax")
     with pytest.raises(ValueError, match="dynamic_sampling would drop every group"):
         RLConfig(advantage="gae", group_size=1, dynamic_sampling=True)
@@ -228,8 +314,17 @@ def test_rl_config_rejects_what_train_rl_cannot_train():
 def _short_rl(workdir, run_dir, steps, curriculum=None, **algo):
     path, _, _ = run_dir
     config = RLConfig(**{"group_size": 4, "prompts_per_step": 4, **algo})
-    return train_rl(str(workdir), init_from=str(path), tasks=SHORT, algorithm=config, steps=steps, peak_lr=1e-2,
-                    curriculum=curriculum, checkpoint_every=2, progress=False)
+    return train_rl(
+        str(workdir),
+        init_from=str(path),
+        tasks=SHORT,
+        algorithm=config,
+        steps=steps,
+        peak_lr=1e-2,
+        curriculum=curriculum,
+        checkpoint_every=2,
+        progress=False,
+    )
 
 
 def test_grpo_raises_the_reward_of_a_trivially_learnable_task(run_dir, tmp_path):
@@ -243,17 +338,33 @@ def test_grpo_raises_the_reward_of_a_trivially_learnable_task(run_dir, tmp_path)
 
 def test_killed_rl_run_resumes_with_identical_metrics(run_dir, tmp_path):
     """A run stopped after its step-2 checkpoint and started again equals an uninterrupted one."""
-    settings_ = dict(loss_type="dapo", advantage="rloo", dynamic_sampling=True, kl_coef=0.05, epochs=2,
-                     minibatches=2)
+    settings_ = dict(
+        loss_type="dapo",
+        advantage="rloo",
+        dynamic_sampling=True,
+        kl_coef=0.05,
+        epochs=2,
+        minibatches=2,
+    )
     _short_rl(tmp_path / "whole", run_dir, 4, curriculum="pass_rate", **settings_)
     _short_rl(tmp_path / "split", run_dir, 2, curriculum="pass_rate", **settings_)
     _short_rl(tmp_path / "split", run_dir, 4, curriculum="pass_rate", **settings_)
     timing = ("generation_seconds", "training_seconds")
 
     def records(name):
-        return [{k: v for k, v in r.items() if k not in timing} for r in read_metrics(tmp_path / name / "metrics.jsonl")]
+        return [
+            {k: v for k, v in r.items() if k not in timing}
+            for r in read_metrics(tmp_path / name / "metrics.jsonl")
+        ]
+
     assert records("split") == records("whole")
-    assert {"kl", "entropy", "clip_frac_high", "zero_variance_groups", "response_length"} <= records("whole")[0].keys()
+    assert {
+        "kl",
+        "entropy",
+        "clip_frac_high",
+        "zero_variance_groups",
+        "response_length",
+    } <= records("whole")[0].keys()
 
 
 def test_resume_refuses_a_different_reference_model(run_dir, tmp_path):
@@ -264,39 +375,76 @@ def test_resume_refuses_a_different_reference_model(run_dir, tmp_path):
     (other / "tokenizer.json").write_text((path / "tokenizer.json").read_text())
     save_model(other / "model", config, init_params(config, jax.random.key(9)))
     with pytest.raises(ValueError, match="different settings"):
-        train_rl(str(tmp_path / "run"), init_from=str(other), tasks=SHORT, algorithm=RLConfig(group_size=4,
-                 prompts_per_step=4), steps=3, progress=False)
+        train_rl(
+            str(tmp_path / "run"),
+            init_from=str(other),
+            tasks=SHORT,
+            algorithm=RLConfig(group_size=4, prompts_per_step=4),
+            steps=3,
+            progress=False,
+        )
 
 
 def test_rl_with_lora_trains_only_adapters_against_the_base_reference(run_dir, tmp_path):
     path, _, _ = run_dir
     lora = LoRA(LoraConfig(rank=2, targets=("q", "v"), dropout=0.5))
-    train_rl(str(tmp_path / "lora"), init_from=str(path), tasks=SHORT, finetune=lora, steps=3, peak_lr=1e-2,
-             algorithm=RLConfig(group_size=4, prompts_per_step=4), progress=False)
+    train_rl(
+        str(tmp_path / "lora"),
+        init_from=str(path),
+        tasks=SHORT,
+        finetune=lora,
+        steps=3,
+        peak_lr=1e-2,
+        algorithm=RLConfig(group_size=4, prompts_per_step=4),
+        progress=False,
+    )
     records = read_metrics(tmp_path / "lora" / "metrics.jsonl")
     # Step 1 samples from the base model itself (B = 0); once adapters move, the KL to it grows.
     assert records[0]["kl"] == pytest.approx(0.0, abs=1e-6) and records[-1]["kl"] > 0
     # One update per step, at the rollout policy: ratio 1 (KL(π_old‖π) = 0), dropout or not.
     assert all(r["approx_kl"] < 1e-10 for r in records), [r["approx_kl"] for r in records]
-    assert changed_weights(path / "model", tmp_path / "lora" / "model") == {"layers/attn/q", "layers/attn/v"}
+    assert changed_weights(path / "model", tmp_path / "lora" / "model") == {
+        "layers/attn/q",
+        "layers/attn/v",
+    }
 
 
 def test_ppo_with_critic_trains_policy_and_value(run_dir, tmp_path):
     path, _, _ = run_dir
-    last = train_rl(str(tmp_path / "ppo"), init_from=str(path), tasks=SHORT, progress=False, steps=3,
-                    algorithm=RLConfig(loss_type="ppo", advantage="gae", group_size=1, prompts_per_step=8,
-                                       minibatches=2, critic_lr=1e-2), peak_lr=1e-3)
+    last = train_rl(
+        str(tmp_path / "ppo"),
+        init_from=str(path),
+        tasks=SHORT,
+        progress=False,
+        steps=3,
+        algorithm=RLConfig(
+            loss_type="ppo",
+            advantage="gae",
+            group_size=1,
+            prompts_per_step=8,
+            minibatches=2,
+            critic_lr=1e-2,
+        ),
+        peak_lr=1e-3,
+    )
     errors = [r["value_error"] for r in read_metrics(tmp_path / "ppo" / "metrics.jsonl")]
     assert errors[-1] < errors[0] and np.isfinite(last["loss"])
 
 
 def test_critic_values_each_token_by_the_context_it_was_drawn_in(run_dir):
     _, config, _ = run_dir
-    params = {"trunk": init_params(config, jax.random.key(3)),
-              "head": {"w": jnp.ones((config.d_model,)), "b": jnp.zeros(())}}
-    tokens = jnp.asarray(np.random.default_rng(0).integers(0, config.vocab_size, (2, 12)), jnp.int32)
+    params = {
+        "trunk": init_params(config, jax.random.key(3)),
+        "head": {"w": jnp.ones((config.d_model,)), "b": jnp.zeros(())},
+    }
+    tokens = jnp.asarray(
+        np.random.default_rng(0).integers(0, config.vocab_size, (2, 12)), jnp.int32
+    )
     changed = tokens.at[:, 6].set((tokens[:, 6] + 1) % config.vocab_size)
-    values, changed_values = token_values(params, config, tokens), token_values(params, config, changed)
+    values, changed_values = (
+        token_values(params, config, tokens),
+        token_values(params, config, changed),
+    )
     # GAE needs V(s_t) for the state token t is drawn from: it must not see token t itself.
     np.testing.assert_array_equal(values[:, :7], changed_values[:, :7])
     assert np.all(values[:, 7:] != changed_values[:, 7:])
@@ -305,8 +453,18 @@ def test_critic_values_each_token_by_the_context_it_was_drawn_in(run_dir):
 
 def test_rft_trains_only_on_verified_episodes(run_dir, tmp_path):
     path, _, _ = run_dir
-    last = train_rft(str(tmp_path / "rft"), init_from=str(path), tasks=SHORT, rounds=2, prompts_per_round=4,
-                     samples_per_prompt=2, steps_per_round=2, batch_size=2, peak_lr=1e-2, progress=False)
+    last = train_rft(
+        str(tmp_path / "rft"),
+        init_from=str(path),
+        tasks=SHORT,
+        rounds=2,
+        prompts_per_round=4,
+        samples_per_prompt=2,
+        steps_per_round=2,
+        batch_size=2,
+        peak_lr=1e-2,
+        progress=False,
+    )
     records = read_metrics(tmp_path / "rft" / "metrics.jsonl")
     assert [r["round"] for r in records] == [1, 2]
     for r in records:  # kept = the verified (successful) episodes among the 8 sampled

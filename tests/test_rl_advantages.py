@@ -49,14 +49,18 @@ def test_estimators_are_permutation_equivariant(rewards, seed):
         permuted_kw = {k: v[groups][:, within] if v.ndim == 2 else v[groups] for k, v in kw.items()}
         original = JIT_GROUP(rewards, estimator=estimator, **kw)
         permuted = JIT_GROUP(rewards[groups][:, within], estimator=estimator, **permuted_kw)
-        np.testing.assert_allclose(permuted, original[groups][:, within], rtol=1e-5, atol=1e-5, err_msg=estimator)
+        np.testing.assert_allclose(
+            permuted, original[groups][:, within], rtol=1e-5, atol=1e-5, err_msg=estimator
+        )
 
 
 def test_two_samples_give_plus_minus_one_over_sqrt_two_or_one(advantages_fn):
     rewards = jnp.array([[0.0, 1.0], [3.0, -5.0]])
     bessel = advantages_fn(rewards)
     np.testing.assert_allclose(
-        bessel, [[-1 / math.sqrt(2), 1 / math.sqrt(2)], [1 / math.sqrt(2), -1 / math.sqrt(2)]], rtol=1e-5
+        bessel,
+        [[-1 / math.sqrt(2), 1 / math.sqrt(2)], [1 / math.sqrt(2), -1 / math.sqrt(2)]],
+        rtol=1e-5,
     )
     population = advantages_fn(rewards, std_ddof=0)
     np.testing.assert_allclose(population, [[-1.0, 1.0], [1.0, -1.0]], rtol=1e-5)
@@ -69,7 +73,9 @@ def test_rloo_equals_the_explicit_leave_one_out_loop(advantages_fn, rewards):
         for j in range(G):
             others = [rewards[i, k] for k in range(G) if k != j]
             expected[i, j] = rewards[i, j] - sum(others) / len(others)
-    np.testing.assert_allclose(advantages_fn(rewards, estimator="rloo"), expected, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(
+        advantages_fn(rewards, estimator="rloo"), expected, rtol=1e-5, atol=1e-4
+    )
 
 
 def test_all_equal_rewards_give_zero_advantage_without_nan(advantages_fn):
@@ -77,7 +83,9 @@ def test_all_equal_rewards_give_zero_advantage_without_nan(advantages_fn):
     extras = _extras(rewards) | {"remax": dict(baseline=rewards[:, 0])}
     for estimator in GROUP_ESTIMATORS:
         for scale in ("group", "batch", "none") if estimator == "grpo" else ("group",):
-            advantages = advantages_fn(rewards, estimator=estimator, scale=scale, **extras.get(estimator, {}))
+            advantages = advantages_fn(
+                rewards, estimator=estimator, scale=scale, **extras.get(estimator, {})
+            )
             np.testing.assert_array_equal(advantages, 0.0, err_msg=f"{estimator}/{scale}")
 
 
@@ -94,14 +102,16 @@ def test_baselines_and_scales_match_their_definitions():
         ("reinforce_pp", "group"): (rewards - rewards.mean()) / (rewards.std(ddof=1) + 1e-6),
         ("reinforce_pp_baseline", "group"): centered / (centered.std(ddof=1) + 1e-6),
         ("remax", "group"): rewards - rewards[:, :1],
-        ("opo", "group"): rewards - (lengths * rewards).sum(1, keepdims=True) / lengths.sum(1, keepdims=True),
+        ("opo", "group"): rewards
+        - (lengths * rewards).sum(1, keepdims=True) / lengths.sum(1, keepdims=True),
     }
     extras = dict(baseline=rewards[:, 0], lengths=lengths)
     for (estimator, scale), value in expected.items():
         kw = {
             k: v
             for k, v in extras.items()
-            if (k == "baseline") == (estimator == "remax") and (k == "lengths") == (estimator == "opo")
+            if (k == "baseline") == (estimator == "remax")
+            and (k == "lengths") == (estimator == "opo")
         }
         np.testing.assert_allclose(
             JIT_GROUP(rewards, estimator=estimator, scale=scale, **kw),
@@ -114,7 +124,9 @@ def test_baselines_and_scales_match_their_definitions():
 
 def test_errors_name_the_argument_and_the_valid_values():
     rewards = jnp.zeros((N, G))
-    with pytest.raises(ValueError, match=r"unknown estimator 'ppo'; valid values: grpo, dr_grpo, rloo"):
+    with pytest.raises(
+        ValueError, match=r"unknown estimator 'ppo'; valid values: grpo, dr_grpo, rloo"
+    ):
         group_advantages(rewards, estimator="ppo")
     with pytest.raises(ValueError, match="scale applies to estimator='grpo' only"):
         group_advantages(rewards, estimator="rloo", scale="batch")
@@ -139,9 +151,13 @@ def test_masked_whiten_ignores_masked_entries(values, noise):
     mask = np.array([[0, 1, 1, 0, 0], [1, 0, 1, 1, 0], [0, 0, 0, 1, 1]], bool)
     whitened = _WHITEN(values, mask)
     np.testing.assert_array_equal(_WHITEN(np.where(mask, values, noise), mask), whitened)
-    for masked in (np.inf, np.nan):  # eager: under jit XLA may turn the products with the mask into selects
-        np.testing.assert_allclose(masked_whiten(np.where(mask, values, masked), mask), whitened, rtol=1e-6,
-                                   atol=1e-6)
+    for masked in (
+        np.inf,
+        np.nan,
+    ):  # eager: under jit XLA may turn the products with the mask into selects
+        np.testing.assert_allclose(
+            masked_whiten(np.where(mask, values, masked), mask), whitened, rtol=1e-6, atol=1e-6
+        )
     assert np.all(whitened[~mask] == 0.0)
     np.testing.assert_array_equal(_WHITEN(np.full_like(values, 0.7), mask), 0.0)
     valid = values[mask]
@@ -177,15 +193,24 @@ _TOKEN_GAE = jax.jit(token_gae, static_argnames=("gamma", "lam"))
 def test_token_gae_ignores_masked_values_and_matches_a_slow_loop(rewards, values, garbage):
     mask = np.array([[0, 1, 1, 0, 1, 1], [1, 1, 1, 1, 1, 1], [1, 0, 0, 1, 0, 0]], bool)
     advantages, returns = _TOKEN_GAE(rewards, values, mask, gamma=0.9, lam=0.8)
-    np.testing.assert_allclose(advantages, _slow_token_gae(rewards, values, mask, 0.9, 0.8), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        advantages, _slow_token_gae(rewards, values, mask, 0.9, 0.8), rtol=1e-4, atol=1e-4
+    )
     corrupted = np.where(mask, values, garbage)
-    np.testing.assert_array_equal(_TOKEN_GAE(rewards, corrupted, mask, gamma=0.9, lam=0.8)[0], advantages)
+    np.testing.assert_array_equal(
+        _TOKEN_GAE(rewards, corrupted, mask, gamma=0.9, lam=0.8)[0], advantages
+    )
     np.testing.assert_allclose(returns, np.where(mask, advantages + values, 0.0), rtol=1e-6)
 
 
 def test_token_gae_on_a_full_row_is_single_stream_gae():
     rng = np.random.default_rng(0)
-    rewards, values = rng.normal(size=(1, 5)).astype(np.float32), rng.normal(size=(1, 5)).astype(np.float32)
+    rewards, values = (
+        rng.normal(size=(1, 5)).astype(np.float32),
+        rng.normal(size=(1, 5)).astype(np.float32),
+    )
     advantages, _ = token_gae(rewards, values, np.ones((1, 5)), gamma=0.95, lam=0.9)
-    single = gae(rewards[0], np.append(values[0], 0.0).astype(np.float32), np.full(5, 0.95, np.float32), 0.9)
+    single = gae(
+        rewards[0], np.append(values[0], 0.0).astype(np.float32), np.full(5, 0.95, np.float32), 0.9
+    )
     np.testing.assert_allclose(advantages[0], single, rtol=1e-5)

@@ -49,10 +49,15 @@ def test_every_mode_matches_a_slow_reference(variant, per_token, mask):
         assert count == expected_count, mode
 
 
-@given(per_token=per_token_strategy, mask=mask_strategy, cut=st.sampled_from([4, 8]))  # few shapes, few compilations
+@given(
+    per_token=per_token_strategy, mask=mask_strategy, cut=st.sampled_from([4, 8])
+)  # few shapes, few compilations
 def test_micro_batches_reduce_to_the_whole_batch(per_token, mask, cut):
     whole = ALL_MODES["jit"](per_token, mask)
-    first, second = ALL_MODES["jit"](per_token[:cut], mask[:cut]), ALL_MODES["jit"](per_token[cut:], mask[cut:])
+    first, second = (
+        ALL_MODES["jit"](per_token[:cut], mask[:cut]),
+        ALL_MODES["jit"](per_token[cut:], mask[cut:]),
+    )
     for mode in AGGREGATIONS:
         combined = combine_outputs([LossOutput(*first[mode], {}), LossOutput(*second[mode], {})])
         np.testing.assert_allclose(
@@ -74,7 +79,9 @@ def test_eight_data_parallel_shards_reduce_to_the_whole_batch():
 
     whole = ALL_MODES["jit"](per_token, mask)
     for mode, (total, count) in reduced(*sharded).items():
-        np.testing.assert_allclose(total / count, whole[mode][0] / whole[mode][1], rtol=1e-5, err_msg=mode)
+        np.testing.assert_allclose(
+            total / count, whole[mode][0] / whole[mode][1], rtol=1e-5, err_msg=mode
+        )
         assert count == whole[mode][1]
 
 
@@ -86,7 +93,11 @@ def test_packed_rows_match_padded_rows(seed):
     padded_mask = np.arange(T)[None] < lengths[:, None]
     padded[padded_mask] = rng.normal(size=lengths.sum())
     # Pack the sequences greedily into rows of 2T tokens; unused slots stay masked.
-    packed, packed_mask, ids = np.zeros((6, 2 * T), np.float32), np.zeros((6, 2 * T), bool), np.zeros((6, 2 * T), int)
+    packed, packed_mask, ids = (
+        np.zeros((6, 2 * T), np.float32),
+        np.zeros((6, 2 * T), bool),
+        np.zeros((6, 2 * T), int),
+    )
     row, position, segment = 0, 0, 0
     for b, n in enumerate(lengths):
         if position + n > 2 * T:
@@ -111,14 +122,20 @@ def test_segment_mean_broadcasts_each_sequence_mean():
 
 
 def test_empty_masks_give_zero_without_nan():
-    for mode, (total, count) in ALL_MODES["eager"](jnp.full((2, T), jnp.nan), jnp.zeros((2, T))).items():
+    for mode, (total, count) in ALL_MODES["eager"](
+        jnp.full((2, T), jnp.nan), jnp.zeros((2, T))
+    ).items():
         assert total == 0.0 and count == 0.0 and LossOutput(total, count, {}).value == 0.0, mode
     assert LossOutput(jnp.float32(0.0), jnp.float32(0.0), {}).value == 0.0
 
 
 def test_outputs_combine_metrics_by_sum_min_and_max():
-    a = LossOutput(jnp.float32(2.0), jnp.float32(4.0), {"tokens": 4.0, "clip": 1.0, "r_min": 0.5, "r_max": 2.0})
-    b = LossOutput(jnp.float32(1.0), jnp.float32(2.0), {"tokens": 2.0, "clip": 2.0, "r_min": 0.7, "r_max": 3.0})
+    a = LossOutput(
+        jnp.float32(2.0), jnp.float32(4.0), {"tokens": 4.0, "clip": 1.0, "r_min": 0.5, "r_max": 2.0}
+    )
+    b = LossOutput(
+        jnp.float32(1.0), jnp.float32(2.0), {"tokens": 2.0, "clip": 2.0, "r_min": 0.7, "r_max": 3.0}
+    )
     combined = combine_outputs([a, b])
     assert combined.value == pytest.approx(0.5)
     assert combined.metrics == {"tokens": 6.0, "clip": 3.0, "r_min": 0.5, "r_max": 3.0}
@@ -128,7 +145,9 @@ def test_outputs_combine_metrics_by_sum_min_and_max():
 
 
 def test_errors_name_the_argument_and_the_valid_values():
-    with pytest.raises(ValueError, match=r"unknown aggregation mode 'mean'; valid values: token-mean, seq-mean"):
+    with pytest.raises(
+        ValueError, match=r"unknown aggregation mode 'mean'; valid values: token-mean, seq-mean"
+    ):
         aggregate(jnp.zeros((2, T)), jnp.ones((2, T)), "mean")
     with pytest.raises(ValueError, match=r"mask must have shape \(2, 5\), got \(2, 4\)"):
         aggregate(jnp.zeros((2, T)), jnp.ones((2, 4)))

@@ -59,11 +59,18 @@ def _monte_carlo_returns(rewards, discounts, bootstrap):
 )
 def test_gae_matches_a_slow_loop_and_its_limits(gae_fn, rewards, values, discounts, lam):
     np.testing.assert_allclose(
-        gae_fn(rewards, values, discounts, lam), _slow_gae(rewards, values, discounts, lam), rtol=1e-4, atol=1e-4
+        gae_fn(rewards, values, discounts, lam),
+        _slow_gae(rewards, values, discounts, lam),
+        rtol=1e-4,
+        atol=1e-4,
     )
     monte_carlo = _monte_carlo_returns(rewards, discounts, values[-1]) - values[:-1]
-    np.testing.assert_allclose(gae_fn(rewards, values, discounts, 1.0), monte_carlo, rtol=1e-4, atol=1e-4)
-    np.testing.assert_array_equal(gae_fn(rewards, values, discounts, 1), gae_fn(rewards, values, discounts, 1.0))
+    np.testing.assert_allclose(
+        gae_fn(rewards, values, discounts, 1.0), monte_carlo, rtol=1e-4, atol=1e-4
+    )
+    np.testing.assert_array_equal(
+        gae_fn(rewards, values, discounts, 1), gae_fn(rewards, values, discounts, 1.0)
+    )
     np.testing.assert_allclose(
         gae_fn(rewards, values, discounts, 0.0),
         td_error(values[:-1], rewards, discounts, values[1:]),
@@ -72,22 +79,40 @@ def test_gae_matches_a_slow_loop_and_its_limits(gae_fn, rewards, values, discoun
     )
 
 
-@given(rewards=floats, values=hnp.arrays(np.float32, T + 1, elements=st.floats(-5, 5, width=32)), discounts=discounts)
+@given(
+    rewards=floats,
+    values=hnp.arrays(np.float32, T + 1, elements=st.floats(-5, 5, width=32)),
+    discounts=discounts,
+)
 def test_gae_plus_values_are_lambda_returns(rewards, values, discounts):
     returns = jax.jit(lambda_returns)(rewards, discounts, values[1:], 0.7)
-    np.testing.assert_allclose(JIT_GAE(rewards, values, discounts, 0.7) + values[:-1], returns, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(
-        td_lambda(values[:-1], rewards, discounts, values[1:], 0.7), returns - values[:-1], rtol=1e-5, atol=1e-5
+        JIT_GAE(rewards, values, discounts, 0.7) + values[:-1], returns, rtol=1e-4, atol=1e-4
+    )
+    np.testing.assert_allclose(
+        td_lambda(values[:-1], rewards, discounts, values[1:], 0.7),
+        returns - values[:-1],
+        rtol=1e-5,
+        atol=1e-5,
     )
 
 
 def test_td_errors_do_not_differentiate_their_targets():
-    v_tm1, r_t, discount_t, v_t = jnp.ones(T), jnp.arange(T, dtype=jnp.float32), jnp.full(T, 0.9), jnp.full(T, 2.0)
-    grads = jax.grad(lambda a, b: td_lambda(a, r_t, discount_t, b, 0.5).sum(), argnums=(0, 1))(v_tm1, v_t)
+    v_tm1, r_t, discount_t, v_t = (
+        jnp.ones(T),
+        jnp.arange(T, dtype=jnp.float32),
+        jnp.full(T, 0.9),
+        jnp.full(T, 2.0),
+    )
+    grads = jax.grad(lambda a, b: td_lambda(a, r_t, discount_t, b, 0.5).sum(), argnums=(0, 1))(
+        v_tm1, v_t
+    )
     np.testing.assert_array_equal(grads[0], -1.0)
     np.testing.assert_array_equal(grads[1], 0.0)
     batched_gae = jax.vmap(gae, in_axes=(0, 0, 0, None))
-    batched = batched_gae(jnp.stack([r_t, -r_t]), jnp.ones((2, T + 1)), jnp.stack([discount_t] * 2), 0.9)
+    batched = batched_gae(
+        jnp.stack([r_t, -r_t]), jnp.ones((2, T + 1)), jnp.stack([discount_t] * 2), 0.9
+    )
     np.testing.assert_allclose(batched[1], gae(-r_t, jnp.ones(T + 1), discount_t, 0.9), rtol=1e-6)
 
 
@@ -96,7 +121,9 @@ def test_q_learning_losses_use_max_and_double_q_targets():
     selector = jnp.array([9.0, 0.0, 1.0])
     q = jax.jit(q_learning_loss)(q_tm1, jnp.int32(1), jnp.float32(1.0), jnp.float32(0.5), q_t)
     assert q == pytest.approx(0.5 * (1.0 + 0.5 * 5.0 - 2.0) ** 2)
-    double = double_q_learning_loss(q_tm1, jnp.int32(1), jnp.float32(1.0), jnp.float32(0.5), q_t, selector)
+    double = double_q_learning_loss(
+        q_tm1, jnp.int32(1), jnp.float32(1.0), jnp.float32(0.5), q_t, selector
+    )
     assert double == pytest.approx(0.5 * (1.0 + 0.5 * 0.0 - 2.0) ** 2)
     grad = jax.grad(lambda q: q_learning_loss(q_tm1, jnp.int32(2), 1.0, 0.5, q))(q_t)
     np.testing.assert_array_equal(grad, 0.0)
@@ -109,10 +136,18 @@ def test_q_learning_losses_use_max_and_double_q_targets():
 
 
 def test_reinforce_baseline_changes_the_weight_but_gets_no_gradient():
-    logp, returns, baseline = jnp.array([-1.0, -2.0, -0.5]), jnp.array([3.0, 1.0, 2.0]), jnp.array([2.0, 2.0, 2.0])
-    np.testing.assert_allclose(reinforce_loss(logp, returns, baseline), -logp * (returns - baseline))
+    logp, returns, baseline = (
+        jnp.array([-1.0, -2.0, -0.5]),
+        jnp.array([3.0, 1.0, 2.0]),
+        jnp.array([2.0, 2.0, 2.0]),
+    )
+    np.testing.assert_allclose(
+        reinforce_loss(logp, returns, baseline), -logp * (returns - baseline)
+    )
     np.testing.assert_allclose(reinforce_loss(logp, returns), -logp * returns)
-    grad_logp, grad_b = jax.grad(lambda lp, b: reinforce_loss(lp, returns, b).sum(), argnums=(0, 1))(logp, baseline)
+    grad_logp, grad_b = jax.grad(
+        lambda lp, b: reinforce_loss(lp, returns, b).sum(), argnums=(0, 1)
+    )(logp, baseline)
     np.testing.assert_allclose(grad_logp, -(returns - baseline))
     np.testing.assert_array_equal(grad_b, 0.0)
 
@@ -135,19 +170,29 @@ def test_entropy_loss_is_minus_entropy():
 def test_clipped_surrogate_and_value_losses_match_their_definitions():
     ratio, adv = jnp.array([0.5, 1.0, 1.5, 1.5]), jnp.array([1.0, -2.0, 1.0, -1.0])
     np.testing.assert_allclose(clipped_surrogate_loss(ratio, adv, 0.2), [-0.5, 2.0, -1.2, 1.5])
-    values, old, returns = jnp.array([1.0, 1.0, 0.0]), jnp.array([0.5, 1.1, 0.0]), jnp.array([0.0, 2.0, 1.0])
+    values, old, returns = (
+        jnp.array([1.0, 1.0, 0.0]),
+        jnp.array([0.5, 1.1, 0.0]),
+        jnp.array([0.0, 2.0, 1.0]),
+    )
     # Entry 0: the clipped value 0.7 is closer to the return, so the unclipped error counts.
-    np.testing.assert_allclose(ppo_value_loss(values, old, returns, 0.2), [0.5, 0.5 * 1.0**2, 0.5], rtol=1e-6)
+    np.testing.assert_allclose(
+        ppo_value_loss(values, old, returns, 0.2), [0.5, 0.5 * 1.0**2, 0.5], rtol=1e-6
+    )
     grad = jax.grad(lambda v: ppo_value_loss(v, old, jnp.array([5.0, 5.0, 5.0]), 0.2).sum())(values)
     np.testing.assert_array_equal(grad == 0.0, [True, False, False])
 
 
-@given(rewards=floats, potentials=hnp.arrays(np.float32, T + 1, elements=st.floats(-5, 5, width=32)))
+@given(
+    rewards=floats, potentials=hnp.arrays(np.float32, T + 1, elements=st.floats(-5, 5, width=32))
+)
 def test_potential_shaping_only_shifts_the_return_by_the_first_potential(rewards, potentials):
     discounts = np.array([0.9] * (T - 1) + [0.0], np.float32)
     shaped = jax.jit(potential_shaping)(rewards, discounts, potentials[:-1], potentials[1:])
     base = _monte_carlo_returns(rewards, discounts, 0.0)[0]
-    np.testing.assert_allclose(_monte_carlo_returns(shaped, discounts, 0.0)[0], base - potentials[0], atol=1e-3)
+    np.testing.assert_allclose(
+        _monte_carlo_returns(shaped, discounts, 0.0)[0], base - potentials[0], atol=1e-3
+    )
 
 
 def test_errors_name_the_argument():

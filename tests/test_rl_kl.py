@@ -53,7 +53,9 @@ def test_k2_and_k3_are_nonnegative_and_zero_iff_equal(kl_fn, logp, ref_logp):
 @jax.jit
 def _values_and_grads(logp, ref_logp):
     def one(kind):
-        return jax.value_and_grad(lambda x: kl_penalty(x, ref_logp, kind).sum())(logp), kl_penalty(logp, ref_logp, kind)
+        return jax.value_and_grad(lambda x: kl_penalty(x, ref_logp, kind).sum())(logp), kl_penalty(
+            logp, ref_logp, kind
+        )
 
     return {kind: one(kind) for kind in KL_ESTIMATORS}
 
@@ -81,7 +83,9 @@ def test_values_match_their_formulas_and_clamp_bounds_them(kl_fn):
         values = kl_fn(logp, ref, kind)
         assert np.all(np.isfinite(values)), kind
         assert np.all(np.abs(kl_fn(logp, ref, kind, clamp=10.0)) <= 10.0), kind
-    with pytest.raises(ValueError, match=r"unknown kind 'k4'; valid values: k1, k2, k3, abs, k1\+, k3\+"):
+    with pytest.raises(
+        ValueError, match=r"unknown kind 'k4'; valid values: k1, k2, k3, abs, k1\+, k3\+"
+    ):
         kl_penalty(logp, ref, "k4")
     with pytest.raises(ValueError, match=r"ref_logp must have shape \(4,\)"):
         kl_penalty(logp, ref[:2])
@@ -103,7 +107,9 @@ def test_kl_in_the_reward_is_per_token_and_detached():
     mask = jnp.array([[1, 1, 1], [1, 1, 0]])
     shaped = kl_penalized_rewards(rewards, logp, ref, mask, kl_coef=0.1)
     np.testing.assert_allclose(shaped, rewards - 0.1 * (logp - ref) * mask, rtol=1e-6)
-    grad = jax.grad(lambda lp: kl_penalized_rewards(rewards, lp, ref, mask, kl_coef=0.1).sum())(logp)
+    grad = jax.grad(lambda lp: kl_penalized_rewards(rewards, lp, ref, mask, kl_coef=0.1).sum())(
+        logp
+    )
     np.testing.assert_array_equal(grad, 0.0)
 
 

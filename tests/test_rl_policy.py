@@ -50,7 +50,9 @@ def _value(loss_type, logp, old_logp, adv, mask, **kw):
 def _grads_at_ratio_one(loss_type, logp, adv):
     if loss_type in SEQUENCE_LEVEL:  # these use one advantage per sequence
         adv = jnp.broadcast_to(adv[:, :1], adv.shape)
-    grad = jax.grad(lambda lp: _value(loss_type, lp, logp, adv, MASK, aggregation="token-mean"))(logp)
+    grad = jax.grad(lambda lp: _value(loss_type, lp, logp, adv, MASK, aggregation="token-mean"))(
+        logp
+    )
     return grad, -adv * MASK / MASK.sum()
 
 
@@ -71,7 +73,9 @@ def test_tokens_clipped_in_the_direction_of_the_advantage_pass_no_gradient():
     ratio, eps = np.exp(logp - old_logp), 0.2
     types = ("ppo", "grpo", "bnpo", "dr_grpo", "cispo")
     grads = _over_types(
-        types, lambda lt, lp: jax.grad(lambda x: _value(lt, x, old_logp, adv, MASK, epsilon_high=eps))(lp), jit=True
+        types,
+        lambda lt, lp: jax.grad(lambda x: _value(lt, x, old_logp, adv, MASK, epsilon_high=eps))(lp),
+        jit=True,
     )(logp)
     clipped = ((adv > 0) & (ratio > 1 + eps)) | ((adv < 0) & (ratio < 1 - eps))
     dual_clipped = (adv < 0) & (ratio > 3.0)
@@ -89,7 +93,9 @@ def test_dual_clip_bounds_the_loss_for_negative_advantages():
 
     @jax.jit
     def losses(old):
-        ppo = jax.value_and_grad(lambda lp: policy_loss(lp, old, adv, mask, loss_type="ppo", dual_clip=3.0).value)
+        ppo = jax.value_and_grad(
+            lambda lp: policy_loss(lp, old, adv, mask, loss_type="ppo", dual_clip=3.0).value
+        )
         return ppo(logp), policy_loss(logp, old, adv, mask, loss_type="grpo").value
 
     for log_ratio in [np.log(3.5), 5.0, 19.0, 50.0]:
@@ -162,11 +168,19 @@ def test_loss_values_match_a_float64_reference():
     logp, old_logp, adv = _batch(seed=6)
     mask = np.asarray(MASK)
     expected = _numpy_values(*[np.float64(x) for x in (logp, old_logp, adv)], mask)
-    sequence_adv = np.float64(adv[:, :1]) * np.ones((B, T))  # GSPO and GMPO take one advantage per sequence
+    sequence_adv = np.float64(adv[:, :1]) * np.ones(
+        (B, T)
+    )  # GSPO and GMPO take one advantage per sequence
     for name in SEQUENCE_LEVEL:
-        expected[name] = _numpy_values(np.float64(logp), np.float64(old_logp), sequence_adv, mask)[name]
+        expected[name] = _numpy_values(np.float64(logp), np.float64(old_logp), sequence_adv, mask)[
+            name
+        ]
     actual = _over_types(tuple(expected), _value, jit=True)(logp, old_logp, adv, MASK)
-    actual.update(_over_types(SEQUENCE_LEVEL, _value, jit=True)(logp, old_logp, jnp.float32(sequence_adv), MASK))
+    actual.update(
+        _over_types(SEQUENCE_LEVEL, _value, jit=True)(
+            logp, old_logp, jnp.float32(sequence_adv), MASK
+        )
+    )
     for loss_type, value in expected.items():
         np.testing.assert_allclose(actual[loss_type], value, rtol=1e-5, err_msg=loss_type)
 
@@ -175,7 +189,9 @@ def test_gspo_token_equals_gspo_for_sequence_level_advantages():
     logp, old_logp, adv = _batch()
 
     def value_and_grad(loss_type, advantages):
-        return jax.value_and_grad(lambda lp: _value(loss_type, lp, old_logp, advantages, MASK))(logp)
+        return jax.value_and_grad(lambda lp: _value(loss_type, lp, old_logp, advantages, MASK))(
+            logp
+        )
 
     run = _over_types(("gspo", "gspo_token"), value_and_grad, jit=True)
     for advantages in (adv[:, 0], jnp.broadcast_to(adv[:, :1], (B, T))):
@@ -191,22 +207,34 @@ def test_micro_batches_reduce_exactly():
     entropy = jnp.abs(adv)
 
     def outputs(loss_type, logp, old_logp, adv, mask, ref, entropy):
-        kw = dict(loss_type=loss_type, ref_logp=ref, kl_coef=0.1, entropy=entropy, entropy_coef=0.01)
+        kw = dict(
+            loss_type=loss_type, ref_logp=ref, kl_coef=0.1, entropy=entropy, entropy_coef=0.01
+        )
         whole = policy_loss(logp, old_logp, adv, mask, **kw)
         parts = [
             policy_loss(
-                *(x[s] for x in (logp, old_logp, adv, mask)), **{**kw, "ref_logp": ref[s], "entropy": entropy[s]}
+                *(x[s] for x in (logp, old_logp, adv, mask)),
+                **{**kw, "ref_logp": ref[s], "entropy": entropy[s]},
             )
             for s in (slice(0, 1), slice(1, 4))
         ]
         return whole, combine_outputs(parts)
 
-    types = ("ppo", "grpo", "dr_grpo", "gspo", "geo_mean", "sapo")  # every aggregation and sequence path
+    types = (
+        "ppo",
+        "grpo",
+        "dr_grpo",
+        "gspo",
+        "geo_mean",
+        "sapo",
+    )  # every aggregation and sequence path
     results = _over_types(types, outputs, jit=True)(logp, old_logp, adv, MASK, ref, entropy)
     for loss_type, (whole, combined) in results.items():
         np.testing.assert_allclose(combined.value, whole.value, rtol=1e-5, err_msg=loss_type)
         for key in whole.metrics:
-            np.testing.assert_allclose(combined.metrics[key], whole.metrics[key], rtol=1e-5, err_msg=key)
+            np.testing.assert_allclose(
+                combined.metrics[key], whole.metrics[key], rtol=1e-5, err_msg=key
+            )
 
 
 def test_data_parallel_shards_reduce_exactly():
@@ -224,24 +252,34 @@ def test_data_parallel_shards_reduce_exactly():
     def reduced(*shard):
         return {t: psum_output(policy_loss(*shard, loss_type=t), "data") for t in types}
 
-    whole = _over_types(types, lambda t, *args: policy_loss(*args, loss_type=t), jit=True)(logp, old, adv, mask)
+    whole = _over_types(types, lambda t, *args: policy_loss(*args, loss_type=t), jit=True)(
+        logp, old, adv, mask
+    )
     for loss_type, out in reduced(*sharded).items():
         np.testing.assert_allclose(out.value, whole[loss_type].value, rtol=1e-5, err_msg=loss_type)
         for key in ("ratio_min", "ratio_max", "clip_frac_low", "tokens"):
-            np.testing.assert_allclose(out.metrics[key], whole[loss_type].metrics[key], rtol=1e-6, err_msg=key)
+            np.testing.assert_allclose(
+                out.metrics[key], whole[loss_type].metrics[key], rtol=1e-6, err_msg=key
+            )
 
 
 def test_packed_sequences_match_padded_ones():
     logp, old_logp, adv = _batch(seed=2)
     # Rows 1 (4 tokens) and 2 (3 tokens) of the padded batch, packed into one row of 7 + padding.
-    packed = [jnp.concatenate([x[1, :4], x[2, :3], jnp.zeros(1)])[None] for x in (logp, old_logp, adv)]
+    packed = [
+        jnp.concatenate([x[1, :4], x[2, :3], jnp.zeros(1)])[None] for x in (logp, old_logp, adv)
+    ]
     segment_ids = jnp.array([[0, 0, 0, 0, 1, 1, 1, 0]])
     packed_mask = jnp.array([[1, 1, 1, 1, 1, 1, 1, 0]])
     types = ("grpo", "gspo", "geo_mean", "dr_grpo")
 
     def both(loss_type):
-        padded = policy_loss(logp[1:3], old_logp[1:3], adv[1:3], MASK[1:3], loss_type=loss_type, max_length=8)
-        pack = policy_loss(*packed, packed_mask, loss_type=loss_type, segment_ids=segment_ids, max_length=8)
+        padded = policy_loss(
+            logp[1:3], old_logp[1:3], adv[1:3], MASK[1:3], loss_type=loss_type, max_length=8
+        )
+        pack = policy_loss(
+            *packed, packed_mask, loss_type=loss_type, segment_ids=segment_ids, max_length=8
+        )
         return padded, pack
 
     for loss_type, (padded, pack) in _over_types(types, both, jit=True)().items():
@@ -284,7 +322,9 @@ def test_kl_and_entropy_terms_enter_the_loss():
     with_kl = policy_loss(logp, old_logp, adv, MASK, loss_type="bnpo", ref_logp=ref, kl_coef=0.5)
     np.testing.assert_allclose(with_kl.value, base + 0.5 * kl, rtol=1e-5)
     np.testing.assert_allclose(with_kl.metric_means()["kl"], kl, rtol=1e-5)
-    with_entropy = policy_loss(logp, old_logp, adv, MASK, loss_type="bnpo", entropy=entropy, entropy_coef=0.01)
+    with_entropy = policy_loss(
+        logp, old_logp, adv, MASK, loss_type="bnpo", entropy=entropy, entropy_coef=0.01
+    )
     np.testing.assert_allclose(with_entropy.value, base - 0.02, rtol=1e-5)
     with pytest.raises(ValueError, match="ref_logp is required when kl_coef is non-zero"):
         policy_loss(logp, old_logp, adv, MASK, kl_coef=0.1)
@@ -296,11 +336,17 @@ def test_metrics_count_clipped_tokens_and_ratio_range():
     out = policy_loss(logp, old_logp, adv, MASK, loss_type="ppo")
     means = out.metric_means()
     assert means["tokens"] == MASK.sum()
-    np.testing.assert_allclose(means["clip_frac_low"], np.mean(((adv < 0) & (ratio < 0.8))[MASK]), rtol=1e-6)
-    np.testing.assert_allclose(means["clip_frac_high"], np.mean(((adv > 0) & (ratio > 1.2))[MASK]), rtol=1e-6)
+    np.testing.assert_allclose(
+        means["clip_frac_low"], np.mean(((adv < 0) & (ratio < 0.8))[MASK]), rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        means["clip_frac_high"], np.mean(((adv > 0) & (ratio > 1.2))[MASK]), rtol=1e-6
+    )
     np.testing.assert_allclose(out.metrics["ratio_max"], ratio[MASK].max(), rtol=1e-5)
     np.testing.assert_allclose(out.metrics["ratio_min"], ratio[MASK].min(), rtol=1e-5)
-    np.testing.assert_allclose(means["approx_kl"], np.mean((ratio - 1 - np.log(ratio))[MASK]), rtol=1e-4)
+    np.testing.assert_allclose(
+        means["approx_kl"], np.mean((ratio - 1 - np.log(ratio))[MASK]), rtol=1e-4
+    )
 
 
 def test_clip_cov_randomises_its_selection_with_a_key():
@@ -309,7 +355,9 @@ def test_clip_cov_randomises_its_selection_with_a_key():
     a = policy_loss(logp, old_logp, adv, MASK, key=jax.random.key(0), **kw).value
     b = policy_loss(logp, old_logp, adv, MASK, key=jax.random.key(1), **kw).value
     deterministic = policy_loss(logp, old_logp, adv, MASK, **kw).value
-    assert a != b and deterministic != policy_loss(logp, old_logp, adv, MASK, loss_type="bnpo").value
+    assert (
+        a != b and deterministic != policy_loss(logp, old_logp, adv, MASK, loss_type="bnpo").value
+    )
 
 
 def _covariance_reference(logp, old_logp, adv, mask, fraction):
@@ -328,13 +376,18 @@ def _covariance_reference(logp, old_logp, adv, mask, fraction):
 
     surrogate = -np.minimum(ratio * adv, np.clip(ratio, 0.8, 1.2) * adv)
     clipped = np.clip(ratio, 0.8, 1.2) * adv < ratio * adv
-    return {"clip_cov": np.where(top(valid & ~clipped), 0.0, surrogate)[valid].mean(),
-            "kl_cov": (-adv * ratio + np.where(top(valid), np.abs(np.log(ratio)), 0.0))[valid].mean()}
+    return {
+        "clip_cov": np.where(top(valid & ~clipped), 0.0, surrogate)[valid].mean(),
+        "kl_cov": (-adv * ratio + np.where(top(valid), np.abs(np.log(ratio)), 0.0))[valid].mean(),
+    }
 
 
 @settings(max_examples=15, deadline=None)
-@given(seed=st.integers(0, 2**16), lengths=st.lists(st.integers(1, 8), min_size=4, max_size=4),
-       fraction=st.integers(1, 40).map(lambda k: k / 64))  # k/64: exact in float32 and float64
+@given(
+    seed=st.integers(0, 2**16),
+    lengths=st.lists(st.integers(1, 8), min_size=4, max_size=4),
+    fraction=st.integers(1, 40).map(lambda k: k / 64),
+)  # k/64: exact in float32 and float64
 def test_covariance_selection_counts_valid_tokens_not_padding(seed, lengths, fraction):
     rng = np.random.default_rng(seed)
     shape = (4, 8)
@@ -344,14 +397,21 @@ def test_covariance_selection_counts_valid_tokens_not_padding(seed, lengths, fra
     mask = np.arange(8)[None, :] < np.asarray(lengths)[:, None]
     expected = _covariance_reference(logp, old_logp, adv, mask, fraction)
     for loss_type, value in expected.items():
-        actual = policy_loss(*(jnp.float32(x) for x in (logp, old_logp, adv)), jnp.asarray(mask),
-                             loss_type=loss_type, cov_fraction=fraction, clip_cov_bounds=(-10.0, 10.0)).value
+        actual = policy_loss(
+            *(jnp.float32(x) for x in (logp, old_logp, adv)),
+            jnp.asarray(mask),
+            loss_type=loss_type,
+            cov_fraction=fraction,
+            clip_cov_bounds=(-10.0, 10.0),
+        ).value
         np.testing.assert_allclose(actual, value, rtol=1e-5, err_msg=loss_type)
 
 
 def test_errors_name_the_argument_and_the_valid_values():
     logp, old_logp, adv = _batch()
-    with pytest.raises(ValueError, match=r"unknown loss_type 'reinforce'; valid values: ppo, grpo, .*kl_cov"):
+    with pytest.raises(
+        ValueError, match=r"unknown loss_type 'reinforce'; valid values: ppo, grpo, .*kl_cov"
+    ):
         policy_loss(logp, old_logp, adv, MASK, loss_type="reinforce")
     with pytest.raises(ValueError, match=r"advantages must have shape \(4,\), got \(3,\)"):
         policy_loss(logp, old_logp, adv[:3, 0], MASK)

@@ -39,7 +39,9 @@ def _inputs(seed=0):
     chosen, rejected = -rng.uniform(5, 60, B), -rng.uniform(5, 60, B)
     ref_chosen, ref_rejected = chosen + rng.normal(0, 3, B), rejected + rng.normal(0, 3, B)
     lengths = dict(chosen_lengths=rng.integers(3, 20, B), rejected_lengths=rng.integers(3, 20, B))
-    return [jnp.asarray(x, jnp.float32) for x in (chosen, rejected, ref_chosen, ref_rejected)], lengths
+    return [
+        jnp.asarray(x, jnp.float32) for x in (chosen, rejected, ref_chosen, ref_rejected)
+    ], lengths
 
 
 @given(chosen=logps, rejected=logps, beta=st.sampled_from([0.05, 0.1, 1.0]))
@@ -52,9 +54,9 @@ def test_dpo_is_log2_at_the_reference_for_every_f_divergence(loss_fn, chosen, re
 @given(chosen=logps, rejected=logps, shift=logps)
 def test_dpo_gradient_raises_chosen_and_lowers_rejected(loss_fn, chosen, rejected, shift):
     ref_chosen, ref_rejected = chosen + shift / 10, rejected - shift / 10
-    grad_c, grad_r = jax.grad(lambda c, r: loss_fn(c, r, ref_chosen, ref_rejected).sum(), argnums=(0, 1))(
-        chosen, rejected
-    )
+    grad_c, grad_r = jax.grad(
+        lambda c, r: loss_fn(c, r, ref_chosen, ref_rejected).sum(), argnums=(0, 1)
+    )(chosen, rejected)
     assert np.all(grad_c < 0) and np.all(grad_r > 0)
 
 
@@ -66,7 +68,9 @@ def test_half_label_smoothing_erases_the_preference_label(loss_fn, chosen, rejec
     forward = loss_fn(chosen, rejected, *refs, label_smoothing=0.5)
     swapped = loss_fn(rejected, chosen, refs[1], refs[0], label_smoothing=0.5)
     np.testing.assert_allclose(forward, swapped, rtol=1e-5)
-    grad = jax.grad(lambda c: loss_fn(c, rejected, chosen, rejected, label_smoothing=0.5).sum())(chosen)
+    grad = jax.grad(lambda c: loss_fn(c, rejected, chosen, rejected, label_smoothing=0.5).sum())(
+        chosen
+    )
     np.testing.assert_allclose(grad, 0.0, atol=1e-7)
 
 
@@ -74,7 +78,9 @@ def test_robust_at_zero_smoothing_is_dpo_and_cdpo_is_smoothed_dpo(loss_fn):
     arrays, _ = _inputs()
     np.testing.assert_allclose(loss_fn(*arrays, loss_type="robust"), loss_fn(*arrays), rtol=1e-6)
     np.testing.assert_allclose(
-        loss_fn(*arrays, loss_type="cdpo", label_smoothing=0.2), loss_fn(*arrays, label_smoothing=0.2), rtol=1e-6
+        loss_fn(*arrays, loss_type="cdpo", label_smoothing=0.2),
+        loss_fn(*arrays, label_smoothing=0.2),
+        rtol=1e-6,
     )
     with pytest.raises(ValueError, match="label_smoothing"):
         loss_fn(*arrays, loss_type="cdpo")
@@ -83,13 +89,19 @@ def test_robust_at_zero_smoothing_is_dpo_and_cdpo_is_smoothed_dpo(loss_fn):
 
 
 @given(chosen=logps, rejected=logps, beta=st.sampled_from([0.1, 0.5]))
-def test_ipo_minimum_is_at_length_averaged_margin_of_one_over_two_beta(loss_fn, chosen, rejected, beta):
-    lengths = dict(chosen_lengths=jnp.array([2, 5, 7, 11]), rejected_lengths=jnp.array([3, 1, 4, 9]))
+def test_ipo_minimum_is_at_length_averaged_margin_of_one_over_two_beta(
+    loss_fn, chosen, rejected, beta
+):
+    lengths = dict(
+        chosen_lengths=jnp.array([2, 5, 7, 11]), rejected_lengths=jnp.array([3, 1, 4, 9])
+    )
     ref_chosen, ref_rejected = chosen - 1.0, rejected + 2.0
     target = 1.0 / (2.0 * beta)
     # Choose the chosen log-probs that put the averaged margin exactly at 1/(2β).
     optimum = lengths["chosen_lengths"] * (
-        ref_chosen / lengths["chosen_lengths"] + (rejected - ref_rejected) / lengths["rejected_lengths"] + target
+        ref_chosen / lengths["chosen_lengths"]
+        + (rejected - ref_rejected) / lengths["rejected_lengths"]
+        + target
     )
 
     def loss(c):
@@ -97,7 +109,9 @@ def test_ipo_minimum_is_at_length_averaged_margin_of_one_over_two_beta(loss_fn, 
 
     np.testing.assert_allclose(loss(optimum), 0.0, atol=1e-3)
     np.testing.assert_allclose(jax.grad(lambda c: loss(c).sum())(optimum), 0.0, atol=1e-3)
-    assert np.all(loss(optimum + 3.0) > loss(optimum)) and np.all(loss(optimum - 3.0) > loss(optimum))
+    assert np.all(loss(optimum + 3.0) > loss(optimum)) and np.all(
+        loss(optimum - 3.0) > loss(optimum)
+    )
 
 
 def test_reference_free_losses_need_no_reference(loss_fn):
@@ -123,7 +137,9 @@ def test_orpo_is_finite_near_zero_and_far_below(loss_fn, avg_logp):
     assert np.isfinite(value) and all(np.all(np.isfinite(g)) for g in grads)
 
 
-def _numpy_reference(chosen, rejected, ref_chosen, ref_rejected, chosen_lengths, rejected_lengths, eps):
+def _numpy_reference(
+    chosen, rejected, ref_chosen, ref_rejected, chosen_lengths, rejected_lengths, eps
+):
     """Independent float64 formulas of every loss, as written in TRL and the papers (beta = 0.1,
     label smoothing `eps`, other settings at their defaults), and of the f-divergence margins."""
     beta, gamma, tau, alpha = 0.1, 0.5, 0.05, 0.25
@@ -171,8 +187,9 @@ def _numpy_reference(chosen, rejected, ref_chosen, ref_rejected, chosen_lengths,
 def test_every_loss_and_f_divergence_matches_a_float64_reference():
     arrays, lengths = _inputs(seed=3)
     eps = 0.1
-    losses, f_losses = _numpy_reference(*[np.float64(a) for a in arrays],
-                                        **{k: np.float64(v) for k, v in lengths.items()}, eps=eps)
+    losses, f_losses = _numpy_reference(
+        *[np.float64(a) for a in arrays], **{k: np.float64(v) for k, v in lengths.items()}, eps=eps
+    )
     assert set(losses) == set(PREFERENCE_LOSSES) and set(f_losses) == set(F_DIVERGENCES[1:])
     for loss_type, expected in losses.items():
         actual = preference_loss(*arrays, loss_type=loss_type, label_smoothing=eps, **lengths)
@@ -187,7 +204,10 @@ def test_every_loss_type_gives_its_own_value(jit):
     arrays, lengths = _inputs(seed=1)
 
     def all_types(*arrays):
-        return {lt: preference_loss(*arrays, loss_type=lt, label_smoothing=0.1, **lengths) for lt in PREFERENCE_LOSSES}
+        return {
+            lt: preference_loss(*arrays, loss_type=lt, label_smoothing=0.1, **lengths)
+            for lt in PREFERENCE_LOSSES
+        }
 
     values = (jax.jit(all_types) if jit else all_types)(*arrays)
     for a, b in itertools.combinations(PREFERENCE_LOSSES, 2):
@@ -202,9 +222,17 @@ def test_f_divergences_are_distinct_and_alpha_one_is_forward_kl(loss_fn):
     values = {f: np.asarray(loss_fn(*arrays, f_divergence=f)) for f in F_DIVERGENCES}
     for a, b in itertools.combinations(F_DIVERGENCES, 2):
         assert not np.allclose(values[a], values[b]), (a, b)
-    np.testing.assert_allclose(loss_fn(*arrays, f_divergence="alpha", f_alpha=1.0), values["forward_kl"], rtol=1e-6)
+    np.testing.assert_allclose(
+        loss_fn(*arrays, f_divergence="alpha", f_alpha=1.0), values["forward_kl"], rtol=1e-6
+    )
     with pytest.raises(ValueError, match="margin-based"):
-        loss_fn(*arrays, loss_type="ipo", f_divergence="js", chosen_lengths=jnp.ones(B), rejected_lengths=jnp.ones(B))
+        loss_fn(
+            *arrays,
+            loss_type="ipo",
+            f_divergence="js",
+            chosen_lengths=jnp.ones(B),
+            rejected_lengths=jnp.ones(B),
+        )
 
 
 @pytest.mark.parametrize("jit, dtype", [(True, jnp.float32), (False, jnp.bfloat16)])
@@ -212,12 +240,18 @@ def test_every_loss_is_finite_for_extreme_log_probs(jit, dtype):
     chosen = jnp.array([-1e4, 0.0, -1e-6, -5e3], dtype)
     rejected = jnp.array([0.0, -1e4, -1e-6, -1.0], dtype)
     refs = jnp.array([0.0, -1e4, -3e3, -1e-6], dtype), jnp.array([-1e4, 0.0, -1.0, -5e3], dtype)
-    lengths = dict(chosen_lengths=jnp.array([1, 4096, 3, 0]), rejected_lengths=jnp.array([4096, 1, 2, 5]))
-    variants = [(lt, "reverse_kl") for lt in PREFERENCE_LOSSES] + [("sigmoid", f) for f in F_DIVERGENCES[1:]]
+    lengths = dict(
+        chosen_lengths=jnp.array([1, 4096, 3, 0]), rejected_lengths=jnp.array([4096, 1, 2, 5])
+    )
+    variants = [(lt, "reverse_kl") for lt in PREFERENCE_LOSSES] + [
+        ("sigmoid", f) for f in F_DIVERGENCES[1:]
+    ]
 
     def values_and_grads(c, r):
         def loss(c, r, loss_type, f_divergence):
-            kw = dict(loss_type=loss_type, label_smoothing=0.1, f_divergence=f_divergence, **lengths)
+            kw = dict(
+                loss_type=loss_type, label_smoothing=0.1, f_divergence=f_divergence, **lengths
+            )
             return preference_loss(c, r, *refs, **kw).sum()
 
         return {v: jax.value_and_grad(loss, argnums=(0, 1))(c, r, *v) for v in variants}
@@ -241,7 +275,9 @@ def test_aot_total_is_invariant_to_the_order_of_pairs():
 
 def test_errors_name_the_argument_and_the_valid_values():
     arrays, lengths = _inputs()
-    with pytest.raises(ValueError, match=r"unknown loss_type 'dpo'; valid values: sigmoid, cdpo, .*kto_pair, simpo"):
+    with pytest.raises(
+        ValueError, match=r"unknown loss_type 'dpo'; valid values: sigmoid, cdpo, .*kto_pair, simpo"
+    ):
         preference_loss(*arrays, loss_type="dpo")
     with pytest.raises(ValueError, match=r"rejected_logps must have shape \(4,\), got \(3,\)"):
         preference_loss(arrays[0], arrays[1][:3], *arrays[2:])
@@ -261,7 +297,9 @@ def test_metrics_report_implicit_rewards_margins_and_accuracy():
     np.testing.assert_allclose(metrics["chosen_rewards"], [-0.5, -2.5])
     np.testing.assert_allclose(metrics["margins"], [1.0, -1.5])
     np.testing.assert_array_equal(metrics["accuracies"], [1.0, 0.0])
-    reference_free = preference_metrics(chosen, rejected, beta=1.0, chosen_lengths=[1, 5], rejected_lengths=[3, 1])
+    reference_free = preference_metrics(
+        chosen, rejected, beta=1.0, chosen_lengths=[1, 5], rejected_lengths=[3, 1]
+    )
     np.testing.assert_allclose(reference_free["margins"], [0.0, 1.0])
 
 
@@ -273,7 +311,9 @@ def test_kto_reference_point_is_clamped_and_detached():
     np.testing.assert_array_equal(grad, 0.0)
     logps, ref = jnp.array([-3.0, -3.0]), jnp.array([-4.0, -2.0])
     desirable = jnp.array([True, False])
-    grad_z = jax.grad(lambda z: kto_loss(logps, ref, desirable, reference_point=z).sum())(jnp.float32(0.3))
+    grad_z = jax.grad(lambda z: kto_loss(logps, ref, desirable, reference_point=z).sum())(
+        jnp.float32(0.3)
+    )
     assert grad_z == 0.0
 
 
@@ -283,11 +323,21 @@ def test_kto_matches_its_formula_with_class_weights(jit):
     fn = jax.jit(kto_loss, static_argnames=static) if jit else kto_loss
     logps, ref = jnp.array([-3.0, -3.0, -1.0]), jnp.array([-4.0, -2.0, -1.5])
     desirable = jnp.array([1, 0, 1])
-    rho, z0, sig = np.array([1.0, -1.0, 0.5]), 0.25, lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
-    kto = fn(logps, ref, desirable, beta=0.5, desirable_weight=1.0, undesirable_weight=1.5, reference_point=z0)
+    rho, z0, sig = np.array([1.0, -1.0, 0.5]), 0.25, lambda x: 1 / (1 + np.exp(-x))
+    kto = fn(
+        logps,
+        ref,
+        desirable,
+        beta=0.5,
+        desirable_weight=1.0,
+        undesirable_weight=1.5,
+        reference_point=z0,
+    )
     expected = np.where([1, 0, 1], 1 - sig(0.5 * (rho - z0)), 1.5 * (1 - sig(0.5 * (z0 - rho))))
     np.testing.assert_allclose(kto, expected, rtol=1e-6)
     apo = fn(logps, ref, desirable, loss_type="apo_zero_unpaired", beta=0.5)
-    np.testing.assert_allclose(apo, np.where([1, 0, 1], 1 - sig(0.5 * rho), sig(0.5 * rho)), rtol=1e-6)
+    np.testing.assert_allclose(
+        apo, np.where([1, 0, 1], 1 - sig(0.5 * rho), sig(0.5 * rho)), rtol=1e-6
+    )
     with pytest.raises(ValueError, match="reference_point is required"):
         kto_loss(logps, ref, desirable)

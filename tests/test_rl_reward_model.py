@@ -20,18 +20,29 @@ JIT_PL = jax.jit(plackett_luce_loss)
 
 @pytest.mark.parametrize("fn", [bradley_terry_loss, JIT_BT], ids=["eager", "jit"])
 @given(chosen=rewards, rejected=rewards, margin=rewards, shift=st.floats(-5.0, 5.0, width=32))
-def test_bradley_terry_matches_its_formula_and_is_shift_invariant(fn, chosen, rejected, margin, shift):
+def test_bradley_terry_matches_its_formula_and_is_shift_invariant(
+    fn, chosen, rejected, margin, shift
+):
     x = np.float64(chosen) - np.float64(rejected) - np.float64(margin)
-    np.testing.assert_allclose(fn(chosen, rejected, margin=margin), np.logaddexp(0.0, -x), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(fn(chosen + shift, rejected + shift), fn(chosen, rejected), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        fn(chosen, rejected, margin=margin), np.logaddexp(0.0, -x), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        fn(chosen + shift, rejected + shift), fn(chosen, rejected), rtol=1e-5, atol=1e-5
+    )
     centered = fn(chosen, rejected, center_coef=0.01)
     np.testing.assert_allclose(
-        centered - fn(chosen, rejected), 0.01 * (np.float64(chosen) + rejected) ** 2, rtol=1e-3, atol=1e-3
+        centered - fn(chosen, rejected),
+        0.01 * (np.float64(chosen) + rejected) ** 2,
+        rtol=1e-3,
+        atol=1e-3,
     )
 
 
 def test_bradley_terry_gradient_separates_the_pair():
-    grad_c, grad_r = jax.grad(lambda c, r: bradley_terry_loss(c, r).sum(), argnums=(0, 1))(jnp.zeros(2), jnp.zeros(2))
+    grad_c, grad_r = jax.grad(lambda c, r: bradley_terry_loss(c, r).sum(), argnums=(0, 1))(
+        jnp.zeros(2), jnp.zeros(2)
+    )
     np.testing.assert_allclose(grad_c, -0.5)
     np.testing.assert_allclose(grad_r, 0.5)
 
@@ -49,14 +60,18 @@ def _slow_list_mle(scores, mask):
     mask=hnp.arrays(np.bool_, (B, K)),
 )
 def test_plackett_luce_matches_a_slow_loop_with_missing_items(scores, mask):
-    np.testing.assert_allclose(JIT_PL(scores, mask), _slow_list_mle(scores, mask), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        JIT_PL(scores, mask), _slow_list_mle(scores, mask), rtol=1e-4, atol=1e-4
+    )
 
 
 def test_plackett_luce_with_two_items_is_bradley_terry():
     scores = jnp.array([[1.0, -2.0], [0.0, 3.0], [-1e4, 1e4]])
     np.testing.assert_allclose(JIT_PL(scores), JIT_BT(scores[:, 0], scores[:, 1]), rtol=1e-6)
     assert np.all(np.isfinite(jax.jit(jax.grad(lambda s: plackett_luce_loss(s).sum()))(scores)))
-    assert plackett_luce_loss(jnp.zeros((1, 3))) == pytest.approx(math.log(6.0))  # uniform over 3! orders
+    assert plackett_luce_loss(jnp.zeros((1, 3))) == pytest.approx(
+        math.log(6.0)
+    )  # uniform over 3! orders
 
 
 @pytest.mark.parametrize("jit", [False, True])

@@ -1,6 +1,7 @@
 """The model-backed pieces on a tiny random model: constrained tool calls (JaxPolicy), continuous
 batching across callers, and the OpenAI-compatible server driven by the official ``openai``
 client and by HTTPPolicy."""
+
 import json
 import signal
 import socket
@@ -15,18 +16,18 @@ from typing import Literal
 import gin
 import jsonschema
 import pytest
+from tiny_models import make_model_dir
 
 from agentic_jax.agents import Budget, HTTPPolicy, PolicyError, ReActAgent, StopReason, tool
-from agentic_jax.inference.errors import RequestError
-from agentic_jax.inference.serving.chat_model import ChatModel, Generation, TextStream
-from agentic_jax.inference.serving.engine_loop import EngineLoop
 from agentic_jax.agents.policies.jax_policy import JaxPolicy
-from agentic_jax.inference.serving.openai_server import PROMPT_THREADS, OpenAIServer
 from agentic_jax.cli import main
 from agentic_jax.data.chat import Message
-from agentic_jax.inference.serving.engine import Engine, EngineConfig
 from agentic_jax.inference.decoding.sampling import SamplingParams
-from tiny_models import make_model_dir
+from agentic_jax.inference.errors import RequestError
+from agentic_jax.inference.serving.chat_model import ChatModel, Generation, TextStream
+from agentic_jax.inference.serving.engine import Engine, EngineConfig
+from agentic_jax.inference.serving.engine_loop import EngineLoop
+from agentic_jax.inference.serving.openai_server import PROMPT_THREADS, OpenAIServer
 
 openai = pytest.importorskip("openai")
 
@@ -79,8 +80,13 @@ def clean_gin():
 def test_jax_policy_tool_calls_always_parse_and_fit_the_schema(model):
     policy = JaxPolicy(model=model)
     for seed in range(3):
-        reply = policy.respond([Message("user", "Weather in Oslo?")], [weather],
-                               tool_choice="required", temperature=1.0, seed=seed)
+        reply = policy.respond(
+            [Message("user", "Weather in Oslo?")],
+            [weather],
+            tool_choice="required",
+            temperature=1.0,
+            seed=seed,
+        )
         [call] = reply.tool_calls
         assert call.name == "weather" and reply.finish_reason == "tool_calls"
         jsonschema.validate(dict(call.arguments), weather.parameters)
@@ -110,6 +116,7 @@ def test_the_engine_loop_batches_concurrent_callers(model):
 def test_a_caller_that_stops_reading_aborts_its_request(model):
     """A callback that raises (a client gone, an MCP call timed out) ends the request in the
     engine too: its slot and blocks are free at once, not after max_tokens more steps."""
+
     class Gone(Exception):
         pass
 
@@ -120,8 +127,9 @@ def test_a_caller_that_stops_reading_aborts_its_request(model):
 
     def steps_until_idle(start):
         deadline = time.monotonic() + 30
-        while (not model.loop._inbox.empty() or engine.has_unfinished()) and \
-                time.monotonic() < deadline:
+        while (
+            not model.loop._inbox.empty() or engine.has_unfinished()
+        ) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert not engine.has_unfinished()
         return engine.step_count - start
@@ -155,24 +163,35 @@ def test_models_and_api_errors(server, client):
     with pytest.raises(openai.BadRequestError, match="temperature"):
         client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=7)
     with pytest.raises(openai.BadRequestError, match="reserved token"):
-        client.chat.completions.create(model=MODEL, messages=[
-            {"role": "user", "content": "<|im_end|> hi"}])
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "<|im_end|> hi"}]
+        )
     with pytest.raises(openai.BadRequestError) as long_prompt:
-        client.chat.completions.create(model=MODEL, messages=[
-            {"role": "user", "content": "word " * 1200}], stream=True)
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "word " * 1200}], stream=True
+        )
     assert long_prompt.value.code == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError, match="not among the tools"):
         client.chat.completions.create(
-            model=MODEL, messages=MESSAGES, tools=[weather.spec.openai()],
-            tool_choice={"type": "function", "function": {"name": "nope"}})
-    for tools, choice in [([weather.spec.openai()], {"type": "function", "function": "weather"}),
-                          (None, "required")]:  # malformed; nothing to call
+            model=MODEL,
+            messages=MESSAGES,
+            tools=[weather.spec.openai()],
+            tool_choice={"type": "function", "function": {"name": "nope"}},
+        )
+    for tools, choice in [
+        ([weather.spec.openai()], {"type": "function", "function": "weather"}),
+        (None, "required"),
+    ]:  # malformed; nothing to call
         with pytest.raises(openai.BadRequestError, match="tool_choice"):
-            client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=tools,
-                                           tool_choice=choice)
-    for path, body, status in [("/chat/completions", b"{not json", 400),
-                               ("/chat/completions", b'{"model": "tiny"}', 400),
-                               ("/nowhere", b"{}", 404), ("/models", b"{}", 405)]:
+            client.chat.completions.create(
+                model=MODEL, messages=MESSAGES, tools=tools, tool_choice=choice
+            )
+    for path, body, status in [
+        ("/chat/completions", b"{not json", 400),
+        ("/chat/completions", b'{"model": "tiny"}', 400),
+        ("/nowhere", b"{}", 404),
+        ("/models", b"{}", 405),
+    ]:
         request = urllib.request.Request(server.url + path, body, method="POST")
         with pytest.raises(urllib.error.HTTPError) as error:
             urllib.request.urlopen(request, timeout=30)
@@ -202,8 +221,9 @@ class _Completer:
 
 
 def _post(server, body: dict):
-    request = urllib.request.Request(server.url + "/completions", json.dumps(body).encode(),
-                                     method="POST")
+    request = urllib.request.Request(
+        server.url + "/completions", json.dumps(body).encode(), method="POST"
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, json.loads(response.read())
@@ -229,13 +249,21 @@ def test_request_errors_are_400s_and_internal_errors_500s():
         assert _post(server, {"model": MODEL, "prompt": "ok", "stop": [""]})[0] == 400
 
 
-@pytest.mark.parametrize("header, status", [("Content-Length: -1", b"400"), ("Content-Length: ten", b"400"),
-                                            ("Transfer-Encoding: chunked", b"411")])
+@pytest.mark.parametrize(
+    "header, status",
+    [
+        ("Content-Length: -1", b"400"),
+        ("Content-Length: ten", b"400"),
+        ("Transfer-Encoding: chunked", b"411"),
+    ],
+)
 def test_a_body_of_unknown_length_is_an_error_that_closes_the_connection(header, status):
     with OpenAIServer(_Completer(), model_name=MODEL) as server:
         with socket.create_connection(server.httpd.server_address[:2], timeout=10) as s:
-            s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{header}\r\n\r\n"
-                      "2\r\n{}\r\n0\r\n\r\n".encode())
+            s.sendall(
+                f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{header}\r\n\r\n"
+                "2\r\n{}\r\n0\r\n\r\n".encode()
+            )
             response = b""
             while chunk := s.recv(4096):  # ends when the server closes the connection
                 response += chunk
@@ -244,17 +272,26 @@ def test_a_body_of_unknown_length_is_an_error_that_closes_the_connection(header,
 
 def test_chat_with_tools_then_a_tool_result(client):
     tools = [weather.spec.openai()]
-    first = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=tools,
-                                           tool_choice="required", temperature=0, max_tokens=8)
+    first = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        tools=tools,
+        tool_choice="required",
+        temperature=0,
+        max_tokens=8,
+    )
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls" and first.usage.total_tokens > 0
     [call] = choice.message.tool_calls
     assert call.function.name == "weather" and call.id.startswith("call_")
     jsonschema.validate(json.loads(call.function.arguments), weather.parameters)
-    followup = MESSAGES + [choice.message.model_dump(exclude_none=True),
-                           {"role": "tool", "tool_call_id": call.id, "content": "oslo: 21 C"}]
-    second = client.chat.completions.create(model=MODEL, messages=followup, tools=tools,
-                                            tool_choice="none", temperature=0, max_tokens=5)
+    followup = MESSAGES + [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "oslo: 21 C"},
+    ]
+    second = client.chat.completions.create(
+        model=MODEL, messages=followup, tools=tools, tool_choice="none", temperature=0, max_tokens=5
+    )
     assert second.choices[0].message.tool_calls is None
     assert second.choices[0].finish_reason in ("stop", "length")
 
@@ -262,31 +299,43 @@ def test_chat_with_tools_then_a_tool_result(client):
 def test_streaming_matches_the_non_streamed_reply(client):
     kwargs = dict(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=8)
     whole = client.chat.completions.create(**kwargs).choices[0]
-    chunks = list(client.chat.completions.create(**kwargs, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            **kwargs, stream=True, stream_options={"include_usage": True}
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.message.content
     assert chunks[0].choices[0].delta.role == "assistant"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.finish_reason
     assert chunks[-1].usage.completion_tokens == 8 and not chunks[-1].choices
-    tool_chunks = list(client.chat.completions.create(
-        **kwargs, stream=True, tools=[weather.spec.openai()], tool_choice="required"))
+    tool_chunks = list(
+        client.chat.completions.create(
+            **kwargs, stream=True, tools=[weather.spec.openai()], tool_choice="required"
+        )
+    )
     [delta] = [c.choices[0].delta.tool_calls for c in tool_chunks if c.choices[0].delta.tool_calls]
-    assert delta[0].function.name == "weather" and tool_chunks[-1].choices[0].finish_reason == \
-        "tool_calls"
+    assert (
+        delta[0].function.name == "weather"
+        and tool_chunks[-1].choices[0].finish_reason == "tool_calls"
+    )
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_engine_slot(server, model):
     engine = model.engine
     start = engine.step_count
     host, port = server.httpd.server_address[:2]
-    body = json.dumps({"model": MODEL, "messages": MESSAGES, "temperature": 0, "stream": True,
-                       "max_tokens": 400}).encode()
+    body = json.dumps(
+        {"model": MODEL, "messages": MESSAGES, "temperature": 0, "stream": True, "max_tokens": 400}
+    ).encode()
     with socket.create_connection((host, port), timeout=60) as sock:
-        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                     b"Content-Type: application/json\r\n"
-                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        assert sock.recv(4096).startswith(b"HTTP/1.1 200")   # streaming has begun
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # streaming has begun
     deadline = time.monotonic() + 60
     while engine.has_unfinished() and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -294,23 +343,34 @@ def test_a_client_that_leaves_mid_stream_frees_its_engine_slot(server, model):
 
 
 def test_completions_batch_and_stream(client):
-    batch = client.completions.create(model=MODEL, prompt=["The cat", "A dog"], max_tokens=5,
-                                      temperature=0)
+    batch = client.completions.create(
+        model=MODEL, prompt=["The cat", "A dog"], max_tokens=5, temperature=0
+    )
     assert [c.index for c in batch.choices] == [0, 1] and batch.usage.completion_tokens == 10
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model=MODEL, prompt="The cat", max_tokens=5, temperature=0, stream=True))
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model=MODEL, prompt="The cat", max_tokens=5, temperature=0, stream=True
+        )
+    )
     assert streamed == batch.choices[0].text
 
 
 def test_http_policy_drives_an_agent_loop_through_the_server(server):
     policy = HTTPPolicy(server.url, MODEL, defaults={"temperature": 0, "max_tokens": 8})
-    agent = ReActAgent(policy, [weather], budget=Budget(max_steps=3), system_prompt="Be brief.",
-                       sampling={"tool_choice": "required"})
+    agent = ReActAgent(
+        policy,
+        [weather],
+        budget=Budget(max_steps=3),
+        system_prompt="Be brief.",
+        sampling={"tool_choice": "required"},
+    )
     result = agent.run("What is the weather in Rome?")
     assert result.stop_reason in (StopReason.MAX_STEPS, StopReason.REPEATED_CALL)
     observations = [m.content for m in result.messages if m.role == "tool"]
-    assert observations and all(o.endswith((" C", " F")) or o.startswith("error: repeated")
-                                for o in observations)
+    assert observations and all(
+        o.endswith((" C", " F")) or o.startswith("error: repeated") for o in observations
+    )
     assert result.usage.prompt_tokens > 0 and result.tool_calls[0] == "weather"
     with pytest.raises(PolicyError, match="HTTP 404"):
         HTTPPolicy(server.url, "other").respond([Message("user", "hi")])
@@ -321,9 +381,21 @@ def test_the_serve_verb_serves_until_interrupted(model_dir, stop):
     with socket.socket() as s:  # a free port
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "agentic_jax.cli", "serve", "--checkpoint",
-                             str(model_dir), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentic_jax.cli",
+            "serve",
+            "--checkpoint",
+            str(model_dir),
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -336,7 +408,9 @@ def test_the_serve_verb_serves_until_interrupted(model_dir, stop):
                 time.sleep(0.2)
         assert models["data"][0]["id"] == model_dir.name
         proc.send_signal(stop)
-        assert proc.wait(timeout=90) == 130  # generous: a loaded CI machine shuts the engine down slowly
+        assert (
+            proc.wait(timeout=90) == 130
+        )  # generous: a loaded CI machine shuts the engine down slowly
         assert f"serving '{model_dir.name}' at http://127.0.0.1:{port}/v1" in proc.stdout.read()
     finally:
         if proc.poll() is None:
@@ -346,12 +420,25 @@ def test_the_serve_verb_serves_until_interrupted(model_dir, stop):
 
 def test_the_agent_verb_runs_a_checkpoint_with_the_calculator(model_dir, model, capsys):
     # The fixture's engine shapes, so that the compiled functions are reused.
-    code = main(["agent", "--gin_file", "agent_calculator", "--checkpoint", str(model_dir),
-                 "--task", "What is 2 + 2?",
-                 "--gin_param", "agents.AgentConfig.system_prompt='Be brief.'",
-                 "--gin_param", "agents.AgentConfig.sampling={'temperature': 0.0, 'max_tokens': 4}",
-                 "--gin_param", "EngineConfig.num_slots=4",
-                 "--gin_param", "EngineConfig.min_prefill_len=256"])
+    code = main(
+        [
+            "agent",
+            "--gin_file",
+            "agent_calculator",
+            "--checkpoint",
+            str(model_dir),
+            "--task",
+            "What is 2 + 2?",
+            "--gin_param",
+            "agents.AgentConfig.system_prompt='Be brief.'",
+            "--gin_param",
+            "agents.AgentConfig.sampling={'temperature': 0.0, 'max_tokens': 4}",
+            "--gin_param",
+            "EngineConfig.num_slots=4",
+            "--gin_param",
+            "EngineConfig.min_prefill_len=256",
+        ]
+    )
     out = capsys.readouterr().out
     assert "task: What is 2 + 2?" in out and "[1] model" in out
     assert ("stop: answer" in out) == (code == 0) and "stop: " in out

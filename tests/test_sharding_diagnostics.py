@@ -1,4 +1,5 @@
 """Per-parameter layout table and the insufficient-sharding check."""
+
 import jax
 import numpy as np
 
@@ -34,9 +35,20 @@ def test_table_lists_every_parameter_and_total():
 def test_insufficiently_sharded_flags_large_replicated_params():
     axes, shapes = param_axes(CONFIG), param_shapes(CONFIG)
     mesh = {"fsdp": 8}
-    assert insufficiently_sharded(array_layouts(axes, shapes, mesh, DEFAULT_RULES), mesh, 1024) == []
+    assert (
+        insufficiently_sharded(array_layouts(axes, shapes, mesh, DEFAULT_RULES), mesh, 1024) == []
+    )
     no_fsdp = AxisRules([("embed", None)]) + DEFAULT_RULES
     flagged = insufficiently_sharded(array_layouts(axes, shapes, mesh, no_fsdp), mesh, 1024)
-    assert {r.path for r in flagged} == {"embed", "lm_head", "layers/attn/q", "layers/attn/k", "layers/attn/v",
-                                         "layers/attn/o", "layers/mlp/gate", "layers/mlp/up", "layers/mlp/down"}
+    assert {r.path for r in flagged} == {
+        "embed",
+        "lm_head",
+        "layers/attn/q",
+        "layers/attn/k",
+        "layers/attn/v",
+        "layers/attn/o",
+        "layers/mlp/gate",
+        "layers/mlp/up",
+        "layers/mlp/down",
+    }
     assert insufficiently_sharded(array_layouts(axes, shapes, {}, no_fsdp), {}, 1024) == []

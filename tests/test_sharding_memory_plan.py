@@ -1,4 +1,5 @@
 """The memory planner against hand-computed figures for Llama-3 8B and 70B."""
+
 import dataclasses
 import types
 
@@ -10,7 +11,13 @@ import pytest
 from agentic_jax.models import TransformerConfig, init_params, param_axes, param_shapes
 from agentic_jax.training import TrainState, make_optimizer, make_schedule, make_train_step
 from sharding import ShardingError, is_logical_axes, make_mesh
-from sharding.memory_plan import LLAMA3_8B, LLAMA3_70B, memory_report, plan_memory, transformer_params
+from sharding.memory_plan import (
+    LLAMA3_8B,
+    LLAMA3_70B,
+    memory_report,
+    plan_memory,
+    transformer_params,
+)
 
 SEQ = 4096
 
@@ -25,7 +32,9 @@ def test_kv_cache_llama3_70b():
     assert plan.kv_cache == 80 * 8 * 128 * 2 * 2 * 4096 == 1_342_177_280
     assert plan.grads == plan.optimizer == plan.master_params == 0
     # Eight-way tensor parallelism gives each device one kv head, and a batch of 4 on 2 replicas.
-    sharded = plan_memory(LLAMA3_70B, {"data": 2, "tensor": 8}, 4, SEQ, optimizer=None, precision="bf16")
+    sharded = plan_memory(
+        LLAMA3_70B, {"data": 2, "tensor": 8}, 4, SEQ, optimizer=None, precision="bf16"
+    )
     assert sharded.kv_cache == 1_342_177_280 * 4 // 16
 
 
@@ -55,7 +64,9 @@ def test_activations_llama3_8b_match_hand_count():
     # "dots" keeps the layer input, q, k, v, attention out, the o-projection residual, gate and up.
     dots_token_layer = 2 * (h + (32 + 8 + 8 + 32) * 128 + h + 2 * 14336)
     dots = plan_memory(LLAMA3_8B, {}, b, SEQ, remat="dots").activations
-    assert dots == L * SEQ * dots_token_layer + SEQ * (per_token_layer + lse - dots_token_layer) + head
+    assert (
+        dots == L * SEQ * dots_token_layer + SEQ * (per_token_layer + lse - dots_token_layer) + head
+    )
     # Tensor parallelism splits heads, kv heads and d_ff eight ways; d-wide tensors stay whole.
     tp = plan_memory(LLAMA3_8B, {"tensor": 8}, b, SEQ, remat="none").activations
     tp_token_layer = 2 * 4 * h + 2 * (32 + 8 + 8 + 32) * 128 // 8 + 2 * 3 * 14336 // 8 + lse // 8
@@ -72,8 +83,11 @@ def test_duck_typed_config_and_divisibility():
 
 
 def test_bad_choices_are_named():
-    for kwargs, name in (({"precision": "fp16"}, "precision='fp16'"), ({"remat": "some"}, "remat='some'"),
-                         ({"optimizer": "adagrad"}, "optimizer='adagrad'")):
+    for kwargs, name in (
+        ({"precision": "fp16"}, "precision='fp16'"),
+        ({"remat": "some"}, "remat='some'"),
+        ({"optimizer": "adagrad"}, "optimizer='adagrad'"),
+    ):
         with pytest.raises(ValueError, match=name):
             plan_memory(LLAMA3_8B, {}, 1, SEQ, **kwargs)
 
@@ -91,7 +105,9 @@ def test_report_covers_models_and_device_counts():
     lines = memory_report().splitlines()
     rows = [line.split() for line in lines[2:]]
     assert len(rows) == 12
-    assert {(r[0], r[1]) for r in rows} == {(m, n) for m in ("llama3-8b", "llama3-70b") for n in ("8", "256")}
+    assert {(r[0], r[1]) for r in rows} == {
+        (m, n) for m in ("llama3-8b", "llama3-70b") for n in ("8", "256")
+    }
     fsdp8_70b = next(r for r in rows if r[:4] == ["llama3-70b", "8", "train", "fsdp8"])
     assert float(fsdp8_70b[5]) == pytest.approx(70_553_706_496 * 2 / 8 / 2**30, abs=0.01)
 
@@ -102,22 +118,35 @@ def test_plan_agrees_with_xla_compiled_memory_of_the_train_step(remat):
     of XLA's argument bytes; the whole plan between 40% and 100% of XLA's peak (arguments +
     temporaries): XLA:CPU keeps extra temporaries the planner does not model (fusion buffers, the
     gradient-accumulation carry), so the planner is a lower bound of the right magnitude."""
-    cfg = TransformerConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                            head_dim=16, d_ff=192, remat_policy=remat, attention_impl="xla_chunked",
-                            attention_chunk_size=32)
+    cfg = TransformerConfig(
+        vocab_size=256,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=16,
+        d_ff=192,
+        remat_policy=remat,
+        attention_impl="xla_chunked",
+        attention_chunk_size=32,
+    )
     batch_size, seq_len = 8, 128
     schedule = make_schedule(1e-3, 10, kind="constant", warmup_steps=0)
     optimizer = make_optimizer(schedule)
-    state = jax.eval_shape(lambda k: TrainState.create(init_params(cfg, k), optimizer, 0),
-                           jax.random.key(0))
-    batch = {k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
-             for k in ("tokens", "targets", "segment_ids", "positions", "loss_mask")}
+    state = jax.eval_shape(
+        lambda k: TrainState.create(init_params(cfg, k), optimizer, 0), jax.random.key(0)
+    )
+    batch = {
+        k: jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
+        for k in ("tokens", "targets", "segment_ids", "positions", "loss_mask")
+    }
     step = jax.jit(make_train_step(cfg, optimizer, schedule), donate_argnums=0)
     xla = step.lower(state, batch).compile().memory_analysis()
     plan = plan_memory(cfg, {"data": 1}, batch_size, seq_len, precision="fp32", remat=remat)
 
     batch_bytes = 5 * batch_size * seq_len * 4
-    np.testing.assert_allclose(plan.params + plan.optimizer,
-                               xla.argument_size_in_bytes - batch_bytes, rtol=0.01)
+    np.testing.assert_allclose(
+        plan.params + plan.optimizer, xla.argument_size_in_bytes - batch_bytes, rtol=0.01
+    )
     peak = xla.argument_size_in_bytes + xla.temp_size_in_bytes
     assert 0.4 * peak <= plan.total <= peak, (plan.total, peak)

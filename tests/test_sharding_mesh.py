@@ -1,4 +1,5 @@
 """Mesh construction: axis sizes, order, gin, and the multi-slice split."""
+
 import types
 
 import gin
@@ -20,19 +21,24 @@ def test_make_mesh_fills_rest_and_missing_axes():
     assert [d.id for d in mesh.devices.reshape(2, 4)[0]] == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("spec", [[("fsdp", 2), ("sequence", 4)], {"sequence": 4, "fsdp": -1},
-                                  MeshSpec(fsdp=2, sequence=4)])
+@pytest.mark.parametrize(
+    "spec",
+    [[("fsdp", 2), ("sequence", 4)], {"sequence": 4, "fsdp": -1}, MeshSpec(fsdp=2, sequence=4)],
+)
 def test_spec_forms_agree(spec):
     assert dict(make_mesh(spec).shape)["sequence"] == 4
     assert dict(make_mesh(spec).shape)["fsdp"] == 2
 
 
-@pytest.mark.parametrize("spec, message", [
-    ({"data": -1, "fsdp": -1}, "at most one -1"),
-    ({"data": 3}, "needs 3 devices"),
-    ({"pipeline": 2}, "unknown mesh axes"),
-    ({"data": 3, "fsdp": -1}, "do not divide"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"data": -1, "fsdp": -1}, "at most one -1"),
+        ({"data": 3}, "needs 3 devices"),
+        ({"pipeline": 2}, "unknown mesh axes"),
+        ({"data": 3, "fsdp": -1}, "do not divide"),
+    ],
+)
 def test_bad_specs_raise(spec, message):
     with pytest.raises(ValueError, match=message):
         make_mesh(spec)
@@ -56,8 +62,17 @@ def test_dcn_split_puts_slices_on_outer_axes():
 
 
 def test_hybrid_device_array_keeps_slices_contiguous():
-    fake = [types.SimpleNamespace(id=i, slice_index=i // 4, process_index=0, platform="cpu",
-                                  device_kind="cpu", coords=None) for i in range(8)]
+    fake = [
+        types.SimpleNamespace(
+            id=i,
+            slice_index=i // 4,
+            process_index=0,
+            platform="cpu",
+            device_kind="cpu",
+            coords=None,
+        )
+        for i in range(8)
+    ]
     assert num_slices(fake) == 2 and num_slices(jax.devices()) == 1
     sizes = {"data": 1, "fsdp": 4, "expert": 1, "sequence": 1, "tensor": 2}
     array = hybrid_device_array(sizes, fake)

@@ -1,4 +1,5 @@
 """Axes trees to shardings, parameter placement, and activation constraints."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,8 +7,15 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from sharding import (DEFAULT_RULES, ShardingError, activate, logical_to_sharding, make_mesh,
-                      shard_params, with_logical_constraint)
+from sharding import (
+    DEFAULT_RULES,
+    ShardingError,
+    activate,
+    logical_to_sharding,
+    make_mesh,
+    shard_params,
+    with_logical_constraint,
+)
 
 AXES = {
     "embed": ("vocab", "embed"),
@@ -38,7 +46,9 @@ def test_nested_tree_to_named_shardings(mesh):
 
 def test_divisibility_error_names_parameter_path(mesh):
     bad = {**SHAPES, "layers": [{"w": jnp.zeros((2, 8, 6))}, {"norm": jnp.zeros((2, 8))}]}
-    with pytest.raises(ShardingError, match=r"layers/0/w: dimension 2 \('mlp'\).*size 6.*total size 4"):
+    with pytest.raises(
+        ShardingError, match=r"layers/0/w: dimension 2 \('mlp'\).*size 6.*total size 4"
+    ):
         logical_to_sharding(AXES, mesh, DEFAULT_RULES, shapes=bad)
 
 
@@ -73,15 +83,23 @@ def test_constraint_shards_under_active_mesh(mesh):
 
 def test_constraint_uses_active_rules_and_skips_manual_axes(mesh):
     x = jnp.ones((4, 6, 8))
-    with activate(mesh, [("activation_batch", "tensor"), ("activation_length", None),
-                         ("activation_mlp", "fsdp")]):
+    with activate(
+        mesh,
+        [("activation_batch", "tensor"), ("activation_length", None), ("activation_mlp", "fsdp")],
+    ):
         y = jax.jit(lambda x: with_logical_constraint(x, BTF))(x)
 
         def body(block):  # fsdp is manual here, so only tensor may be named
             return with_logical_constraint(block * 2, BTF)
 
-        z = jax.jit(jax.shard_map(body, in_specs=P(None, None, "fsdp"), out_specs=P(None, None, "fsdp"),
-                                  axis_names={"fsdp"}))(x)
+        z = jax.jit(
+            jax.shard_map(
+                body,
+                in_specs=P(None, None, "fsdp"),
+                out_specs=P(None, None, "fsdp"),
+                axis_names={"fsdp"},
+            )
+        )(x)
     assert y.sharding.spec == P("tensor", None, "fsdp")
     np.testing.assert_array_equal(np.asarray(z), 2 * np.asarray(x))
 

@@ -1,4 +1,5 @@
 """Ring attention equals the reference attention in value and gradient."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,8 +11,9 @@ from sharding.ring_attention import ring_attention
 
 CASES = {
     "causal_gqa_query_suffix": dict(t=16, s=32, n=4, kv=2, causal=True),
-    "segments_window_cap": dict(t=32, s=32, n=4, kv=2, causal=True, segments=True, sliding_window=5,
-                                logits_soft_cap=20.0),
+    "segments_window_cap": dict(
+        t=32, s=32, n=4, kv=2, causal=True, segments=True, sliding_window=5, logits_soft_cap=20.0
+    ),
     "bidirectional_window": dict(t=32, s=32, n=2, kv=2, causal=False, sliding_window=9),
 }
 MESHES = {"seq4_tensor2": {"sequence": 4, "tensor": 2}, "seq8": {"sequence": 8}}
@@ -24,18 +26,25 @@ def inputs(t, s, n, kv, segments=False, batch=2, h=8):
     v = jax.random.normal(kvv, (batch, s, kv, h))
     w = jax.random.normal(kw, (batch, t, n, h))
     seg = None
-    if segments:  # three documents of uneven length, and a padding tail (id 0 never matches queries)
-        kv_seg = jnp.broadcast_to(jnp.searchsorted(jnp.array([7, 19, 29]), jnp.arange(s), side="right"),
-                                  (batch, s)).astype(jnp.int32)
-        seg = (kv_seg[:, s - t:] + (jnp.arange(t) >= t - 2) * 10, kv_seg)
+    if (
+        segments
+    ):  # three documents of uneven length, and a padding tail (id 0 never matches queries)
+        kv_seg = jnp.broadcast_to(
+            jnp.searchsorted(jnp.array([7, 19, 29]), jnp.arange(s), side="right"), (batch, s)
+        ).astype(jnp.int32)
+        seg = (kv_seg[:, s - t :] + (jnp.arange(t) >= t - 2) * 10, kv_seg)
     return q, k, v, w, seg
 
 
-@pytest.mark.parametrize("mesh_name, case", [("seq4_tensor2", case) for case in CASES]
-                         + [("seq8", "segments_window_cap")])
+@pytest.mark.parametrize(
+    "mesh_name, case",
+    [("seq4_tensor2", case) for case in CASES] + [("seq8", "segments_window_cap")],
+)
 def test_ring_matches_reference_value_and_grad(mesh_name, case):
     cfg = dict(CASES[case])
-    q, k, v, w, seg = inputs(cfg.pop("t"), cfg.pop("s"), cfg.pop("n"), cfg.pop("kv"), cfg.pop("segments", False))
+    q, k, v, w, seg = inputs(
+        cfg.pop("t"), cfg.pop("s"), cfg.pop("n"), cfg.pop("kv"), cfg.pop("segments", False)
+    )
     kwargs = dict(segment_ids=seg, **cfg)
     mesh = make_mesh(MESHES[mesh_name])
 

@@ -1,4 +1,5 @@
 """Rule resolution: properties over random tables and the documented special cases."""
+
 import re
 
 import gin
@@ -7,12 +8,23 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jax.sharding import PartitionSpec as P
 
-from sharding import (DEFAULT_RULES, MESH_AXES, AxisRules, ShardingError, axis_rules, current_rules,
-                      logical_to_spec, use_rules)
+from sharding import (
+    DEFAULT_RULES,
+    MESH_AXES,
+    AxisRules,
+    ShardingError,
+    axis_rules,
+    current_rules,
+    logical_to_spec,
+    use_rules,
+)
 
 NAMES = ("a", "b", "c", "d")
-targets = st.one_of(st.none(), st.sampled_from(MESH_AXES),
-                    st.lists(st.sampled_from(MESH_AXES), min_size=1, max_size=3, unique=True).map(tuple))
+targets = st.one_of(
+    st.none(),
+    st.sampled_from(MESH_AXES),
+    st.lists(st.sampled_from(MESH_AXES), min_size=1, max_size=3, unique=True).map(tuple),
+)
 tables = st.lists(st.tuples(st.sampled_from(NAMES), targets), min_size=1, max_size=10)
 meshes = st.fixed_dictionaries({name: st.sampled_from([1, 2, 4]) for name in MESH_AXES})
 arrays = st.lists(st.one_of(st.none(), st.sampled_from(NAMES)), min_size=1, max_size=4).map(tuple)
@@ -78,18 +90,26 @@ def test_conflict_and_unknown_name_raise_with_axes():
 
 
 def test_divisibility_error_names_path_and_sizes():
-    with pytest.raises(ShardingError, match=r"params/w: dimension 1 \('mlp'\).*size 6.*total size 4"):
-        logical_to_spec(("embed", "mlp"), DEFAULT_RULES, {"fsdp": 2, "tensor": 4}, shape=(8, 6),
-                        path="params/w")
+    with pytest.raises(
+        ShardingError, match=r"params/w: dimension 1 \('mlp'\).*size 6.*total size 4"
+    ):
+        logical_to_spec(
+            ("embed", "mlp"), DEFAULT_RULES, {"fsdp": 2, "tensor": 4}, shape=(8, 6), path="params/w"
+        )
 
 
 def test_default_rules_megatron_layout():
     sizes = {"data": 2, "fsdp": 2, "tensor": 2}
-    assert DEFAULT_RULES.resolve(("layers", "embed", "q_heads", "head_dim"), sizes) == P(None, "fsdp", "tensor", None)
-    assert DEFAULT_RULES.resolve(("layers", "q_heads", "head_dim", "embed"), sizes) == P(None, "tensor", None, "fsdp")
+    assert DEFAULT_RULES.resolve(("layers", "embed", "q_heads", "head_dim"), sizes) == P(
+        None, "fsdp", "tensor", None
+    )
+    assert DEFAULT_RULES.resolve(("layers", "q_heads", "head_dim", "embed"), sizes) == P(
+        None, "tensor", None, "fsdp"
+    )
     assert DEFAULT_RULES.resolve(("layers", "mlp", "embed"), sizes) == P(None, "tensor", "fsdp")
-    assert DEFAULT_RULES.resolve(("activation_batch", "activation_length", "activation_embed"), sizes) == \
-        P(("data", "fsdp"), None, None)
+    assert DEFAULT_RULES.resolve(
+        ("activation_batch", "activation_length", "activation_embed"), sizes
+    ) == P(("data", "fsdp"), None, None)
 
 
 def test_use_rules_nests_and_gin_configures_default():
@@ -98,9 +118,13 @@ def test_use_rules_nests_and_gin_configures_default():
         with use_rules({"embed": None}):
             assert logical_to_spec(("embed",), mesh={"tensor": 2}) == P(None)
         assert logical_to_spec(("embed",), mesh={"tensor": 2}) == P("tensor")
-    gin.parse_config('sharding.axis_rules.overrides = [("embed", None), ("mlp", ("fsdp", "tensor"))]')
+    gin.parse_config(
+        'sharding.axis_rules.overrides = [("embed", None), ("mlp", ("fsdp", "tensor"))]'
+    )
     try:
-        assert logical_to_spec(("embed", "mlp"), mesh={"fsdp": 2, "tensor": 2}) == P(None, ("fsdp", "tensor"))
+        assert logical_to_spec(("embed", "mlp"), mesh={"fsdp": 2, "tensor": 2}) == P(
+            None, ("fsdp", "tensor")
+        )
         assert axis_rules().candidates("embed") == [(), ("fsdp",)]
     finally:
         gin.clear_config()

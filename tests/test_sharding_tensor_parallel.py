@@ -1,4 +1,5 @@
 """Megatron layout through the default rules: one forward reduction per sub-layer."""
+
 import re
 
 import jax
@@ -7,7 +8,13 @@ import pytest
 from jax.sharding import NamedSharding
 
 from pallas_kernels import reference_attention
-from sharding import activate, logical_to_sharding, logical_to_spec, make_mesh, with_logical_constraint
+from sharding import (
+    activate,
+    logical_to_sharding,
+    logical_to_spec,
+    make_mesh,
+    with_logical_constraint,
+)
 
 B, T, D, F, N, K, H = 8, 16, 64, 256, 8, 4, 16
 BTD = ("activation_batch", "activation_length", "activation_embed")
@@ -33,10 +40,15 @@ def attention(p, x):
 
 SUBLAYERS = {
     "mlp": (mlp, {"up": (("embed", "mlp"), (D, F)), "down": (("mlp", "embed"), (F, D))}),
-    "attention": (attention, {"q": (("embed", "q_heads", "head_dim"), (D, N, H)),
-                              "k": (("embed", "kv_heads", "head_dim"), (D, K, H)),
-                              "v": (("embed", "kv_heads", "head_dim"), (D, K, H)),
-                              "o": (("q_heads", "head_dim", "embed"), (N, H, D))}),
+    "attention": (
+        attention,
+        {
+            "q": (("embed", "q_heads", "head_dim"), (D, N, H)),
+            "k": (("embed", "kv_heads", "head_dim"), (D, K, H)),
+            "v": (("embed", "kv_heads", "head_dim"), (D, K, H)),
+            "o": (("q_heads", "head_dim", "embed"), (N, H, D)),
+        },
+    ),
 }
 
 
@@ -44,9 +56,12 @@ def compiled_hlo(fn, table, mesh):
     axes = {k: a for k, (a, _) in table.items()}
     shapes = {k: jax.ShapeDtypeStruct(s, jnp.float32) for k, (_, s) in table.items()}
     shardings = logical_to_sharding(axes, mesh, shapes=shapes)
-    params = {k: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=shardings[k]) for k, s in shapes.items()}
-    x = jax.ShapeDtypeStruct((B, T, D), jnp.float32,
-                             sharding=NamedSharding(mesh, logical_to_spec(BTD, mesh=mesh)))
+    params = {
+        k: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=shardings[k]) for k, s in shapes.items()
+    }
+    x = jax.ShapeDtypeStruct(
+        (B, T, D), jnp.float32, sharding=NamedSharding(mesh, logical_to_spec(BTD, mesh=mesh))
+    )
     return jax.jit(fn).lower(params, x).compile().as_text()
 
 
@@ -66,4 +81,6 @@ def test_one_reduction_per_sublayer_forward(name, depth):
     reductions = [line for line in hlo.splitlines() if REDUCTIONS.search(line)]
     assert len(reductions) == depth, reductions
     # Each reduction runs over the 4 tensor-parallel devices (tensor is innermost: [2,4]<=[8]).
-    assert all("replica_groups=[2,4]<=[8]" in line or "{0,1,2,3}" in line for line in reductions), reductions
+    assert all("replica_groups=[2,4]<=[8]" in line or "{0,1,2,3}" in line for line in reductions), (
+        reductions
+    )

@@ -4,6 +4,7 @@ checkpoints restored straight into another mesh's layout.
 One tiny model, one batch and one single-device reference step (module fixture) are shared by
 every test; each mesh's step is compiled once and reused (the FSDP one also for its HLO).
 """
+
 import re
 
 import grain
@@ -13,17 +14,39 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from agentic_jax.models import TransformerConfig, init_params, param_axes, param_shapes
-from agentic_jax.training import Checkpointer, TrainState, make_optimizer, make_schedule, make_train_step
-from agentic_jax.training.distributed import (abstract_with_shardings, batch_sharding, jit_train_step,
-                                              state_shardings)
+from agentic_jax.training import (
+    Checkpointer,
+    TrainState,
+    make_optimizer,
+    make_schedule,
+    make_train_step,
+)
+from agentic_jax.training.distributed import (
+    abstract_with_shardings,
+    batch_sharding,
+    jit_train_step,
+    state_shardings,
+)
 from sharding import DEFAULT_RULES, activate, make_mesh
 
 # Heads and d_ff divide tensor=4, d_model divides fsdp=8, the batch data x fsdp=8, T sequence=4.
 # Every field that shapes the step is given, so gin bindings left by other tests cannot leak in.
-CFG = TransformerConfig(vocab_size=256, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, head_dim=8,
-                        d_ff=64, max_seq_len=16, tie_embeddings=False, scan_layers=True,
-                        remat_policy="none", attention_impl="xla", dtype="float32",
-                        param_dtype="float32")
+CFG = TransformerConfig(
+    vocab_size=256,
+    d_model=32,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=4,
+    head_dim=8,
+    d_ff=64,
+    max_seq_len=16,
+    tie_embeddings=False,
+    scan_layers=True,
+    remat_policy="none",
+    attention_impl="xla",
+    dtype="float32",
+    param_dtype="float32",
+)
 B, T = 8, 16
 SCHEDULE = make_schedule(1e-3, 10, kind="constant", warmup_steps=0)
 # Adam divides by |g| + eps, so with the usual eps=1e-8 a gradient element that nearly cancels
@@ -61,11 +84,13 @@ def make_batch():
     segment_ids = np.where(idx < split, 1, 2).astype(np.int32)
     loss_mask = np.ones((B, T), np.int32)
     loss_mask[:, -1] = 0
-    return {"tokens": rng.integers(0, CFG.vocab_size, (B, T), dtype=np.int32),
-            "targets": rng.integers(0, CFG.vocab_size, (B, T), dtype=np.int32),
-            "segment_ids": segment_ids,
-            "positions": np.where(idx < split, idx, idx - split).astype(np.int32),
-            "loss_mask": loss_mask}
+    return {
+        "tokens": rng.integers(0, CFG.vocab_size, (B, T), dtype=np.int32),
+        "targets": rng.integers(0, CFG.vocab_size, (B, T), dtype=np.int32),
+        "segment_ids": segment_ids,
+        "positions": np.where(idx < split, idx, idx - split).astype(np.int32),
+        "loss_mask": loss_mask,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -91,19 +116,31 @@ def sharded(reference):
                 layout = batch_sharding(mesh, DEFAULT_RULES)
                 state = jax.device_put(initial, shardings)
                 global_batch = jax.device_put(batch, layout)
-                compiled = jit_train_step(STEP, shardings, layout).lower(state, global_batch).compile(
-                    FAST_COMPILE)
+                compiled = (
+                    jit_train_step(STEP, shardings, layout)
+                    .lower(state, global_batch)
+                    .compile(FAST_COMPILE)
+                )
                 new_state, metrics = compiled(state, global_batch)
-            runs[name] = dict(mesh=mesh, shardings=shardings, donated=state, new_state=new_state,
-                              metrics=metrics, hlo=compiled.as_text())
+            runs[name] = dict(
+                mesh=mesh,
+                shardings=shardings,
+                donated=state,
+                new_state=new_state,
+                metrics=metrics,
+                hlo=compiled.as_text(),
+            )
         return runs[name]
 
     return run
 
 
 def assert_trees_close(actual, expected, **tol):
-    jax.tree.map(lambda a, e: np.testing.assert_allclose(np.asarray(a), np.asarray(e), **tol),
-                 actual, expected)
+    jax.tree.map(
+        lambda a, e: np.testing.assert_allclose(np.asarray(a), np.asarray(e), **tol),
+        actual,
+        expected,
+    )
 
 
 @pytest.mark.parametrize("name", MESHES)
@@ -125,7 +162,10 @@ def test_sharded_layouts_follow_the_rules(sharded):
     assert gate_mu.addressable_shards[0].data.shape == (CFG.n_layers, CFG.d_model // 8, CFG.d_ff)
     assert tp.params["layers"]["attn"]["q"].sharding.spec == P(None, "fsdp", "tensor", None)
     assert tp.params["layers"]["attn"]["o"].sharding.spec == P(None, "tensor", None, "fsdp")
-    assert tp.params["embed"].addressable_shards[0].data.shape == (CFG.vocab_size // 4, CFG.d_model // 2)
+    assert tp.params["embed"].addressable_shards[0].data.shape == (
+        CFG.vocab_size // 4,
+        CFG.d_model // 2,
+    )
 
 
 COLLECTIVE = re.compile(r"= (.*?) (all-gather|all-reduce|reduce-scatter)(?:-start)?\(")
@@ -139,8 +179,10 @@ def collectives_by_computation(hlo: str) -> dict[str, list[tuple[str, list[tuple
         if (header := HEADER.match(line)) and line.endswith("{"):
             computation = header.group(1)
         elif match := COLLECTIVE.search(line):
-            shapes = [tuple(int(d) for d in dims.split(",") if d)
-                      for dims in re.findall(r"\b[a-z]+\d*\[([\d,]*)\]", match.group(1))]
+            shapes = [
+                tuple(int(d) for d in dims.split(",") if d)
+                for dims in re.findall(r"\b[a-z]+\d*\[([\d,]*)\]", match.group(1))
+            ]
             found.setdefault(computation, []).append((match.group(2), shapes))
     return found
 
@@ -150,8 +192,13 @@ def test_fsdp_step_gathers_each_layer_and_reduces_gradients_to_shards(sharded):
     by_computation = collectives_by_computation(hlo)
     loop_bodies = set(re.findall(r"body=%?([\w.\-]+)", hlo))
     shapes, axes = param_shapes(CFG)["layers"], param_axes(CFG)["layers"]
-    sharded_weights = [s.shape for s, a in zip(jax.tree.leaves(shapes), jax.tree.leaves(
-        axes, is_leaf=lambda x: isinstance(x, tuple))) if "embed" in a]
+    sharded_weights = [
+        s.shape
+        for s, a in zip(
+            jax.tree.leaves(shapes), jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple))
+        )
+        if "embed" in a
+    ]
     per_layer = {shape[1:] for shape in sharded_weights}
     assert len(sharded_weights) == 7 and len(per_layer) == 4  # q k v o gate up down
 
@@ -170,8 +217,10 @@ def test_fsdp_step_gathers_each_layer_and_reduces_gradients_to_shards(sharded):
     # has no such rewrite, so here each layer's gradients are all-reduced (one combined op in the
     # backward loop) and only this device's slice is kept: the stacked gradients are sharded,
     # as the check above shows.  On CPU, that all-reduce is the reduce-scatter.
-    assert any(per_layer <= shapes_of(body, "all-reduce") | shapes_of(body, "reduce-scatter")
-               for body in loop_bodies), by_computation
+    assert any(
+        per_layer <= shapes_of(body, "all-reduce") | shapes_of(body, "reduce-scatter")
+        for body in loop_bodies
+    ), by_computation
 
 
 def test_checkpoint_from_fsdp_mesh_restores_onto_data_tensor_mesh(sharded, tmp_path):

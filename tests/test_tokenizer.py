@@ -1,4 +1,5 @@
 """Byte-level BPE tokenizer: training, exact round trips, special tokens, third-party files."""
+
 import json
 
 import pytest
@@ -6,8 +7,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentic_jax.data.corpus import corpus_files
-from agentic_jax.data.tokenizer import (BOS, EOS, PAD, SPECIAL_TOKENS, Tokenizer, load_tokenizer,
-                                        train_tokenizer)
+from agentic_jax.data.tokenizer import (
+    BOS,
+    EOS,
+    PAD,
+    SPECIAL_TOKENS,
+    Tokenizer,
+    load_tokenizer,
+    train_tokenizer,
+)
 
 VOCAB = 400
 
@@ -48,8 +56,12 @@ def test_special_tokens_are_single_ids(tokenizer, text, special):
     assert tokenizer.decode(ids) == text + special + text
 
 
-@given(st.lists(st.text(st.characters(codec="utf-8"), max_size=10) | st.sampled_from(SPECIAL_TOKENS),
-                max_size=6))
+@given(
+    st.lists(
+        st.text(st.characters(codec="utf-8"), max_size=10) | st.sampled_from(SPECIAL_TOKENS),
+        max_size=6,
+    )
+)
 def test_plain_encoding_spells_special_token_strings_as_text(tokenizer, pieces):
     """Text from outside the template (tool output) cannot forge a turn boundary or a tool call."""
     text = "".join(pieces)
@@ -71,13 +83,23 @@ def test_special_ids_bos_eos_pad(tokenizer):
 
 
 def test_loads_tokenizer_saved_by_transformers(tmp_path):
-    from tokenizers import Tokenizer as Backend, models, pre_tokenizers
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers
+
     PreTrainedTokenizerFast = pytest.importorskip("transformers").PreTrainedTokenizerFast
-    backend = Backend(models.WordLevel({"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3, "hello": 4,
-                                        "world": 5}, unk_token="<unk>"))
+    backend = Backend(
+        models.WordLevel(
+            {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3, "hello": 4, "world": 5}, unk_token="<unk>"
+        )
+    )
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    hf = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>",
-                                 pad_token="<pad>", unk_token="<unk>")
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+    )
     hf.save_pretrained(tmp_path)
     for path in (tmp_path, tmp_path / "tokenizer.json"):
         tok = load_tokenizer(path)

@@ -1,14 +1,22 @@
 """Optimiser, schedules, loss and the train step."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentic_jax.models import TransformerConfig, init_params, param_shapes
-from agentic_jax.training import (TrainState, cross_entropy, make_optimizer, make_schedule,
-                                  make_train_step, weight_decay_mask)
+from agentic_jax.training import (
+    TrainState,
+    cross_entropy,
+    make_optimizer,
+    make_schedule,
+    make_train_step,
+    weight_decay_mask,
+)
 from agentic_jax.training.loop import train
 from agentic_jax.training.mfu import peak_flops_per_device
 
@@ -17,9 +25,11 @@ PEAK, TOTAL, WARM = 1e-3, 100, 10
 
 @pytest.mark.parametrize("kind", ["constant", "cosine", "linear", "wsd"])
 def test_schedules_warm_up_linearly_then_follow_their_shape(kind):
-    f = make_schedule(PEAK, TOTAL, kind=kind, warmup_steps=WARM, final_lr_ratio=0.1, decay_fraction=0.2)
+    f = make_schedule(
+        PEAK, TOTAL, kind=kind, warmup_steps=WARM, final_lr_ratio=0.1, decay_fraction=0.2
+    )
     lr = np.array([float(f(s)) for s in range(TOTAL + 1)])
-    np.testing.assert_allclose(lr[:WARM + 1], np.linspace(0, PEAK, WARM + 1), rtol=1e-5, atol=1e-9)
+    np.testing.assert_allclose(lr[: WARM + 1], np.linspace(0, PEAK, WARM + 1), rtol=1e-5, atol=1e-9)
     after = lr[WARM:]
     if kind == "constant":
         np.testing.assert_allclose(after, PEAK, rtol=1e-6)
@@ -31,22 +41,32 @@ def test_schedules_warm_up_linearly_then_follow_their_shape(kind):
     if kind == "linear":
         np.testing.assert_allclose(np.diff(after), (0.1 * PEAK - PEAK) / (TOTAL - WARM), rtol=1e-3)
     if kind == "wsd":  # stable until the last 20% of training
-        np.testing.assert_allclose(lr[WARM:TOTAL - 20 + 1], PEAK, rtol=1e-6)
+        np.testing.assert_allclose(lr[WARM : TOTAL - 20 + 1], PEAK, rtol=1e-6)
         assert lr[TOTAL - 10] < PEAK
 
 
 @settings(max_examples=25, deadline=None)
-@given(kind=st.sampled_from(["cosine", "linear", "wsd"]), total=st.integers(2, 300),
-       warmup_share=st.floats(0.0, 0.99), decay_fraction=st.floats(0.01, 1.0))
+@given(
+    kind=st.sampled_from(["cosine", "linear", "wsd"]),
+    total=st.integers(2, 300),
+    warmup_share=st.floats(0.0, 0.99),
+    decay_fraction=st.floats(0.01, 1.0),
+)
 def test_every_decaying_schedule_ends_at_the_final_lr(kind, total, warmup_share, decay_fraction):
     """Whatever share of the run the warmup takes (even into WSD's decay window), the rate peaks
     when it ends, never rises afterwards and reaches ``final_lr_ratio * peak`` at ``total``."""
     warmup = int(warmup_share * total)
-    f = make_schedule(PEAK, total, kind=kind, warmup_steps=warmup, final_lr_ratio=0.1,
-                      decay_fraction=decay_fraction)
+    f = make_schedule(
+        PEAK,
+        total,
+        kind=kind,
+        warmup_steps=warmup,
+        final_lr_ratio=0.1,
+        decay_fraction=decay_fraction,
+    )
     # One shape for every example (steps past ``total`` repeat it), so eager ops reuse their
     # compilations.
-    lr = np.asarray(f(jnp.minimum(jnp.arange(301), total)))[:total + 1]
+    lr = np.asarray(f(jnp.minimum(jnp.arange(301), total)))[: total + 1]
     np.testing.assert_allclose(lr[warmup], PEAK, rtol=1e-5)
     assert np.all(np.diff(lr[warmup:]) <= 1e-9)
     np.testing.assert_allclose(lr[total], 0.1 * PEAK, rtol=1e-4)
@@ -61,18 +81,37 @@ def test_schedule_rejects_bad_values():
         make_schedule(kind="wsd", decay_fraction=1.5)
 
 
-@pytest.mark.parametrize("device_kind, tflops", [
-    ("TPU v5", 459), ("TPU v5p", 459), ("TPU v5 lite", 197), ("TPU v6 lite", 918), ("TPU v4", 275),
-    ("NVIDIA L4", 121), ("NVIDIA L40S", 362), ("NVIDIA H100 80GB HBM3", 989),
-    ("NVIDIA A100-SXM4-80GB", 312)])
+@pytest.mark.parametrize(
+    "device_kind, tflops",
+    [
+        ("TPU v5", 459),
+        ("TPU v5p", 459),
+        ("TPU v5 lite", 197),
+        ("TPU v6 lite", 918),
+        ("TPU v4", 275),
+        ("NVIDIA L4", 121),
+        ("NVIDIA L40S", 362),
+        ("NVIDIA H100 80GB HBM3", 989),
+        ("NVIDIA A100-SXM4-80GB", 312),
+    ],
+)
 def test_peak_flops_follow_the_data_sheet_of_each_device_kind(device_kind, tflops):
     """JAX names a v5p chip "TPU v5" (a v5e one "TPU v5 lite"); an L40S is no L4."""
     device = type("Device", (), {"device_kind": device_kind})()
     assert peak_flops_per_device(device) == tflops * 1e12
 
 
-CFG = TransformerConfig(vocab_size=61, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8,
-                        d_ff=24, tie_embeddings=False, qkv_bias=True)
+CFG = TransformerConfig(
+    vocab_size=61,
+    d_model=16,
+    n_layers=2,
+    n_heads=2,
+    n_kv_heads=1,
+    head_dim=8,
+    d_ff=24,
+    tie_embeddings=False,
+    qkv_bias=True,
+)
 
 
 _init = jax.jit(init_params, static_argnums=0)
@@ -80,11 +119,20 @@ _init = jax.jit(init_params, static_argnums=0)
 
 def test_weight_decay_mask_excludes_norms_biases_and_embeddings():
     mask = weight_decay_mask(param_shapes(CFG))
-    flat = {jax.tree_util.keystr(p, simple=True, separator="/"): v
-            for p, v in jax.tree_util.tree_leaves_with_path(mask)}
+    flat = {
+        jax.tree_util.keystr(p, simple=True, separator="/"): v
+        for p, v in jax.tree_util.tree_leaves_with_path(mask)
+    }
     excluded = {k for k, v in flat.items() if not v}
-    assert excluded == {"embed", "final_norm", "layers/attn_norm", "layers/mlp_norm",
-                        "layers/attn/q_bias", "layers/attn/k_bias", "layers/attn/v_bias"}
+    assert excluded == {
+        "embed",
+        "final_norm",
+        "layers/attn_norm",
+        "layers/mlp_norm",
+        "layers/attn/q_bias",
+        "layers/attn/k_bias",
+        "layers/attn/v_bias",
+    }
     assert flat["lm_head"] and flat["layers/mlp/down"] and flat["layers/attn/q"]
 
 
@@ -112,16 +160,20 @@ def test_cross_entropy_matches_optax_with_mask_and_z_loss(seed, z):
     ref = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     log_z = jax.nn.logsumexp(logits, -1)
     np.testing.assert_allclose(m["nll"], jnp.sum(ref * mask), rtol=1e-5)
-    np.testing.assert_allclose(total, jnp.sum((ref + z * log_z ** 2) * mask), rtol=1e-5)
+    np.testing.assert_allclose(total, jnp.sum((ref + z * log_z**2) * mask), rtol=1e-5)
     assert count == mask.sum()
 
 
 def _batch(seed, rows=4, t=8):
     tok = jax.random.randint(jax.random.key(seed), (rows, t + 1), 0, CFG.vocab_size)
     seg = jnp.ones((rows, t), jnp.int32).at[0, 5:].set(2)
-    return {"tokens": tok[:, :-1], "targets": tok[:, 1:], "segment_ids": seg,
-            "positions": jnp.broadcast_to(jnp.arange(t), (rows, t)),
-            "loss_mask": jnp.ones((rows, t), jnp.int32).at[1, :3].set(0)}
+    return {
+        "tokens": tok[:, :-1],
+        "targets": tok[:, 1:],
+        "segment_ids": seg,
+        "positions": jnp.broadcast_to(jnp.arange(t), (rows, t)),
+        "loss_mask": jnp.ones((rows, t), jnp.int32).at[1, :3].set(0),
+    }
 
 
 def test_gradient_accumulation_gives_the_same_update():

@@ -1,4 +1,5 @@
 """Test helper: a training workdir's layout (``model/`` + ``tokenizer.json``) with a random model."""
+
 import os
 
 import jax
@@ -19,12 +20,21 @@ def make_model_dir(path, *, max_seq_len: int):
     Returns ``(config, params, tokenizer)``.
     """
     tokenizer = train_tokenizer(path / "tokenizer.json", files=[CORPUS], vocab_size=300)
-    config = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_layers=1, n_heads=2,
-                               n_kv_heads=1, head_dim=8, d_ff=32, max_seq_len=max_seq_len)
+    config = TransformerConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=16,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=8,
+        d_ff=32,
+        max_seq_len=max_seq_len,
+    )
     rng = np.random.default_rng(0)
-    params = jax.tree.map(lambda s: rng.normal(0.0, 0.5, s.shape).astype(s.dtype),
-                          param_shapes(config))
-    params["embed"][:len(SPECIAL_TOKENS)] = 0.0
+    params = jax.tree.map(
+        lambda s: rng.normal(0.0, 0.5, s.shape).astype(s.dtype), param_shapes(config)
+    )
+    params["embed"][: len(SPECIAL_TOKENS)] = 0.0
     params = jax.tree.map(jnp.asarray, params)
     save_model(path / "model", config, params)
     return config, params, tokenizer
@@ -36,9 +46,11 @@ def task_tokenizer(path):
     from agentic_jax.envs.text import Arithmetic
 
     (path / "tasks.txt").write_text(
-        "\n".join(render(t.conversation()) for t in Arithmetic(3).tasks(range(300))))
-    return train_tokenizer(path / "tokenizer.json", files=[CORPUS, path / "tasks.txt"],
-                           vocab_size=500)
+        "\n".join(render(t.conversation()) for t in Arithmetic(3).tasks(range(300)))
+    )
+    return train_tokenizer(
+        path / "tokenizer.json", files=[CORPUS, path / "tasks.txt"], vocab_size=500
+    )
 
 
 def task_model_dir(path, *, max_seq_len: int, n_layers: int = 1, seed: int = 0):
@@ -46,8 +58,16 @@ def task_model_dir(path, *, max_seq_len: int, n_layers: int = 1, seed: int = 0):
     :func:`task_tokenizer`, for post-training trainers to start from.  Returns
     ``(config, params, tokenizer)``."""
     tokenizer = task_tokenizer(path)
-    config = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_layers=n_layers, n_heads=2,
-                               n_kv_heads=1, head_dim=16, d_ff=64, max_seq_len=max_seq_len)
+    config = TransformerConfig(
+        vocab_size=tokenizer.vocab_size,
+        d_model=32,
+        n_layers=n_layers,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=16,
+        d_ff=64,
+        max_seq_len=max_seq_len,
+    )
     params = init_params(config, jax.random.key(seed))
     save_model(path / "model", config, params)
     return config, params, tokenizer

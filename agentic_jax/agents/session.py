@@ -5,6 +5,7 @@ served in-process by :class:`JaxPolicy`), built-in tools by name, the loop, its 
 sampling settings; see ``configs/agent_calculator.gin`` and
 ``configs/agent_calculator_scripted.gin``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,18 +17,18 @@ from typing import Any
 
 import gin
 
+from agentic_jax.agents.context.manager import ContextBudget, ContextManager
+from agentic_jax.agents.context.tokens import approx_tokens, tokenizer_counter
+from agentic_jax.agents.context.tracing import Tracer, console_sink
 from agentic_jax.agents.loops.agent import Agent, AgentResult
+from agentic_jax.agents.loops.plan_execute import PlanAndExecute
+from agentic_jax.agents.loops.react import SYSTEM_PROMPT, ReActAgent
+from agentic_jax.agents.policies.base import Policy
+from agentic_jax.agents.policies.jax_policy import JaxPolicy
+from agentic_jax.agents.tools.base import Tool
 from agentic_jax.agents.tools.budget import Budget, Pricing
 from agentic_jax.agents.tools.builtin import builtin_tool
-from agentic_jax.agents.context.manager import ContextBudget, ContextManager
 from agentic_jax.agents.tools.executor import Approver, ToolExecutor
-from agentic_jax.agents.policies.jax_policy import JaxPolicy
-from agentic_jax.agents.loops.plan_execute import PlanAndExecute
-from agentic_jax.agents.policies.base import Policy
-from agentic_jax.agents.loops.react import SYSTEM_PROMPT, ReActAgent
-from agentic_jax.agents.context.tokens import approx_tokens, tokenizer_counter
-from agentic_jax.agents.tools.base import Tool
-from agentic_jax.agents.context.tracing import Tracer, console_sink
 
 LOOPS = ("react", "plan_execute")
 
@@ -40,6 +41,7 @@ class AgentConfig:
     ``mcp_client.py``) whose tools join them as ``<server>__<tool>``; ``allow`` restricts them
     further; ``context`` enables context management with that budget; ``task`` is run when no
     task is given on the command line."""
+
     policy: Any = None
     checkpoint: str | None = None
     tools: Sequence[str] = ("calculator",)
@@ -64,14 +66,22 @@ def make_policy(config: AgentConfig, checkpoint: str | None = None) -> Policy:
     if path is not None:
         return JaxPolicy(path)
     if config.policy is None:
-        raise ValueError("no policy: pass --checkpoint, or bind agents.AgentConfig.policy or "
-                         "agents.AgentConfig.checkpoint in the gin config")
+        raise ValueError(
+            "no policy: pass --checkpoint, or bind agents.AgentConfig.policy or "
+            "agents.AgentConfig.checkpoint in the gin config"
+        )
     return config.policy
 
 
-def make_agent(config: AgentConfig, policy: Policy, *, tracer: Tracer | None = None,
-               approver: Approver | None = None, extra_tools: Sequence[Tool] = (),
-               mcp_tools: Sequence[Tool] = ()) -> Agent:
+def make_agent(
+    config: AgentConfig,
+    policy: Policy,
+    *,
+    tracer: Tracer | None = None,
+    approver: Approver | None = None,
+    extra_tools: Sequence[Tool] = (),
+    mcp_tools: Sequence[Tool] = (),
+) -> Agent:
     """The configured loop; ``extra_tools`` (a host's own, such as the A2A server's) join the
     built-in tools and pass the allow-list; ``mcp_tools`` (the ``mcp_servers``') are subject
     to it like the built-in ones."""
@@ -80,15 +90,26 @@ def make_agent(config: AgentConfig, policy: Policy, *, tracer: Tracer | None = N
     executor = ToolExecutor(tools, allow=allow, approver=approver)
     context = None
     if config.context is not None:
-        count = (tokenizer_counter(policy.model.tokenizer) if isinstance(policy, JaxPolicy)
-                 else approx_tokens)
+        count = (
+            tokenizer_counter(policy.model.tokenizer)
+            if isinstance(policy, JaxPolicy)
+            else approx_tokens
+        )
         context = ContextManager(config.context, count)
-    react = ReActAgent(policy, executor, system_prompt=config.system_prompt, budget=config.budget,
-                       pricing=config.pricing, context=context, tracer=tracer,
-                       sampling=config.sampling)
+    react = ReActAgent(
+        policy,
+        executor,
+        system_prompt=config.system_prompt,
+        budget=config.budget,
+        pricing=config.pricing,
+        context=context,
+        tracer=tracer,
+        sampling=config.sampling,
+    )
     if config.loop == "plan_execute":
-        return PlanAndExecute(policy, react, budget=config.budget, pricing=config.pricing,
-                              tracer=tracer)
+        return PlanAndExecute(
+            policy, react, budget=config.budget, pricing=config.pricing, tracer=tracer
+        )
     return react
 
 
@@ -139,13 +160,19 @@ def open_mcp_client(servers: Mapping[str, Any]):
     if not servers:
         return None
     from agentic_jax.agents.protocols.mcp_client import MCPClient
+
     return MCPClient(servers)
 
 
-def run_session(config: AgentConfig, tasks: Sequence[str] | Iterator[str], *,
-                checkpoint: str | None = None, trace_path: str | None = None,
-                approver: Approver | None = terminal_approver,
-                write: Callable[[str], Any] = print) -> list[AgentResult]:
+def run_session(
+    config: AgentConfig,
+    tasks: Sequence[str] | Iterator[str],
+    *,
+    checkpoint: str | None = None,
+    trace_path: str | None = None,
+    approver: Approver | None = terminal_approver,
+    write: Callable[[str], Any] = print,
+) -> list[AgentResult]:
     """Runs each task with a fresh agent (one trace run each), streaming its steps to ``write``."""
     policy = make_policy(config, checkpoint)
     results = []
@@ -155,8 +182,11 @@ def run_session(config: AgentConfig, tasks: Sequence[str] | Iterator[str], *,
         mcp_tools = mcp.tools() if mcp is not None else []
         for task in tasks:
             tracer = Tracer(trace_path, sinks=[console_sink(write)], pricing=config.pricing)
-            results.append(make_agent(config, policy, tracer=tracer, approver=approver,
-                                      mcp_tools=mcp_tools).run(task))
+            results.append(
+                make_agent(
+                    config, policy, tracer=tracer, approver=approver, mcp_tools=mcp_tools
+                ).run(task)
+            )
     finally:
         if mcp is not None:
             mcp.close()

@@ -5,9 +5,19 @@ uniform / prioritised replay and a target network, REINFORCE with a baseline,
 and PPO with GAE (PureJaxRL style). See docs/envs.md.
 """
 
-from agentic_jax.classic_rl.common import categorical_policy, epsilon_greedy, evaluate, greedy_policy
+from agentic_jax.classic_rl.common import (
+    categorical_policy,
+    epsilon_greedy,
+    evaluate,
+    greedy_policy,
+)
 from agentic_jax.classic_rl.dqn import DQNConfig, make_dqn
-from agentic_jax.classic_rl.networks import actor_critic_apply, actor_critic_init, mlp_apply, mlp_init
+from agentic_jax.classic_rl.networks import (
+    actor_critic_apply,
+    actor_critic_init,
+    mlp_apply,
+    mlp_init,
+)
 from agentic_jax.classic_rl.ppo import PPOConfig, make_ppo
 from agentic_jax.classic_rl.reinforce import ReinforceConfig, make_reinforce
 from agentic_jax.classic_rl.replay import (
@@ -18,7 +28,12 @@ from agentic_jax.classic_rl.replay import (
     sample_uniform,
     update_priorities,
 )
-from agentic_jax.classic_rl.tabular import QLearningConfig, TDLambdaConfig, make_q_learning, make_td_lambda
+from agentic_jax.classic_rl.tabular import (
+    QLearningConfig,
+    TDLambdaConfig,
+    make_q_learning,
+    make_td_lambda,
+)
 
 __all__ = [
     "DQNConfig",

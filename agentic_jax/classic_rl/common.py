@@ -6,8 +6,16 @@ import jax.numpy as jnp
 import optax
 
 from agentic_jax import rl
-from agentic_jax.envs import EpisodeStatistics, ActionOutput, Transition, Vectorized, bootstrap_inputs, rollout, spaces
 from agentic_jax.classic_rl.networks import actor_critic_apply, actor_critic_init
+from agentic_jax.envs import (
+    ActionOutput,
+    EpisodeStatistics,
+    Transition,
+    Vectorized,
+    bootstrap_inputs,
+    rollout,
+    spaces,
+)
 
 
 def categorical_policy(params, key, obs) -> ActionOutput:
@@ -23,9 +31,19 @@ def greedy_policy(params, key, obs) -> jax.Array:
     return jnp.argmax(actor_critic_apply(params, obs)[0], axis=-1)
 
 
-def evaluate(env, policy_fn, policy_params, key, num_envs: int, num_steps: int, env_params=None) -> jax.Array:
+def evaluate(
+    env, policy_fn, policy_params, key, num_envs: int, num_steps: int, env_params=None
+) -> jax.Array:
     """Mean return of the episodes that end within `num_steps` steps of `num_envs` environments."""
-    traj = rollout(EpisodeStatistics(env), policy_fn, key, env_params, num_envs, num_steps, policy_params=policy_params)
+    traj = rollout(
+        EpisodeStatistics(env),
+        policy_fn,
+        key,
+        env_params,
+        num_envs,
+        num_steps,
+        policy_params=policy_params,
+    )
     return episode_metrics(traj)["episode_return"]
 
 
@@ -42,9 +60,15 @@ def advantages_and_returns(params, traj: Transition, last_obs, gamma: float, lam
     (bootstrapped only where the rollout or a time limit cuts an episode).
     """
     final_value = actor_critic_apply(params, traj.final_obs)[1]
-    reward, discount = bootstrap_inputs(traj.reward, traj.terminated, traj.truncated, final_value, gamma)
-    values = jnp.concatenate([traj.extras["value"], actor_critic_apply(params, last_obs)[1][None]], axis=0)
-    advantages = jax.vmap(rl.gae, in_axes=(1, 1, 1, None), out_axes=1)(reward, values, discount, lam)
+    reward, discount = bootstrap_inputs(
+        traj.reward, traj.terminated, traj.truncated, final_value, gamma
+    )
+    values = jnp.concatenate(
+        [traj.extras["value"], actor_critic_apply(params, last_obs)[1][None]], axis=0
+    )
+    advantages = jax.vmap(rl.gae, in_axes=(1, 1, 1, None), out_axes=1)(
+        reward, values, discount, lam
+    )
     return advantages, advantages + traj.extras["value"]
 
 
@@ -53,12 +77,17 @@ def episode_metrics(traj: Transition) -> dict[str, jax.Array]:
     done = traj.info["episode_done"]
     count = jnp.sum(done)
     total = jnp.sum(jnp.where(done, traj.info["episode_return"], 0.0))
-    return {"episode_return": jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan), "episodes": count}
+    return {
+        "episode_return": jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan),
+        "episodes": count,
+    }
 
 
 def adam(learning_rate, max_grad_norm: float) -> optax.GradientTransformation:
     """Adam with global-norm gradient clipping."""
-    return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(learning_rate, eps=1e-5))
+    return optax.chain(
+        optax.clip_by_global_norm(max_grad_norm), optax.adam(learning_rate, eps=1e-5)
+    )
 
 
 def space_sizes(env, env_params, tabular: bool = False) -> tuple[int, int]:
@@ -74,7 +103,9 @@ def space_sizes(env, env_params, tabular: bool = False) -> tuple[int, int]:
         raise ValueError(f"the agent needs a Discrete action space, got {action_space}")
     if tabular:
         if not isinstance(obs_space, spaces.Discrete):
-            raise ValueError(f"a tabular agent needs a Discrete observation space (a state index), got {obs_space}")
+            raise ValueError(
+                f"a tabular agent needs a Discrete observation space (a state index), got {obs_space}"
+            )
         return obs_space.n, action_space.n
     if not isinstance(obs_space, spaces.Box) or len(obs_space.shape) != 1:
         raise ValueError(
@@ -99,7 +130,9 @@ def epsilon_greedy(q_values: jax.Array, key: jax.Array, epsilon) -> jax.Array:
     """argmax_a q(a), or a uniformly random action with probability ε."""
     key_explore, key_action = jax.random.split(key)
     random_action = jax.random.randint(key_action, (), 0, q_values.shape[-1])
-    return jnp.where(jax.random.uniform(key_explore) < epsilon, random_action, jnp.argmax(q_values, axis=-1))
+    return jnp.where(
+        jax.random.uniform(key_explore) < epsilon, random_action, jnp.argmax(q_values, axis=-1)
+    )
 
 
 def chunked_scan(iteration, carry, key, num_iterations: int, log_every: int):
@@ -111,20 +144,28 @@ def chunked_scan(iteration, carry, key, num_iterations: int, log_every: int):
     averaged over iterations.
     """
     if num_iterations % log_every:
-        raise ValueError(f"num_iterations ({num_iterations}) must be a multiple of log_every ({log_every})")
+        raise ValueError(
+            f"num_iterations ({num_iterations}) must be a multiple of log_every ({log_every})"
+        )
 
     def chunk(carry, key):
         carry, metrics = jax.lax.scan(iteration, carry, jax.random.split(key, log_every))
         count = jnp.sum(metrics["episodes"])
         total = jnp.nansum(metrics["episode_return"] * metrics["episodes"])
-        means = {name: jnp.mean(value) for name, value in metrics.items() if name not in ("episodes", "episode_return")}
+        means = {
+            name: jnp.mean(value)
+            for name, value in metrics.items()
+            if name not in ("episodes", "episode_return")
+        }
         episode_return = jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
         return carry, {**means, "episode_return": episode_return, "episodes": count}
 
     return jax.lax.scan(chunk, carry, jax.random.split(key, num_iterations // log_every))
 
 
-def make_train(env, env_params, num_envs: int, init_agent, iteration, num_iterations: int, log_every: int = 1):
+def make_train(
+    env, env_params, num_envs: int, init_agent, iteration, num_iterations: int, log_every: int = 1
+):
     """The skeleton of every agent: `train(key) -> (agent[0], metrics)`.
 
     Resets `num_envs` environments, builds the agent tuple with
@@ -137,7 +178,9 @@ def make_train(env, env_params, num_envs: int, init_agent, iteration, num_iterat
         key_init, key_reset, key_train = jax.random.split(key, 3)
         obs, env_state = Vectorized(env).reset(jax.random.split(key_reset, num_envs), env_params)
         carry = (init_agent(key_init), obs, env_state)
-        (agent, _, _), metrics = chunked_scan(iteration, carry, key_train, num_iterations, log_every)
+        (agent, _, _), metrics = chunked_scan(
+            iteration, carry, key_train, num_iterations, log_every
+        )
         return agent[0], metrics
 
     return train

@@ -22,10 +22,16 @@ import jax.numpy as jnp
 import optax
 
 from agentic_jax import rl
-from agentic_jax.envs import Env, EpisodeStatistics, run_steps
 from agentic_jax.classic_rl import replay
-from agentic_jax.classic_rl.common import adam, episode_metrics, epsilon_greedy, make_train, space_sizes
+from agentic_jax.classic_rl.common import (
+    adam,
+    episode_metrics,
+    epsilon_greedy,
+    make_train,
+    space_sizes,
+)
 from agentic_jax.classic_rl.networks import mlp_apply, mlp_init
+from agentic_jax.envs import Env, EpisodeStatistics, run_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +69,9 @@ def dqn_losses(params, target_params, batch, config: DQNConfig) -> jax.Array:
 
 def make_dqn(env: Env, config: DQNConfig = DQNConfig(), env_params=None):
     """Returns `train(key) -> (q_params, metrics)`; metrics per `log_every` iterations."""
-    if config.learning_starts > config.buffer_size:  # the buffer's size never reaches it: no update would run
+    if (
+        config.learning_starts > config.buffer_size
+    ):  # the buffer's size never reaches it: no update would run
         raise ValueError(
             f"learning_starts ({config.learning_starts}) must not exceed buffer_size ({config.buffer_size})"
         )
@@ -75,7 +83,8 @@ def make_dqn(env: Env, config: DQNConfig = DQNConfig(), env_params=None):
     decay_steps = int(config.epsilon_fraction * config.num_iterations)
     epsilon = (
         optax.linear_schedule(config.epsilon_start, config.epsilon_end, decay_steps)
-        if decay_steps > 0 else optax.constant_schedule(config.epsilon_end)
+        if decay_steps > 0
+        else optax.constant_schedule(config.epsilon_end)
     )
     beta = optax.linear_schedule(config.beta_start, 1.0, config.num_iterations)
 
@@ -85,7 +94,9 @@ def make_dqn(env: Env, config: DQNConfig = DQNConfig(), env_params=None):
 
     def sample(buffer, key, step):
         if config.prioritized:
-            return replay.sample_prioritized(buffer, key, config.batch_size, config.alpha, beta(step))
+            return replay.sample_prioritized(
+                buffer, key, config.batch_size, config.alpha, beta(step)
+            )
         batch, slots = replay.sample_uniform(buffer, key, config.batch_size)
         return batch, slots, jnp.ones((config.batch_size,), jnp.float32)
 
@@ -106,27 +117,45 @@ def make_dqn(env: Env, config: DQNConfig = DQNConfig(), env_params=None):
         (params, target_params, opt_state, buffer, step), obs, env_state = carry
         key_act, key_learn = jax.random.split(key)
         obs, env_state, traj = run_steps(
-            env, policy, key_act, env_params, obs, env_state, 1, policy_params=(params, epsilon(step))
+            env,
+            policy,
+            key_act,
+            env_params,
+            obs,
+            env_state,
+            1,
+            policy_params=(params, epsilon(step)),
         )
         t = jax.tree.map(lambda x: x[0], traj)
-        buffer = replay.buffer_add(buffer, {
-            "obs": t.obs, "action": t.action, "reward": t.reward,
-            "discount": jnp.where(t.terminated, 0.0, config.gamma), "next_obs": t.final_obs,
-        })
+        buffer = replay.buffer_add(
+            buffer,
+            {
+                "obs": t.obs,
+                "action": t.action,
+                "reward": t.reward,
+                "discount": jnp.where(t.terminated, 0.0, config.gamma),
+                "next_obs": t.final_obs,
+            },
+        )
         params, opt_state, buffer, loss = jax.lax.cond(
             buffer.size >= config.learning_starts,
             lambda: learn(params, target_params, opt_state, buffer, key_learn, step),
             lambda: (params, opt_state, buffer, jnp.float32(0.0)),
         )
         target_params = jax.tree.map(
-            lambda online, target: jnp.where(step % config.target_period == 0, online, target), params, target_params
+            lambda online, target: jnp.where(step % config.target_period == 0, online, target),
+            params,
+            target_params,
         )
         carry = ((params, target_params, opt_state, buffer, step + 1), obs, env_state)
         return carry, {"loss": loss, "epsilon": epsilon(step), **episode_metrics(traj)}
 
     example = {
-        "obs": jnp.zeros((obs_dim,), jnp.float32), "action": jnp.int32(0), "reward": jnp.float32(0.0),
-        "discount": jnp.float32(0.0), "next_obs": jnp.zeros((obs_dim,), jnp.float32),
+        "obs": jnp.zeros((obs_dim,), jnp.float32),
+        "action": jnp.int32(0),
+        "reward": jnp.float32(0.0),
+        "discount": jnp.float32(0.0),
+        "next_obs": jnp.zeros((obs_dim,), jnp.float32),
     }
 
     def init(key):
@@ -134,4 +163,6 @@ def make_dqn(env: Env, config: DQNConfig = DQNConfig(), env_params=None):
         buffer = replay.buffer_init(example, config.buffer_size)
         return params, params, optimizer.init(params), buffer, jnp.int32(0)
 
-    return make_train(env, env_params, config.num_envs, init, iteration, config.num_iterations, config.log_every)
+    return make_train(
+        env, env_params, config.num_envs, init, iteration, config.num_iterations, config.log_every
+    )

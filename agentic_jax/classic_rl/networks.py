@@ -9,7 +9,9 @@ import jax
 import jax.numpy as jnp
 
 
-def mlp_init(key: jax.Array, sizes: tuple[int, ...], head_gain: float = 1.0) -> list[dict[str, jax.Array]]:
+def mlp_init(
+    key: jax.Array, sizes: tuple[int, ...], head_gain: float = 1.0
+) -> list[dict[str, jax.Array]]:
     """Layers `sizes[0] → … → sizes[-1]`: [{"w", "b"}, …]."""
     keys = jax.random.split(key, len(sizes) - 1)
     gains = [jnp.sqrt(2.0)] * (len(sizes) - 2) + [head_gain]
@@ -30,7 +32,9 @@ def mlp_apply(params: list[dict[str, jax.Array]], x: jax.Array, activation=jnp.t
     return x @ params[-1]["w"] + params[-1]["b"]
 
 
-def actor_critic_init(key: jax.Array, obs_dim: int, num_actions: int, hidden: tuple[int, ...] = (64, 64)) -> dict:
+def actor_critic_init(
+    key: jax.Array, obs_dim: int, num_actions: int, hidden: tuple[int, ...] = (64, 64)
+) -> dict:
     """Separate policy and value MLPs: {"actor": …, "critic": …}."""
     key_actor, key_critic = jax.random.split(key)
     return {

@@ -22,7 +22,6 @@ import jax.numpy as jnp
 import optax
 
 from agentic_jax import rl
-from agentic_jax.envs import Env, EpisodeStatistics, run_steps
 from agentic_jax.classic_rl.common import (
     action_log_prob,
     adam,
@@ -33,6 +32,7 @@ from agentic_jax.classic_rl.common import (
     make_train,
 )
 from agentic_jax.classic_rl.networks import actor_critic_apply
+from agentic_jax.envs import Env, EpisodeStatistics, run_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,13 +72,16 @@ def make_ppo(env: Env, config: PPOConfig = PPOConfig(), env_params=None):
     env_params = env.default_params if env_params is None else env_params
     batch_size = config.num_envs * config.num_steps
     if batch_size % config.num_minibatches:
-        raise ValueError(f"num_envs × num_steps ({batch_size}) must split into num_minibatches "
-                         f"({config.num_minibatches}) equal minibatches")
+        raise ValueError(
+            f"num_envs × num_steps ({batch_size}) must split into num_minibatches "
+            f"({config.num_minibatches}) equal minibatches"
+        )
     minibatch_size = batch_size // config.num_minibatches
     steps_per_update = config.update_epochs * config.num_minibatches
     schedule = (
         optax.linear_schedule(config.learning_rate, 0.0, config.num_updates * steps_per_update)
-        if config.anneal_lr else config.learning_rate
+        if config.anneal_lr
+        else config.learning_rate
     )
     optimizer = adam(schedule, config.max_grad_norm)
 
@@ -102,10 +105,25 @@ def make_ppo(env: Env, config: PPOConfig = PPOConfig(), env_params=None):
         (params, opt_state), obs, env_state = carry
         key_run, key_sgd = jax.random.split(key)
         obs, env_state, traj = run_steps(
-            env, categorical_policy, key_run, env_params, obs, env_state, config.num_steps, policy_params=params
+            env,
+            categorical_policy,
+            key_run,
+            env_params,
+            obs,
+            env_state,
+            config.num_steps,
+            policy_params=params,
         )
-        advantages, returns = advantages_and_returns(params, traj, obs, config.gamma, config.gae_lambda)
-        batch = {"obs": traj.obs, "action": traj.action, "advantage": advantages, "return": returns, **traj.extras}
+        advantages, returns = advantages_and_returns(
+            params, traj, obs, config.gamma, config.gae_lambda
+        )
+        batch = {
+            "obs": traj.obs,
+            "action": traj.action,
+            "advantage": advantages,
+            "return": returns,
+            **traj.extras,
+        }
         batch = jax.tree.map(lambda x: x.reshape(batch_size, *x.shape[2:]), batch)
         (params, opt_state, _), metrics = jax.lax.scan(
             sgd_epoch, (params, opt_state, batch), jax.random.split(key_sgd, config.update_epochs)

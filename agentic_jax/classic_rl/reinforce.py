@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import optax
 
 from agentic_jax import rl
-from agentic_jax.envs import Env, EpisodeStatistics, run_steps
 from agentic_jax.classic_rl.common import (
     action_log_prob,
     adam,
@@ -30,6 +29,7 @@ from agentic_jax.classic_rl.common import (
     make_train,
 )
 from agentic_jax.classic_rl.networks import actor_critic_apply
+from agentic_jax.envs import Env, EpisodeStatistics, run_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +65,14 @@ def make_reinforce(env: Env, config: ReinforceConfig = ReinforceConfig(), env_pa
     def update(carry, key):
         (params, opt_state), obs, env_state = carry
         obs, env_state, traj = run_steps(
-            env, categorical_policy, key, env_params, obs, env_state, config.num_steps, policy_params=params
+            env,
+            categorical_policy,
+            key,
+            env_params,
+            obs,
+            env_state,
+            config.num_steps,
+            policy_params=params,
         )
         _, returns = advantages_and_returns(params, traj, obs, config.gamma, 1.0)
         batch = {"obs": traj.obs, "action": traj.action, "return": returns}

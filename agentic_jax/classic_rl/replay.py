@@ -30,7 +30,9 @@ class ReplayBuffer:
 
 def buffer_init(example: dict, capacity: int) -> ReplayBuffer:
     """An empty buffer for items shaped like `example` (one transition, no batch axis)."""
-    data = jax.tree.map(lambda x: jnp.zeros((capacity, *jnp.shape(x)), jnp.asarray(x).dtype), example)
+    data = jax.tree.map(
+        lambda x: jnp.zeros((capacity, *jnp.shape(x)), jnp.asarray(x).dtype), example
+    )
     return ReplayBuffer(data, jnp.zeros((capacity,), jnp.float32), jnp.int32(0), jnp.int32(0))
 
 
@@ -61,18 +63,24 @@ def sample_uniform(buffer: ReplayBuffer, key: jax.Array, batch_size: int):
     return jax.tree.map(lambda store: store[slots], buffer.data), slots
 
 
-def sample_prioritized(buffer: ReplayBuffer, key: jax.Array, batch_size: int, alpha: float, beta: float):
+def sample_prioritized(
+    buffer: ReplayBuffer, key: jax.Array, batch_size: int, alpha: float, beta: float
+):
     """(batch, slots, importance weights) with P(i) ∝ p_i^α (stratified over the CDF)."""
     mass = jnp.where(buffer.priorities > 0, buffer.priorities**alpha, 0.0)
     cdf = jnp.cumsum(mass)
     total = cdf[-1]
     targets = (jnp.arange(batch_size) + jax.random.uniform(key, (batch_size,))) / batch_size * total
-    slots = jnp.minimum(jnp.searchsorted(cdf, targets, side="right"), jnp.maximum(buffer.size, 1) - 1)
+    slots = jnp.minimum(
+        jnp.searchsorted(cdf, targets, side="right"), jnp.maximum(buffer.size, 1) - 1
+    )
     probs = mass[slots] / total
     weights = (buffer.size * probs) ** (-beta)
     return jax.tree.map(lambda store: store[slots], buffer.data), slots, weights / jnp.max(weights)
 
 
-def update_priorities(buffer: ReplayBuffer, slots: jax.Array, priorities: jax.Array, eps: float = 1e-6) -> ReplayBuffer:
+def update_priorities(
+    buffer: ReplayBuffer, slots: jax.Array, priorities: jax.Array, eps: float = 1e-6
+) -> ReplayBuffer:
     """Sets p_i = |δ_i| + eps for the replayed slots."""
     return buffer.replace(priorities=buffer.priorities.at[slots].set(jnp.abs(priorities) + eps))

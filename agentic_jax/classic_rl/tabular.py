@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import optax
 
 from agentic_jax import rl
-from agentic_jax.envs import Env, EpisodeStatistics, bootstrap_inputs, run_steps
 from agentic_jax.classic_rl.common import episode_metrics, epsilon_greedy, make_train, space_sizes
+from agentic_jax.envs import Env, EpisodeStatistics, bootstrap_inputs, run_steps
 
 
 def averaged_table_step(table: jax.Array, loss_fn, index, lr) -> tuple[jax.Array, jax.Array]:
@@ -59,12 +59,16 @@ def make_q_learning(env: Env, config: QLearningConfig = QLearningConfig(), env_p
 
     def iteration(carry, key):
         (q, step), obs, env_state = carry
-        obs, env_state, traj = run_steps(env, policy, key, env_params, obs, env_state, 1, policy_params=q)
+        obs, env_state, traj = run_steps(
+            env, policy, key, env_params, obs, env_state, 1, policy_params=q
+        )
         t = jax.tree.map(lambda x: x[0], traj)
         discount = jnp.where(t.terminated, 0.0, config.gamma)
 
         def loss(q):
-            return jnp.sum(jax.vmap(rl.q_learning_loss)(q[t.obs], t.action, t.reward, discount, q[t.final_obs]))
+            return jnp.sum(
+                jax.vmap(rl.q_learning_loss)(q[t.obs], t.action, t.reward, discount, q[t.final_obs])
+            )
 
         q, loss_value = averaged_table_step(q, loss, (t.obs, t.action), lr(step))
         return ((q, step + 1), obs, env_state), {"loss": loss_value, **episode_metrics(traj)}
@@ -72,7 +76,9 @@ def make_q_learning(env: Env, config: QLearningConfig = QLearningConfig(), env_p
     def init(key):
         return jnp.zeros((num_states, num_actions), jnp.float32), jnp.int32(0)
 
-    return make_train(env, env_params, config.num_envs, init, iteration, config.num_iterations, config.log_every)
+    return make_train(
+        env, env_params, config.num_envs, init, iteration, config.num_iterations, config.log_every
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,15 +92,22 @@ class TDLambdaConfig:
     lambda_: float = 0.8
 
 
-def make_td_lambda(env: Env, policy: jax.Array, config: TDLambdaConfig = TDLambdaConfig(), env_params=None):
+def make_td_lambda(
+    env: Env, policy: jax.Array, config: TDLambdaConfig = TDLambdaConfig(), env_params=None
+):
     """Returns `train(key) -> (v_table [S], metrics)` evaluating the policy table π[S, A]."""
     env = EpisodeStatistics(env)
     env_params = env.default_params if env_params is None else env_params
     num_states, num_actions = space_sizes(env, env_params, tabular=True)
     log_policy = jnp.log(jnp.asarray(policy, jnp.float32))
-    if log_policy.shape != (num_states, num_actions):  # indexing would clamp a wrong-shaped table silently
-        raise ValueError(f"policy must have shape (num_states, num_actions) = {(num_states, num_actions)}, "
-                         f"got {log_policy.shape}")
+    if log_policy.shape != (
+        num_states,
+        num_actions,
+    ):  # indexing would clamp a wrong-shaped table silently
+        raise ValueError(
+            f"policy must have shape (num_states, num_actions) = {(num_states, num_actions)}, "
+            f"got {log_policy.shape}"
+        )
     lr = optax.linear_schedule(config.learning_rate, config.lr_end, config.num_updates)
     td_lambda = jax.vmap(rl.td_lambda, in_axes=(1, 1, 1, 1, None), out_axes=1)
 
@@ -103,7 +116,9 @@ def make_td_lambda(env: Env, policy: jax.Array, config: TDLambdaConfig = TDLambd
 
     def update(carry, key):
         (v, step), obs, env_state = carry
-        obs, env_state, traj = run_steps(env, behave, key, env_params, obs, env_state, config.num_steps)
+        obs, env_state, traj = run_steps(
+            env, behave, key, env_params, obs, env_state, config.num_steps
+        )
         reward, discount = bootstrap_inputs(
             traj.reward, traj.terminated, traj.truncated, v[traj.final_obs], config.gamma
         )

@@ -20,6 +20,7 @@ where the last line is the generation prompt.  Tool-call JSON escapes ``<`` as `
 no argument can forge a special token; message text may not contain special-token strings at
 all, which keeps ``parse`` an exact inverse of ``render``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,27 +30,45 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from agentic_jax.data.tokenizer import (IM_END, IM_START, SPECIAL_TOKENS, TOOL_CALL, TOOL_CALL_END,
-                                        TOOL_RESULT, TOOL_RESULT_END, Tokenizer)
+from agentic_jax.data.tokenizer import (
+    IM_END,
+    IM_START,
+    SPECIAL_TOKENS,
+    TOOL_CALL,
+    TOOL_CALL_END,
+    TOOL_RESULT,
+    TOOL_RESULT_END,
+    Tokenizer,
+)
 
 ROLES = ("system", "user", "assistant", "tool")
 
 
 class ToolSpec(NamedTuple):
     """What a model is told about a tool (an OpenAI ``function`` object's fields)."""
+
     name: str
     description: str
     parameters: dict
 
     def openai(self) -> dict:
-        return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                 "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
 
     @classmethod
-    def from_openai(cls, spec: Mapping[str, Any]) -> "ToolSpec":
+    def from_openai(cls, spec: Mapping[str, Any]) -> ToolSpec:
         function = spec.get("function", spec)
-        return cls(function["name"], function.get("description", ""),
-                   dict(function.get("parameters") or {"type": "object", "properties": {}}))
+        return cls(
+            function["name"],
+            function.get("description", ""),
+            dict(function.get("parameters") or {"type": "object", "properties": {}}),
+        )
 
 
 def as_data(text: str) -> str:
@@ -69,6 +88,7 @@ class ToolCall:
     is kept as it is: it is the model's mistake to be told about (the executor answers it as
     invalid arguments), not a reason to end a run.
     """
+
     name: str
     arguments: Mapping[str, Any] | str = dataclasses.field(default_factory=dict)
 
@@ -92,6 +112,7 @@ class ToolCall:
 @dataclasses.dataclass(frozen=True)
 class Message:
     """One turn.  ``tool_calls`` only on assistant turns; a ``tool`` turn's content is a result."""
+
     role: str
     content: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
@@ -121,6 +142,7 @@ def as_message(message: MessageLike) -> Message:
 
 class _Piece(NamedTuple):
     """A span of the rendered text: a special token or plain text, trained on or not."""
+
     text: str
     special: bool
     assistant: bool
@@ -135,8 +157,9 @@ def _check_plain(text: str, what: str) -> None:
 def _tool_call_json(call: ToolCall) -> str:
     if not isinstance(call.arguments, Mapping | str):
         raise ValueError(f"arguments of tool call {call.name!r} must be a JSON object or text")
-    payload = json.dumps({"name": call.name, "arguments": call.arguments}, ensure_ascii=False,
-                         allow_nan=False)
+    payload = json.dumps(
+        {"name": call.name, "arguments": call.arguments}, ensure_ascii=False, allow_nan=False
+    )
     return payload.replace("<", "\\u003c")  # "<" only occurs inside JSON strings.
 
 
@@ -149,14 +172,19 @@ def _message_pieces(message: Message) -> list[_Piece]:
     trained = message.role == "assistant"
     pieces = [_Piece(IM_START, True, False), _Piece(f"{message.role}\n", False, False)]
     if message.role == "tool":
-        pieces += [_Piece(TOOL_RESULT, True, False), _Piece(f"\n{message.content}\n", False, False),
-                   _Piece(TOOL_RESULT_END, True, False)]
+        pieces += [
+            _Piece(TOOL_RESULT, True, False),
+            _Piece(f"\n{message.content}\n", False, False),
+            _Piece(TOOL_RESULT_END, True, False),
+        ]
     else:
         pieces.append(_Piece(message.content, False, trained))
     for call in message.tool_calls:
-        pieces += [_Piece(TOOL_CALL, True, True),
-                   _Piece(f"\n{_tool_call_json(call)}\n", False, True),
-                   _Piece(TOOL_CALL_END, True, True)]
+        pieces += [
+            _Piece(TOOL_CALL, True, True),
+            _Piece(f"\n{_tool_call_json(call)}\n", False, True),
+            _Piece(TOOL_CALL_END, True, True),
+        ]
     return pieces + [_Piece(IM_END, True, trained), _Piece("\n", False, False)]
 
 
@@ -177,8 +205,13 @@ class RenderedIds(NamedTuple):
     assistant_mask: np.ndarray  # int32 [n]: 1 on assistant content, tool calls and their <|im_end|>
 
 
-def render_ids(messages: Iterable[MessageLike], tokenizer: Tokenizer, *,
-               add_generation_prompt: bool = False, add_bos: bool = True) -> RenderedIds:
+def render_ids(
+    messages: Iterable[MessageLike],
+    tokenizer: Tokenizer,
+    *,
+    add_generation_prompt: bool = False,
+    add_bos: bool = True,
+) -> RenderedIds:
     """Token ids of ``render(messages)`` and the per-token assistant mask for SFT.
 
     Each span is tokenized on its own (special tokens by id), so assistant tokens never merge
@@ -202,10 +235,14 @@ def _parse_tool_call(payload: str) -> ToolCall:
         obj = json.loads(payload)
     except json.JSONDecodeError as e:
         raise ValueError(f"tool call is not valid JSON: {payload!r}") from e
-    if (not isinstance(obj, dict) or not isinstance(obj.get("name"), str)
-            or not isinstance(obj.get("arguments", {}), dict | str)):
-        raise ValueError(f"tool call must be {{'name': str, 'arguments': object or str}}, "
-                         f"got {payload!r}")
+    if (
+        not isinstance(obj, dict)
+        or not isinstance(obj.get("name"), str)
+        or not isinstance(obj.get("arguments", {}), dict | str)
+    ):
+        raise ValueError(
+            f"tool call must be {{'name': str, 'arguments': object or str}}, got {payload!r}"
+        )
     return ToolCall(obj["name"], obj.get("arguments", {}))
 
 
@@ -231,10 +268,13 @@ def _parse_body(role: str, body: str) -> Message:
         return parse_assistant(body)
     if role == "tool":
         prefix, suffix = f"{TOOL_RESULT}\n", f"\n{TOOL_RESULT_END}"
-        if not (body.startswith(prefix) and body.endswith(suffix)
-                and len(body) >= len(prefix) + len(suffix)):
+        if not (
+            body.startswith(prefix)
+            and body.endswith(suffix)
+            and len(body) >= len(prefix) + len(suffix)
+        ):
             raise ValueError(f"tool message must be wrapped in {TOOL_RESULT}: {body!r}")
-        body = body[len(prefix):-len(suffix)]
+        body = body[len(prefix) : -len(suffix)]
     _check_plain(body, f"{role} message")
     return Message(role, body)
 
@@ -246,7 +286,7 @@ def parse(text: str) -> list[Message]:
         if not text.startswith(IM_START, pos):
             raise ValueError(f"expected {IM_START} at offset {pos}")
         header_end = text.find("\n", pos)
-        role = text[pos + len(IM_START):header_end] if header_end >= 0 else None
+        role = text[pos + len(IM_START) : header_end] if header_end >= 0 else None
         if role not in ROLES:
             raise ValueError(f"bad turn header at offset {pos}")
         end = text.find(IM_END, header_end)
@@ -254,10 +294,9 @@ def parse(text: str) -> list[Message]:
             if role == "assistant" and header_end + 1 == len(text):
                 break  # the generation prompt
             raise ValueError(f"unterminated {role} turn at offset {pos}")
-        messages.append(_parse_body(role, text[header_end + 1:end]))
+        messages.append(_parse_body(role, text[header_end + 1 : end]))
         pos = end + len(IM_END)
         if not text.startswith("\n", pos):
             raise ValueError(f"expected a newline after {IM_END} at offset {pos}")
         pos += 1
     return messages
-

@@ -4,6 +4,7 @@ Documents (docstrings, manual pages) contain blank lines, so a file separates it
 a line holding a single form feed (``\\f``), the traditional page break of plain text.  A file
 without form feeds is one document.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -42,8 +43,10 @@ def write_documents(path: str | os.PathLike, docs: Iterable[str]) -> int:
     text = DOCUMENT_SEPARATOR.join(cleaned) + "\n"
     if os.fspath(path).endswith(".gz"):
         # mtime=0 and no embedded file name: identical inputs give identical bytes.
-        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", filename="", mtime=0,
-                                                     compresslevel=9) as gz:
+        with (
+            open(path, "wb") as raw,
+            gzip.GzipFile(fileobj=raw, mode="wb", filename="", mtime=0, compresslevel=9) as gz,
+        ):
             gz.write(text.encode("utf-8"))
     else:
         with open(path, "w", encoding="utf-8", newline="") as f:

@@ -13,6 +13,7 @@ Batch features, all int32 ``[batch_size, seq_len]``:
 * ``positions``: position within the example, restarting at 0 in each segment;
 * ``loss_mask``: 1 where the target is trained on (0 on padding and masked-out targets).
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,8 +25,9 @@ import numpy as np
 _PACKED = ("tokens", "targets", "loss_mask")
 
 
-def next_token_example(ids: Sequence[int] | np.ndarray,
-                       trained: Sequence[int] | np.ndarray | None = None) -> dict[str, np.ndarray]:
+def next_token_example(
+    ids: Sequence[int] | np.ndarray, trained: Sequence[int] | np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     """Input/label pair predicting ``ids[1:]`` from ``ids[:-1]``.
 
     ``trained`` (per id, e.g. ``chat.render_ids(...).assistant_mask``) selects which *targets*
@@ -37,8 +39,7 @@ def next_token_example(ids: Sequence[int] | np.ndarray,
         # The packer lays out each feature by its own length: a mismatch would shift the mask
         # onto other documents' tokens and padding without any error.
         raise ValueError(f"trained has shape {np.shape(trained)}, but ids have shape {ids.shape}")
-    loss_mask = (np.ones_like(targets) if trained is None
-                 else np.asarray(trained, np.int32)[1:])
+    loss_mask = np.ones_like(targets) if trained is None else np.asarray(trained, np.int32)[1:]
     return {"tokens": ids[:-1], "targets": targets, "loss_mask": loss_mask}
 
 
@@ -51,13 +52,21 @@ def _batch_features(row: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 def padding_batch(batch_size: int, seq_len: int) -> dict[str, np.ndarray]:
     """A batch of padding rows only: every feature 0, as ``pack_batches`` fills its last batch."""
-    return {name: np.zeros((batch_size, seq_len), np.int32)
-            for name in _PACKED + ("segment_ids", "positions")}
+    return {
+        name: np.zeros((batch_size, seq_len), np.int32)
+        for name in _PACKED + ("segment_ids", "positions")
+    }
 
 
-def pack_batches(examples: grain.IterDataset, *, seq_len: int, batch_size: int,
-                 num_packing_bins: int, seed: int = 0,
-                 shuffle_bins: bool = True) -> grain.IterDataset:
+def pack_batches(
+    examples: grain.IterDataset,
+    *,
+    seq_len: int,
+    batch_size: int,
+    num_packing_bins: int,
+    seed: int = 0,
+    shuffle_bins: bool = True,
+) -> grain.IterDataset:
     """First-fit packs ``next_token_example`` dicts into rows, then batches the rows.
 
     ``num_packing_bins`` rows are filled at once (more bins, less padding).  If the stream ends,
@@ -68,8 +77,12 @@ def pack_batches(examples: grain.IterDataset, *, seq_len: int, batch_size: int,
     """
     examples = examples.filter(lambda example: len(example["targets"]) > 0)
     rows = grain.experimental.FirstFitPackIterDataset(
-        examples, length_struct={name: seq_len for name in _PACKED},
-        num_packing_bins=num_packing_bins, seed=seed, shuffle_bins=shuffle_bins)
+        examples,
+        length_struct=dict.fromkeys(_PACKED, seq_len),
+        num_packing_bins=num_packing_bins,
+        seed=seed,
+        shuffle_bins=shuffle_bins,
+    )
     rows = rows.map(_batch_features)
     pad = functools.partial(grain.experimental.batch_and_pad, batch_size=batch_size)
     return rows.batch(batch_size, batch_fn=pad)

@@ -15,6 +15,7 @@ Checkpointing::
 or inside an orbax checkpoint, ``grain.checkpoint.CheckpointSave(it)`` /
 ``grain.checkpoint.CheckpointRestore(it)`` as an item of ``ocp.args.Composite``.
 """
+
 from __future__ import annotations
 
 import os
@@ -48,8 +49,13 @@ class _Pieces:
         return next_token_example(self._tokens[start:end])
 
 
-def _pieces(tokenizer: Tokenizer | str | os.PathLike, files: Sequence[str] | None, split: str,
-            seq_len: int, cache_dir: str | os.PathLike | None) -> grain.MapDataset:
+def _pieces(
+    tokenizer: Tokenizer | str | os.PathLike,
+    files: Sequence[str] | None,
+    split: str,
+    seq_len: int,
+    cache_dir: str | os.PathLike | None,
+) -> grain.MapDataset:
     if not isinstance(tokenizer, Tokenizer):
         tokenizer = load_tokenizer(tokenizer)
     files = corpus_files(split) if files is None else list(files)
@@ -58,11 +64,20 @@ def _pieces(tokenizer: Tokenizer | str | os.PathLike, files: Sequence[str] | Non
 
 
 @gin.configurable("train_data")
-def train_data(tokenizer: Tokenizer | str | os.PathLike, files: Sequence[str] | None = None, *,
-               seq_len: int = 256, batch_size: int = 32, seed: int = 0,
-               num_epochs: int | None = None, num_packing_bins: int | None = None,
-               cache_dir: str | os.PathLike | None = None, prefetch: int = 2,
-               shard_index: int = 0, shard_count: int = 1) -> grain.IterDataset:
+def train_data(
+    tokenizer: Tokenizer | str | os.PathLike,
+    files: Sequence[str] | None = None,
+    *,
+    seq_len: int = 256,
+    batch_size: int = 32,
+    seed: int = 0,
+    num_epochs: int | None = None,
+    num_packing_bins: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    prefetch: int = 2,
+    shard_index: int = 0,
+    shard_count: int = 1,
+) -> grain.IterDataset:
     """Packed batches, reshuffled (deterministically from ``seed``) every epoch.
 
     The stream is infinite unless ``num_epochs`` is given.  ``files`` default to the shipped
@@ -73,19 +88,32 @@ def train_data(tokenizer: Tokenizer | str | os.PathLike, files: Sequence[str] | 
     """
     pieces = _pieces(tokenizer, files, "train", seq_len, cache_dir)[shard_index::shard_count]
     examples = pieces.shuffle(seed).repeat(num_epochs).to_iter_dataset(_IN_MEMORY)
-    batches = pack_batches(examples, seq_len=seq_len, batch_size=batch_size, seed=seed,
-                           num_packing_bins=num_packing_bins or 4 * batch_size)
+    batches = pack_batches(
+        examples,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        seed=seed,
+        num_packing_bins=num_packing_bins or 4 * batch_size,
+    )
     if prefetch:
-        batches = grain.experimental.ThreadPrefetchIterDataset(batches,
-                                                              prefetch_buffer_size=prefetch)
+        batches = grain.experimental.ThreadPrefetchIterDataset(
+            batches, prefetch_buffer_size=prefetch
+        )
     return batches
 
 
 @gin.configurable("heldout_data")
-def heldout_data(tokenizer: Tokenizer | str | os.PathLike, files: Sequence[str] | None = None, *,
-                 seq_len: int = 256, batch_size: int = 32, num_packing_bins: int | None = None,
-                 cache_dir: str | os.PathLike | None = None, shard_index: int = 0,
-                 shard_count: int = 1) -> grain.IterDataset:
+def heldout_data(
+    tokenizer: Tokenizer | str | os.PathLike,
+    files: Sequence[str] | None = None,
+    *,
+    seq_len: int = 256,
+    batch_size: int = 32,
+    num_packing_bins: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    shard_index: int = 0,
+    shard_count: int = 1,
+) -> grain.IterDataset:
     """One pass over the held-out documents in a fixed order; re-iterable for every evaluation.
 
     Every held-out target is in exactly one batch; the last batch is filled up with padding
@@ -97,14 +125,19 @@ def heldout_data(tokenizer: Tokenizer | str | os.PathLike, files: Sequence[str] 
     pieces = _pieces(tokenizer, files, "heldout", seq_len, cache_dir)
 
     def packed(shard: int) -> grain.IterDataset:
-        return pack_batches(pieces[shard::shard_count].to_iter_dataset(_IN_MEMORY), seq_len=seq_len,
-                            batch_size=batch_size,
-                            num_packing_bins=num_packing_bins or 4 * batch_size, shuffle_bins=False)
+        return pack_batches(
+            pieces[shard::shard_count].to_iter_dataset(_IN_MEMORY),
+            seq_len=seq_len,
+            batch_size=batch_size,
+            num_packing_bins=num_packing_bins or 4 * batch_size,
+            shuffle_bins=False,
+        )
 
     batches = packed(shard_index)
     if shard_count == 1:
         return batches
     counts = [sum(1 for _ in packed(shard)) for shard in range(shard_count)]
     padding = grain.MapDataset.source(
-        [padding_batch(batch_size, seq_len)] * (max(counts) - counts[shard_index])).to_iter_dataset()
+        [padding_batch(batch_size, seq_len)] * (max(counts) - counts[shard_index])
+    ).to_iter_dataset()
     return grain.experimental.InterleaveIterDataset([batches, padding], cycle_length=1)  # chained

@@ -1,4 +1,5 @@
 """Token statistics used as baselines for language-model losses."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -4,6 +4,7 @@ Tokenizing the shipped corpus takes a few seconds; the cache (an ``.npz`` keyed 
 tokenizer's fingerprint and the files' contents) makes later start-ups load it in milliseconds
 and can never go stale, because any change to the tokenizer or the text changes the key.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,6 +27,7 @@ _CACHE_FORMAT = 1
 @dataclasses.dataclass(frozen=True)
 class TokenizedCorpus:
     """Documents as ``BOS ... EOS`` runs: document i is ``tokens[offsets[i]:offsets[i + 1]]``."""
+
     tokens: np.ndarray  # int32 [total_tokens]
     offsets: np.ndarray  # int64 [num_docs + 1]
 
@@ -56,9 +58,15 @@ def _cache_key(tokenizer: Tokenizer, files: Sequence[str | os.PathLike]) -> str:
     merges only, while the BOS/EOS ids added to every document come from the wrapper (e.g. a
     ``tokenizer_config.json`` naming another EOS), so they are part of the key too."""
     file_hashes = [hashlib.sha256(pathlib.Path(f).read_bytes()).hexdigest() for f in files]
-    payload = json.dumps({"format": _CACHE_FORMAT, "tokenizer": tokenizer.fingerprint,
-                          "bos": tokenizer.bos_id, "eos": tokenizer.eos_id,
-                          "files": file_hashes})
+    payload = json.dumps(
+        {
+            "format": _CACHE_FORMAT,
+            "tokenizer": tokenizer.fingerprint,
+            "bos": tokenizer.bos_id,
+            "eos": tokenizer.eos_id,
+            "files": file_hashes,
+        }
+    )
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:24]
 
 
@@ -66,13 +74,18 @@ def _tokenize(tokenizer: Tokenizer, files: Sequence[str | os.PathLike]) -> Token
     encoded = tokenizer.encode_batch(list(read_documents(files)), add_bos=True, add_eos=True)
     lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
     offsets = np.concatenate([[0], np.cumsum(lengths)])
-    tokens = np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int32,
-                         count=int(offsets[-1]))
+    tokens = np.fromiter(
+        itertools.chain.from_iterable(encoded), dtype=np.int32, count=int(offsets[-1])
+    )
     return TokenizedCorpus(tokens, offsets)
 
 
-def tokenize_files(tokenizer: Tokenizer, files: Sequence[str | os.PathLike], *,
-                   cache_dir: str | os.PathLike | None = None) -> TokenizedCorpus:
+def tokenize_files(
+    tokenizer: Tokenizer,
+    files: Sequence[str | os.PathLike],
+    *,
+    cache_dir: str | os.PathLike | None = None,
+) -> TokenizedCorpus:
     """Tokenizes the documents of ``files`` (BOS and EOS added), reusing ``cache_dir`` if given."""
     files = list(files)
     if cache_dir is None:

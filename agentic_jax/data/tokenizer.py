@@ -4,6 +4,7 @@ Byte-level BPE maps text to UTF-8 bytes before merging, so every string encodes 
 token and decodes back exactly.  The special tokens cover sequence boundaries, ChatML turns
 (roles are plain text after ``<|im_start|>``) and tool calls/results; see ``chat.py``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -30,8 +31,17 @@ TOOL_CALL_END = "</tool_call>"
 TOOL_RESULT = "<tool_result>"
 TOOL_RESULT_END = "</tool_result>"
 # Ids 0..8 in this order; PAD is 0 so zero-filled buffers read as padding.
-SPECIAL_TOKENS = (PAD, BOS, EOS, IM_START, IM_END, TOOL_CALL, TOOL_CALL_END, TOOL_RESULT,
-                  TOOL_RESULT_END)
+SPECIAL_TOKENS = (
+    PAD,
+    BOS,
+    EOS,
+    IM_START,
+    IM_END,
+    TOOL_CALL,
+    TOOL_CALL_END,
+    TOOL_RESULT,
+    TOOL_RESULT_END,
+)
 
 # Names third-party tokenizers use for the same roles, tried in order when the tokenizer comes
 # without a ``tokenizer_config.json`` saying which tokens they are.
@@ -49,14 +59,21 @@ class Tokenizer:
     BOS there); callers ask for BOS/EOS explicitly, so every tokenizer behaves the same way.
     """
 
-    def __init__(self, backend: tokenizers.Tokenizer, *, bos_token: str | None = BOS,
-                 eos_token: str | None = EOS, pad_token: str | None = PAD):
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        *,
+        bos_token: str | None = BOS,
+        eos_token: str | None = EOS,
+        pad_token: str | None = PAD,
+    ):
         # Padding/truncation saved in a third-party tokenizer.json would silently alter encode().
         backend.no_padding()
         backend.no_truncation()
         self.backend = backend
-        self.special_ids = {tok.content: i for i, tok in backend.get_added_tokens_decoder().items()
-                            if tok.special}
+        self.special_ids = {
+            tok.content: i for i, tok in backend.get_added_tokens_decoder().items() if tok.special
+        }
         self.bos_id = self._optional_id(bos_token)
         self.eos_id = self._optional_id(eos_token)
         self.pad_id = self._optional_id(pad_token)
@@ -87,8 +104,9 @@ class Tokenizer:
                 raise ValueError(f"this tokenizer has no {name} token")
         return [self.bos_id] * add_bos + ids + [self.eos_id] * add_eos
 
-    def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False,
-               special: bool = True) -> list[int]:
+    def encode(
+        self, text: str, *, add_bos: bool = False, add_eos: bool = False, special: bool = True
+    ) -> list[int]:
         """Token ids of ``text``; special-token strings in it become their special ids.
 
         ``special=False`` spells them as plain text instead: for text from outside the template
@@ -106,8 +124,9 @@ class Tokenizer:
         plain.encode_special_tokens = True
         return plain
 
-    def encode_batch(self, texts: Sequence[str], *, add_bos: bool = False,
-                     add_eos: bool = False) -> list[list[int]]:
+    def encode_batch(
+        self, texts: Sequence[str], *, add_bos: bool = False, add_eos: bool = False
+    ) -> list[list[int]]:
         """``encode`` over many texts, in parallel threads inside the Rust library."""
         encodings = self.backend.encode_batch_fast(list(texts), add_special_tokens=False)
         return [self._wrap(e.ids, add_bos, add_eos) for e in encodings]
@@ -154,9 +173,14 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
 
 
 @gin.configurable("train_tokenizer")
-def train_tokenizer(output_path: str | os.PathLike, *,
-                    files: Sequence[str | os.PathLike] | None = None, vocab_size: int = 8192,
-                    min_frequency: int = 2, show_progress: bool = False) -> Tokenizer:
+def train_tokenizer(
+    output_path: str | os.PathLike,
+    *,
+    files: Sequence[str | os.PathLike] | None = None,
+    vocab_size: int = 8192,
+    min_frequency: int = 2,
+    show_progress: bool = False,
+) -> Tokenizer:
     """Trains a byte-level BPE on the documents of ``files`` and saves it to ``output_path``.
 
     ``files`` are text or ``.txt.gz`` files read with ``documents.read_documents``; ``None``
@@ -169,9 +193,13 @@ def train_tokenizer(output_path: str | os.PathLike, *,
     backend = tokenizers.Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                  special_tokens=list(SPECIAL_TOKENS), show_progress=show_progress,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        show_progress=show_progress,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     backend.train_from_iterator(read_documents(files), trainer)
     tokenizer = Tokenizer(backend)
     tokenizer.save(output_path)

@@ -19,7 +19,13 @@ from agentic_jax.envs.curriculum import (
     in_band,
     learnability,
 )
-from agentic_jax.envs.host import HostTextEnv, HostTextParams, HostTextState, PythonSandbox, ToolPool
+from agentic_jax.envs.host import (
+    HostTextEnv,
+    HostTextParams,
+    HostTextState,
+    PythonSandbox,
+    ToolPool,
+)
 from agentic_jax.envs.rollout import ActionOutput, Transition, bootstrap_inputs, rollout, run_steps
 from agentic_jax.envs.spaces import Box, Dict, Discrete, MultiDiscrete, Space, Tokens
 from agentic_jax.envs.wrappers import (
@@ -35,6 +41,7 @@ from agentic_jax.envs.wrappers import (
 )
 
 __all__ = [
+    "ActionOutput",
     "Box",
     "Dict",
     "Discrete",
@@ -53,7 +60,6 @@ __all__ = [
     "PassRateFilter",
     "PassRateState",
     "PgxEnv",
-    "ActionOutput",
     "PrioritizedLevelReplay",
     "PythonSandbox",
     "Space",

@@ -19,7 +19,9 @@ def _require(module: str):
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise ImportError(f"this adapter needs `{module}`: pip install {module.split('.')[0]}") from e
+        raise ImportError(
+            f"this adapter needs `{module}`: pip install {module.split('.')[0]}"
+        ) from e
 
 
 def _convert_space(space) -> spaces.Space:
@@ -45,9 +47,11 @@ class GymnaxEnv(Env):
             env_or_id, made_params = _require("gymnax").make(env_or_id, **make_kwargs)
             params = made_params if params is None else params
         if not hasattr(env_or_id, "is_truncated"):
-            raise TypeError(f"{type(env_or_id).__name__} has no is_truncated: GymnaxEnv needs "
-                            "gymnax >= 1.0, whose environments tell truncation from termination "
-                            "(gymnax 1.0.1 supports jax < 0.12)")
+            raise TypeError(
+                f"{type(env_or_id).__name__} has no is_truncated: GymnaxEnv needs "
+                "gymnax >= 1.0, whose environments tell truncation from termination "
+                "(gymnax 1.0.1 supports jax < 0.12)"
+            )
         self.env = env_or_id
         self._params = self.env.default_params if params is None else params
 
@@ -69,10 +73,14 @@ class GymnaxEnv(Env):
         return obs, state, reward, terminated, truncated, dict(info)
 
     def observation_space(self, params=None):
-        return _convert_space(self.env.observation_space(self.default_params if params is None else params))
+        return _convert_space(
+            self.env.observation_space(self.default_params if params is None else params)
+        )
 
     def action_space(self, params=None):
-        return _convert_space(self.env.action_space(self.default_params if params is None else params))
+        return _convert_space(
+            self.env.action_space(self.default_params if params is None else params)
+        )
 
 
 class PgxEnv(Env):
@@ -87,7 +95,11 @@ class PgxEnv(Env):
     """
 
     def __init__(self, env_or_id, **make_kwargs):
-        self.env = _require("pgx").make(env_or_id, **make_kwargs) if isinstance(env_or_id, str) else env_or_id
+        self.env = (
+            _require("pgx").make(env_or_id, **make_kwargs)
+            if isinstance(env_or_id, str)
+            else env_or_id
+        )
 
     @property
     def name(self) -> str:
@@ -105,11 +117,20 @@ class PgxEnv(Env):
             "current_player": state.current_player,
             "rewards": state.rewards,
         }
-        return state.observation, state, state.rewards[player], state.terminated, state.truncated, info
+        return (
+            state.observation,
+            state,
+            state.rewards[player],
+            state.terminated,
+            state.truncated,
+            info,
+        )
 
     def observation_space(self, params=None):
         obs = jax.eval_shape(self.env.init, jax.random.key(0)).observation
-        if obs.dtype == jnp.bool_:  # board planes (most pgx games): samples must be boards of 0s and 1s
+        if (
+            obs.dtype == jnp.bool_
+        ):  # board planes (most pgx games): samples must be boards of 0s and 1s
             return spaces.Box(0, 1, obs.shape, obs.dtype)
         return spaces.Box(-jnp.inf, jnp.inf, obs.shape, obs.dtype)
 

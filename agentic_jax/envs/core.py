@@ -82,7 +82,9 @@ class Env:
         """One step with auto-reset; `info["final_observation"]` is the true next observation."""
         params = self.default_params if params is None else params
         key_step, key_reset = jax.random.split(key)
-        obs, next_state, reward, terminated, truncated, info = self.step_env(key_step, state, action, params)
+        obs, next_state, reward, terminated, truncated, info = self.step_env(
+            key_step, state, action, params
+        )
         reset_obs, reset_state = self.reset_env(key_reset, params)
         terminated, truncated = jnp.asarray(terminated, bool), jnp.asarray(truncated, bool)
         done = terminated | truncated

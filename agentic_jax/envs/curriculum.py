@@ -27,6 +27,7 @@
 distribution` go straight into ``TextEnvParams.task_weights``: the env's
 reset samples from them, with no recompilation.
 """
+
 from __future__ import annotations
 
 import jax
@@ -61,8 +62,15 @@ class PassRateFilter:
     previous estimate and decision (initially: kept, rate unknown).
     """
 
-    def __init__(self, num_tasks: int, low: float = 0.3, high: float = 0.7, period: int = 10,
-                 min_attempts: int = 4, explore: float = 0.05):
+    def __init__(
+        self,
+        num_tasks: int,
+        low: float = 0.3,
+        high: float = 0.7,
+        period: int = 10,
+        min_attempts: int = 4,
+        explore: float = 0.05,
+    ):
         if not 0.0 <= low <= high <= 1.0:
             raise ValueError(f"need 0 <= low <= high <= 1, got [{low}, {high}]")
         self.num_tasks, self.low, self.high = num_tasks, low, high
@@ -70,8 +78,13 @@ class PassRateFilter:
 
     def init(self) -> PassRateState:
         zeros = jnp.zeros((self.num_tasks,), jnp.float32)
-        return PassRateState(zeros, zeros, jnp.full_like(zeros, jnp.nan), jnp.ones((self.num_tasks,), bool),
-                             jnp.int32(0))
+        return PassRateState(
+            zeros,
+            zeros,
+            jnp.full_like(zeros, jnp.nan),
+            jnp.ones((self.num_tasks,), bool),
+            jnp.int32(0),
+        )
 
     def update(self, state: PassRateState, tasks: jax.Array, successes: jax.Array) -> PassRateState:
         """Adds outcomes (``successes`` in [0, 1] for each entry of ``tasks``); re-estimates every ``period``."""
@@ -108,34 +121,52 @@ class LevelReplayState:
 class PrioritizedLevelReplay:
     """PLR over ``num_levels`` levels (Jiang et al., 2021); hyperparameters follow the paper's defaults."""
 
-    def __init__(self, num_levels: int, beta: float = 0.1, rho: float = 0.1, replay_prob: float = 0.5):
+    def __init__(
+        self, num_levels: int, beta: float = 0.1, rho: float = 0.1, replay_prob: float = 0.5
+    ):
         if num_levels < 1 or not beta > 0 or not 0 <= rho <= 1 or not 0 <= replay_prob <= 1:
-            raise ValueError(f"PrioritizedLevelReplay needs num_levels >= 1, beta > 0 and rho, replay_prob "
-                             f"in [0, 1]; got {num_levels}, {beta}, {rho}, {replay_prob}")
+            raise ValueError(
+                f"PrioritizedLevelReplay needs num_levels >= 1, beta > 0 and rho, replay_prob "
+                f"in [0, 1]; got {num_levels}, {beta}, {rho}, {replay_prob}"
+            )
         self.num_levels, self.beta, self.rho, self.replay_prob = num_levels, beta, rho, replay_prob
 
     def init(self) -> LevelReplayState:
-        return LevelReplayState(jnp.zeros((self.num_levels,), jnp.float32), jnp.zeros((self.num_levels,), jnp.int32),
-                                jnp.zeros((self.num_levels,), bool), jnp.int32(0))
+        return LevelReplayState(
+            jnp.zeros((self.num_levels,), jnp.float32),
+            jnp.zeros((self.num_levels,), jnp.int32),
+            jnp.zeros((self.num_levels,), bool),
+            jnp.int32(0),
+        )
 
     def replay_distribution(self, state: LevelReplayState) -> jax.Array:
         """``(1 - rho) P_S + rho P_C`` over seen levels: rank prioritisation ``(1/rank)^(1/beta)`` and staleness."""
         masked = jnp.where(state.seen, state.scores, -jnp.inf)
-        rank = jnp.empty_like(state.last_sampled).at[jnp.argsort(-masked)].set(jnp.arange(1, self.num_levels + 1))
+        rank = (
+            jnp.empty_like(state.last_sampled)
+            .at[jnp.argsort(-masked)]
+            .set(jnp.arange(1, self.num_levels + 1))
+        )
         by_score = jnp.where(state.seen, (1.0 / rank) ** (1.0 / self.beta), 0.0)
         stale = state.staleness.astype(jnp.float32)
         by_staleness = jnp.where(jnp.sum(stale) > 0, stale, state.seen.astype(jnp.float32))
-        return (1 - self.rho) * by_score / jnp.sum(by_score) + self.rho * by_staleness / jnp.sum(by_staleness)
+        return (1 - self.rho) * by_score / jnp.sum(by_score) + self.rho * by_staleness / jnp.sum(
+            by_staleness
+        )
 
     def distribution(self, state: LevelReplayState) -> jax.Array:
         """Probability of drawing each level next: replay with ``replay_prob``, else an unseen level."""
         num_seen = jnp.sum(state.seen)
         unseen = (~state.seen).astype(jnp.float32) / jnp.maximum(self.num_levels - num_seen, 1)
         replay = jnp.where(num_seen > 0, self.replay_distribution(state), 0.0)
-        replay_prob = jnp.where(num_seen == 0, 0.0, jnp.where(num_seen == self.num_levels, 1.0, self.replay_prob))
+        replay_prob = jnp.where(
+            num_seen == 0, 0.0, jnp.where(num_seen == self.num_levels, 1.0, self.replay_prob)
+        )
         return replay_prob * replay + (1.0 - replay_prob) * unseen
 
-    def sample(self, state: LevelReplayState, key: jax.Array, num: int) -> tuple[LevelReplayState, jax.Array]:
+    def sample(
+        self, state: LevelReplayState, key: jax.Array, num: int
+    ) -> tuple[LevelReplayState, jax.Array]:
         """Draws ``num`` levels and starts a new round (marks them seen and fresh)."""
         levels = jax.random.choice(key, self.num_levels, (num,), p=self.distribution(state))
         return self.mark_sampled(state, levels), levels
@@ -143,14 +174,21 @@ class PrioritizedLevelReplay:
     def mark_sampled(self, state: LevelReplayState, levels: jax.Array) -> LevelReplayState:
         """Records a round in which ``levels`` were played (e.g. drawn by the env from `distribution`)."""
         round_ = state.round + 1
-        return state.replace(last_sampled=state.last_sampled.at[levels].set(round_),
-                             seen=state.seen.at[levels].set(True), round=round_)
+        return state.replace(
+            last_sampled=state.last_sampled.at[levels].set(round_),
+            seen=state.seen.at[levels].set(True),
+            round=round_,
+        )
 
-    def update(self, state: LevelReplayState, levels: jax.Array, scores: jax.Array) -> LevelReplayState:
+    def update(
+        self, state: LevelReplayState, levels: jax.Array, scores: jax.Array
+    ) -> LevelReplayState:
         """Sets each played level's score to the mean of its new ``scores`` (several episodes may share one)."""
         total = jnp.zeros_like(state.scores).at[levels].add(jnp.asarray(scores, jnp.float32))
         count = jnp.zeros_like(state.scores).at[levels].add(1.0)
-        return state.replace(scores=jnp.where(count > 0, total / jnp.maximum(count, 1.0), state.scores))
+        return state.replace(
+            scores=jnp.where(count > 0, total / jnp.maximum(count, 1.0), state.scores)
+        )
 
 
 def goal_reached(achieved: jax.Array, goal: jax.Array) -> jax.Array:
@@ -159,8 +197,13 @@ def goal_reached(achieved: jax.Array, goal: jax.Array) -> jax.Array:
     return jnp.all(equal.reshape(equal.shape[:1] + (-1,)), axis=1).astype(jnp.float32)
 
 
-def hindsight_relabel(key: jax.Array, achieved: jax.Array, length=None, strategy: str = "future",
-                      reward_fn=goal_reached) -> tuple[jax.Array, jax.Array]:
+def hindsight_relabel(
+    key: jax.Array,
+    achieved: jax.Array,
+    length=None,
+    strategy: str = "future",
+    reward_fn=goal_reached,
+) -> tuple[jax.Array, jax.Array]:
     """Relabelled goals and rewards for one episode: ``(goals [T, ...], rewards [T])``.
 
     ``achieved[t]`` is the goal achieved after step ``t`` (the first
@@ -175,7 +218,9 @@ def hindsight_relabel(key: jax.Array, achieved: jax.Array, length=None, strategy
     if strategy == "final":
         source = jnp.full((steps,), last)
     elif strategy == "future":
-        source = jnp.minimum(t + jax.random.randint(key, (steps,), 0, jnp.maximum(last - t + 1, 1)), last)
+        source = jnp.minimum(
+            t + jax.random.randint(key, (steps,), 0, jnp.maximum(last - t + 1, 1)), last
+        )
     else:
         raise ValueError(f"strategy must be 'final' or 'future', got {strategy!r}")
     goals = achieved[source]

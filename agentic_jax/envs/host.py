@@ -17,6 +17,7 @@ hung tool costs at most ``timeout_s`` per step: its result becomes
 function keeps its worker until it returns; code that may hang belongs in a
 subprocess (`PythonSandbox`, the guarded sandbox), which is killed at its own timeout.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -43,7 +44,9 @@ class ToolPool:
 
     def __init__(self, max_workers: int = 8, timeout_s: float = 10.0):
         self.timeout_s = timeout_s
-        self.executor = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="tool")
+        self.executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers, thread_name_prefix="tool"
+        )
 
     def map(self, calls: Sequence[Callable[[], str]]) -> list[str]:
         """Results in order; a call still running at the deadline gives `TIMEOUT`, one that raised its error."""
@@ -111,15 +114,34 @@ class HostTextState:
     turn: np.ndarray
 
     def observation(self) -> dict:
-        return {"tokens": self.tokens.copy(), "loss_mask": self.loss_mask.copy(), "length": self.length.copy()}
+        return {
+            "tokens": self.tokens.copy(),
+            "loss_mask": self.loss_mask.copy(),
+            "length": self.length.copy(),
+        }
 
 
 class HostTextEnv:
     """`TextEnv`'s rules with host tools: batched ``reset``/``step`` over numpy arrays (see the module doc)."""
 
-    def __init__(self, tokenizer: Tokenizer, tasks: Sequence[Task], reward: Reward, *, tools: Sequence[Tool] = (),
-                 max_length: int = 512, action_length: int = 96, max_turns: int = 4, pool: ToolPool | None = None):
-        self.tokenizer, self.tasks, self.reward, self.tools = tokenizer, list(tasks), reward, tuple(tools)
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        tasks: Sequence[Task],
+        reward: Reward,
+        *,
+        tools: Sequence[Tool] = (),
+        max_length: int = 512,
+        action_length: int = 96,
+        max_turns: int = 4,
+        pool: ToolPool | None = None,
+    ):
+        self.tokenizer, self.tasks, self.reward, self.tools = (
+            tokenizer,
+            list(tasks),
+            reward,
+            tuple(tools),
+        )
         self.max_length, self.action_length = max_length, action_length
         self.pool = pool or ToolPool()
         vocab = Vocab.build(tokenizer)
@@ -129,7 +151,9 @@ class HostTextEnv:
         self.head, self.tail = tool_message_template(tokenizer)
         self.prompts = [t.prompt_ids(tokenizer) for t in self.tasks]
         if max(map(len, self.prompts)) + action_length > max_length:
-            raise ValueError(f"a prompt leaves no room for a {action_length}-token turn in max_length={max_length}")
+            raise ValueError(
+                f"a prompt leaves no room for a {action_length}-token turn in max_length={max_length}"
+            )
         self.default_params = HostTextParams(np.ones(len(self.tasks), np.float32), max_turns)
 
     def _sample_tasks(self, keys, params: HostTextParams) -> np.ndarray:
@@ -141,16 +165,26 @@ class HostTextEnv:
         for row, task in zip(rows, tasks):
             prompt = self.prompts[task]
             state.tokens[row] = self.pad_id
-            state.tokens[row, :len(prompt)] = prompt
+            state.tokens[row, : len(prompt)] = prompt
             state.loss_mask[row] = 0
-            state.time[row], state.task[row], state.length[row], state.turn[row] = 0, task, len(prompt), 0
+            state.time[row], state.task[row], state.length[row], state.turn[row] = (
+                0,
+                task,
+                len(prompt),
+                0,
+            )
 
     def reset(self, keys, params: HostTextParams | None = None):
         params = params or self.default_params
         size = len(keys)
-        state = HostTextState(np.zeros(size, np.int32), np.zeros(size, np.int32),
-                              np.zeros((size, self.max_length), np.int32), np.zeros((size, self.max_length), np.int32),
-                              np.zeros(size, np.int32), np.zeros(size, np.int32))
+        state = HostTextState(
+            np.zeros(size, np.int32),
+            np.zeros(size, np.int32),
+            np.zeros((size, self.max_length), np.int32),
+            np.zeros((size, self.max_length), np.int32),
+            np.zeros(size, np.int32),
+            np.zeros(size, np.int32),
+        )
         self._reset_rows(state, np.arange(size), self._sample_tasks(keys, params))
         return state.observation(), state
 
@@ -164,25 +198,43 @@ class HostTextEnv:
         closes = closes[closes > opens[0]] if len(opens) else closes[:0]
         if not self.tools or not len(closes):
             return length, content, None
-        return length, content, parse_call_host(self.tokenizer.decode(turn[opens[0] + 1:closes[0]]), self.tools)
+        return (
+            length,
+            content,
+            parse_call_host(self.tokenizer.decode(turn[opens[0] + 1 : closes[0]]), self.tools),
+        )
 
     def step(self, keys, state: HostTextState, actions, params: HostTextParams | None = None):
         params = params or self.default_params
         actions = np.asarray(actions, np.int32)
-        state = dataclasses.replace(state, **{f.name: getattr(state, f.name).copy()
-                                              for f in dataclasses.fields(state)})
+        state = dataclasses.replace(
+            state, **{f.name: getattr(state, f.name).copy() for f in dataclasses.fields(state)}
+        )
         parsed = [self._parse(a) for a in actions]
         calls = [(i, call) for i, (_, _, call) in enumerate(parsed) if call is not None]
-        results = self.pool.map([
-            (lambda tool=tool, arg=arg, task=self.tasks[state.task[i]]: tool.run_host(arg, task))
-            if tool is not None else (lambda: MALFORMED) for i, (tool, arg) in calls])
+        results = self.pool.map(
+            [
+                (
+                    lambda tool=tool, arg=arg, task=self.tasks[state.task[i]]: tool.run_host(
+                        arg, task
+                    )
+                )
+                if tool is not None
+                else (lambda: MALFORMED)
+                for i, (tool, arg) in calls
+            ]
+        )
         result_of = {i: r for (i, _), r in zip(calls, results)}
         size = len(actions)
-        reward, terminated, truncated = np.zeros(size, np.float32), np.zeros(size, bool), np.zeros(size, bool)
+        reward, terminated, truncated = (
+            np.zeros(size, np.float32),
+            np.zeros(size, bool),
+            np.zeros(size, bool),
+        )
         for i, (length, content, call) in enumerate(parsed):
             start = state.length[i]
-            state.tokens[i, start:start + length] = actions[i, :length]
-            state.loss_mask[i, start:start + length] = 1
+            state.tokens[i, start : start + length] = actions[i, :length]
+            state.loss_mask[i, start : start + length] = 1
             state.length[i] += length
             state.turn[i] += 1
             state.time[i] += 1
@@ -191,16 +243,23 @@ class HostTextEnv:
                 reward[i] = self.reward.host(content, self.tasks[state.task[i]])
                 continue
             closing = [] if actions[i, length - 1] == self.im_end_id else [self.im_end_id]
-            message = closing + self.head + self.tokenizer.encode(result_of[i], special=False) + self.tail
+            message = (
+                closing + self.head + self.tokenizer.encode(result_of[i], special=False) + self.tail
+            )
             fits = state.length[i] + len(message) + self.action_length <= self.max_length
             if fits:
-                state.tokens[i, state.length[i]:state.length[i] + len(message)] = message
+                state.tokens[i, state.length[i] : state.length[i] + len(message)] = message
                 state.length[i] += len(message)
             truncated[i] = not fits or state.turn[i] >= params.max_turns
-        info = {"task": state.task.copy(), "tool_call": np.array([p[2] is not None for p in parsed]),
-                "malformed_call": np.array([p[2] is not None and p[2][0] is None for p in parsed]),
-                "final_observation": state.observation()}
+        info = {
+            "task": state.task.copy(),
+            "tool_call": np.array([p[2] is not None for p in parsed]),
+            "malformed_call": np.array([p[2] is not None and p[2][0] is None for p in parsed]),
+            "final_observation": state.observation(),
+        }
         done = np.flatnonzero(terminated | truncated)
-        reset_keys = jax.vmap(lambda key: jax.random.split(key)[1])(keys)  # as `Env.step` splits its key
+        reset_keys = jax.vmap(lambda key: jax.random.split(key)[1])(
+            keys
+        )  # as `Env.step` splits its key
         self._reset_rows(state, done, self._sample_tasks(reset_keys, params)[done])
         return state.observation(), state, reward, terminated, truncated, info

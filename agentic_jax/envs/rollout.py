@@ -54,7 +54,9 @@ class Transition:
         return self.terminated | self.truncated
 
 
-def bootstrap_inputs(reward, terminated, truncated, final_value, gamma) -> tuple[jax.Array, jax.Array]:
+def bootstrap_inputs(
+    reward, terminated, truncated, final_value, gamma
+) -> tuple[jax.Array, jax.Array]:
     """Rewards and discounts for `rl.gae` / `rl.lambda_returns` over auto-reset streams.
 
     discount_t = γ·(1 − done_t) cuts every trace at an episode end, and the
@@ -108,7 +110,9 @@ def run_steps(
         )
         info = dict(info)
         final_obs = info.pop("final_observation")
-        transition = Transition(obs, action, reward, terminated, truncated, next_obs, final_obs, info, extras)
+        transition = Transition(
+            obs, action, reward, terminated, truncated, next_obs, final_obs, info, extras
+        )
         return (next_obs, state), transition
 
     (obs, state), transitions = jax.lax.scan(body, (obs, state), jax.random.split(key, num_steps))
@@ -133,8 +137,17 @@ def rollout(
     defaults; with `batched_params=True` it has a leading axis of size N.
     """
     key_reset, key_run = jax.random.split(key)
-    obs, state = Vectorized(env, batched_params).reset(jax.random.split(key_reset, num_envs), env_params)
+    obs, state = Vectorized(env, batched_params).reset(
+        jax.random.split(key_reset, num_envs), env_params
+    )
     return run_steps(
-        env, policy_fn, key_run, env_params, obs, state, num_steps,
-        policy_params=policy_params, batched_params=batched_params,
+        env,
+        policy_fn,
+        key_run,
+        env_params,
+        obs,
+        state,
+        num_steps,
+        policy_params=policy_params,
+        batched_params=batched_params,
     )[2]

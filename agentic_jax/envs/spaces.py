@@ -56,7 +56,9 @@ class MultiDiscrete(Space):
         self.shape, self.dtype = self.nvec.shape, jnp.dtype(dtype)
 
     def sample(self, key):
-        return jax.random.randint(key, self.shape, 0, jnp.asarray(self.nvec, self.dtype), dtype=self.dtype)
+        return jax.random.randint(
+            key, self.shape, 0, jnp.asarray(self.nvec, self.dtype), dtype=self.dtype
+        )
 
     def contains(self, x):
         x = jnp.asarray(x)
@@ -100,8 +102,13 @@ class Box(Space):
         low, high = jnp.asarray(self.low, jnp.float32), jnp.asarray(self.high, jnp.float32)
         bounded = jnp.isfinite(low) & jnp.isfinite(high)
         key_uniform, key_normal = jax.random.split(key)
-        uniform = jax.random.uniform(key_uniform, self.shape, jnp.float32, jnp.where(bounded, low, 0.0),
-                                     jnp.where(bounded, high, 1.0))
+        uniform = jax.random.uniform(
+            key_uniform,
+            self.shape,
+            jnp.float32,
+            jnp.where(bounded, low, 0.0),
+            jnp.where(bounded, high, 1.0),
+        )
         normal = jax.random.normal(key_normal, self.shape, jnp.float32)
         x = jnp.where(bounded, uniform, jnp.clip(normal, low, high))
         discrete = jnp.issubdtype(self.dtype, jnp.integer) or self.dtype == jnp.bool_
@@ -127,12 +134,17 @@ class Dict(Space):
 
     def sample(self, key):
         keys = jax.random.split(key, len(self.spaces))
-        return {name: space.sample(k) for (name, space), k in zip(self.spaces.items(), keys, strict=True)}
+        return {
+            name: space.sample(k)
+            for (name, space), k in zip(self.spaces.items(), keys, strict=True)
+        }
 
     def contains(self, x):
         if not isinstance(x, Mapping) or set(x) != set(self.spaces):
             return jnp.asarray(False)
-        return jnp.all(jnp.stack([jnp.asarray(space.contains(x[name])) for name, space in self.spaces.items()]))
+        return jnp.all(
+            jnp.stack([jnp.asarray(space.contains(x[name])) for name, space in self.spaces.items()])
+        )
 
     def __repr__(self):
         return f"Dict({self.spaces})"

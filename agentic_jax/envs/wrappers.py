@@ -79,9 +79,13 @@ class TimeLimit(Wrapper):
         return obs, TimeLimitState(state, jnp.int32(0))
 
     def step_env(self, key, state, action, params):
-        obs, env_state, reward, terminated, truncated, info = self.env.step_env(key, state.env_state, action, params)
+        obs, env_state, reward, terminated, truncated, info = self.env.step_env(
+            key, state.env_state, action, params
+        )
         time = state.time + 1
-        truncated = (jnp.asarray(truncated, bool) | (time >= self.max_steps)) & ~jnp.asarray(terminated, bool)
+        truncated = (jnp.asarray(truncated, bool) | (time >= self.max_steps)) & ~jnp.asarray(
+            terminated, bool
+        )
         return obs, TimeLimitState(env_state, time), reward, terminated, truncated, info
 
 
@@ -120,7 +124,9 @@ class OuterWrapper(Wrapper):
     """A wrapper over the auto-resetting `reset` / `step`; it must be outermost."""
 
     def reset_env(self, key, params):
-        raise TypeError(f"{type(self).__name__} wraps the auto-reset; apply it outside every other wrapper")
+        raise TypeError(
+            f"{type(self).__name__} wraps the auto-reset; apply it outside every other wrapper"
+        )
 
     step_env = reset_env
 
@@ -145,8 +151,10 @@ class EpisodeStatistics(OuterWrapper):
 
     def __init__(self, env: Env):
         if isinstance(env, Vectorized):  # its scalar counters would turn into [N] ones after a step
-            raise TypeError("EpisodeStatistics counts one environment's episodes: "
-                            "use Vectorized(EpisodeStatistics(env))")
+            raise TypeError(
+                "EpisodeStatistics counts one environment's episodes: "
+                "use Vectorized(EpisodeStatistics(env))"
+            )
         super().__init__(env)
 
     def reset(self, key, params=None):
@@ -155,7 +163,9 @@ class EpisodeStatistics(OuterWrapper):
         return obs, EpisodeStatisticsState(state, zero_f, zero_i, zero_f, zero_i)
 
     def step(self, key, state, action, params=None):
-        obs, env_state, reward, terminated, truncated, info = self.env.step(key, state.env_state, action, params)
+        obs, env_state, reward, terminated, truncated, info = self.env.step(
+            key, state.env_state, action, params
+        )
         done = terminated | truncated
         episode_return = state.episode_return + reward
         episode_length = state.episode_length + 1
@@ -195,4 +205,6 @@ class Vectorized(OuterWrapper):
         return jax.vmap(self.env.reset, in_axes=(0, self._params_axis(params)))(keys, params)
 
     def step(self, keys, state, action, params=None):
-        return jax.vmap(self.env.step, in_axes=(0, 0, 0, self._params_axis(params)))(keys, state, action, params)
+        return jax.vmap(self.env.step, in_axes=(0, 0, 0, self._params_axis(params)))(
+            keys, state, action, params
+        )

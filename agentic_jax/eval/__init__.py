@@ -1,4 +1,5 @@
 """Evaluation: metrics of sampled solutions and their confidence intervals."""
+
 from agentic_jax.eval.metrics import bootstrap_ci, pass_at_k
 
 __all__ = ["bootstrap_ci", "pass_at_k"]

@@ -1,4 +1,5 @@
 """Metrics of sampled solutions: pass@k and bootstrap confidence intervals."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,8 +14,10 @@ def pass_at_k(n, c, k: int):
     """
     n, c = np.asarray(n), np.asarray(c)
     if not all(np.issubdtype(a.dtype, np.integer) for a in (n, c, np.asarray(k))):
-        raise ValueError(f"n, c and k must be integers (counts of samples); got {n.dtype}, "
-                         f"{c.dtype} and {np.asarray(k).dtype}")
+        raise ValueError(
+            f"n, c and k must be integers (counts of samples); got {n.dtype}, "
+            f"{c.dtype} and {np.asarray(k).dtype}"
+        )
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     if np.any(c < 0) or np.any(c > n):
@@ -30,8 +33,9 @@ def pass_at_k(n, c, k: int):
     return out if out.ndim else float(out)
 
 
-def bootstrap_ci(values, *, paired_with=None, confidence: float = 0.95, resamples: int = 2000,
-                 seed: int = 0) -> tuple[float, float, float]:
+def bootstrap_ci(
+    values, *, paired_with=None, confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
     """``(mean, low, high)``: the mean of ``values`` (per problem, e.g. 0/1 success) and its
     bootstrap confidence interval (BCa, ``scipy.stats.bootstrap``).
 
@@ -43,7 +47,9 @@ def bootstrap_ci(values, *, paired_with=None, confidence: float = 0.95, resample
     if paired_with is not None:
         other = np.asarray(paired_with, np.float64)
         if other.shape != values.shape:
-            raise ValueError(f"paired values must have one shape, got {values.shape} and {other.shape}")
+            raise ValueError(
+                f"paired values must have one shape, got {values.shape} and {other.shape}"
+            )
         values = values - other
     if values.ndim != 1 or values.size < 2:
         raise ValueError(f"need a 1-D array of at least 2 values, got shape {values.shape}")
@@ -54,6 +60,12 @@ def bootstrap_ci(values, *, paired_with=None, confidence: float = 0.95, resample
     # and scipy would return NaN.
     if np.allclose(values, values[0], rtol=1e-9, atol=1e-12):
         return mean, mean, mean
-    result = scipy.stats.bootstrap((values,), np.mean, confidence_level=confidence, n_resamples=resamples,
-                                   method="BCa", random_state=np.random.default_rng(seed))
+    result = scipy.stats.bootstrap(
+        (values,),
+        np.mean,
+        confidence_level=confidence,
+        n_resamples=resamples,
+        method="BCa",
+        random_state=np.random.default_rng(seed),
+    )
     return mean, float(result.confidence_interval.low), float(result.confidence_interval.high)

@@ -15,6 +15,7 @@ Online softmax over chunks c with running max m, normaliser l and accumulator a:
 and o = a / l, lse = m + log l.  The backward pass uses P = exp(s - lse),
 dV = P^T dO, dS = P (dO V^T - rowsum(dO * O)), dQ = dS K, dK = dS^T Q.
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,11 +29,27 @@ from pallas_kernels.masks import MASK_VALUE, visible
 from pallas_kernels.reference import check_attention_inputs, soft_cap
 
 
-def attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=None, logits_soft_cap=None,
-              sm_scale=None, implementation="xla", chunk_size=128):
+def attention(
+    q,
+    k,
+    v,
+    *,
+    causal=True,
+    segment_ids=None,
+    sliding_window=None,
+    logits_soft_cap=None,
+    sm_scale=None,
+    implementation="xla",
+    chunk_size=128,
+):
     """Attention ``q[B,T,N,H], k/v[B,S,K,H] -> o[B,T,N,H]`` by the named implementation."""
-    kwargs = dict(causal=causal, segment_ids=segment_ids, sliding_window=sliding_window,
-                  logits_soft_cap=logits_soft_cap, sm_scale=sm_scale)
+    kwargs = dict(
+        causal=causal,
+        segment_ids=segment_ids,
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
+        sm_scale=sm_scale,
+    )
     if implementation == "xla":
         return pallas_kernels.reference_attention(q, k, v, **kwargs)
     if implementation == "xla_chunked":
@@ -41,18 +58,31 @@ def attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=None, lo
         return pallas_kernels.flash_attention(q, k, v, **kwargs)
     if implementation == "cudnn":
         return pallas_kernels.gpu_attention(q, k, v, **kwargs)
-    raise ValueError(f"attention implementation {implementation!r}; expected one of "
-                     "('xla', 'xla_chunked', 'pallas', 'cudnn')")
+    raise ValueError(
+        f"attention implementation {implementation!r}; expected one of "
+        "('xla', 'xla_chunked', 'pallas', 'cudnn')"
+    )
 
 
-def chunked_attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=None,
-                      logits_soft_cap=None, sm_scale=None, chunk_size=128):
+def chunked_attention(
+    q,
+    k,
+    v,
+    *,
+    causal=True,
+    segment_ids=None,
+    sliding_window=None,
+    logits_soft_cap=None,
+    sm_scale=None,
+    chunk_size=128,
+):
     """Memory-linear attention: online softmax over key/value chunks with a recomputing VJP."""
-    b, t, s, n, kh, h = check_attention_inputs(q, k, v, segment_ids, sliding_window=sliding_window,
-                                               logits_soft_cap=logits_soft_cap)
+    b, t, s, n, kh, h = check_attention_inputs(
+        q, k, v, segment_ids, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap
+    )
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    scale = h ** -0.5 if sm_scale is None else float(sm_scale)
+    scale = h**-0.5 if sm_scale is None else float(sm_scale)
     chunk = min(chunk_size, s)
     pad = (-s) % chunk
     if segment_ids is None:
@@ -69,6 +99,7 @@ def chunked_attention(q, k, v, *, causal=True, segment_ids=None, sliding_window=
 
 class _Static(NamedTuple):
     """Hashable static arguments of the custom VJP."""
+
     causal: bool
     window: int | None
     cap: float | None
@@ -89,8 +120,14 @@ def _chunk_scores(st: _Static, qg, k_c, q_seg, k_seg_c, idx):
     capped = soft_cap(raw, st.cap)
     q_pos = jnp.arange(st.t)[:, None] + (st.s - st.t)
     k_pos = idx * st.chunk + jnp.arange(st.chunk)[None, :]
-    mask = visible(q_pos[None], k_pos[None], causal=st.causal, sliding_window=st.window,
-                   q_seg=q_seg[:, :, None], k_seg=k_seg_c[:, None, :]) & (k_pos < st.s)
+    mask = visible(
+        q_pos[None],
+        k_pos[None],
+        causal=st.causal,
+        sliding_window=st.window,
+        q_seg=q_seg[:, :, None],
+        k_seg=k_seg_c[:, None, :],
+    ) & (k_pos < st.s)
     return capped, mask[:, None, None]
 
 
@@ -111,12 +148,18 @@ def _forward(st: _Static, q, k, v, q_seg, k_seg):
         acc = acc * corr[..., None] + jnp.einsum("bkgtc,bckh->bkgth", p, v_c.astype(jnp.float32))
         return (m_new, l, acc), None
 
-    init = (jnp.full((b, kh, n // kh, t), MASK_VALUE, jnp.float32),
-            jnp.zeros((b, kh, n // kh, t), jnp.float32),
-            jnp.zeros((b, kh, n // kh, t, h), jnp.float32))
+    init = (
+        jnp.full((b, kh, n // kh, t), MASK_VALUE, jnp.float32),
+        jnp.zeros((b, kh, n // kh, t), jnp.float32),
+        jnp.zeros((b, kh, n // kh, t, h), jnp.float32),
+    )
     num = k.shape[1] // st.chunk
-    xs = (jnp.arange(num), _split_chunks(k, st.chunk), _split_chunks(v, st.chunk),
-          _split_chunks(k_seg, st.chunk))
+    xs = (
+        jnp.arange(num),
+        _split_chunks(k, st.chunk),
+        _split_chunks(v, st.chunk),
+        _split_chunks(k_seg, st.chunk),
+    )
     (m, l, acc), _ = jax.lax.scan(step, init, xs)
     seen = l > 0
     out = jnp.where(seen[..., None], acc / jnp.where(seen, l, 1.0)[..., None], 0.0)
@@ -159,16 +202,25 @@ def _flash_bwd(st, residuals, d_out):
         return dq, (dk_c, dv_c)
 
     num = k.shape[1] // st.chunk
-    xs = (jnp.arange(num), _split_chunks(k, st.chunk), _split_chunks(v, st.chunk),
-          _split_chunks(k_seg, st.chunk))
+    xs = (
+        jnp.arange(num),
+        _split_chunks(k, st.chunk),
+        _split_chunks(v, st.chunk),
+        _split_chunks(k_seg, st.chunk),
+    )
     dq, (dk, dv) = jax.lax.scan(step, jnp.zeros_like(qg), xs)
 
     def unchunk(x):
         return jnp.moveaxis(x, 0, 1).reshape(b, -1, kh, h)
 
     dk, dv = unchunk(dk), unchunk(dv)
-    return (dq.reshape(b, t, n, h).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
-            None, None)
+    return (
+        dq.reshape(b, t, n, h).astype(q.dtype),
+        dk.astype(k.dtype),
+        dv.astype(v.dtype),
+        None,
+        None,
+    )
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)

@@ -7,6 +7,7 @@ which restores straight into jax arrays).  ``config.json`` is written after the 
 presence marks a complete save.  A model without its tokenizer cannot be used, so the converters
 copy the tokenizer files along with the weights.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -87,16 +88,23 @@ def hf_to_native(hf_dir, out_dir, *, param_dtype: str = "float32") -> Transforme
     return config
 
 
-def native_to_hf(native_dir, out_dir, *, dtype: str | None = None,
-                 max_shard_bytes: int = 5 * 10**9) -> TransformerConfig:
+def native_to_hf(
+    native_dir, out_dir, *, dtype: str | None = None, max_shard_bytes: int = 5 * 10**9
+) -> TransformerConfig:
     """Converts a native model directory to a HF checkpoint (tensors in ``dtype``, default the
     model's ``param_dtype``; sharded above ``max_shard_bytes``).  The tokenizer files come from
     the model directory or, as training writes ``workdir/model`` beside ``workdir/tokenizer.json``,
     from its parent; the HF config then names the tokenizer's BOS/EOS/PAD ids."""
     config, params = load_model(native_dir)
     src = tokenizer_dir(native_dir, Path(native_dir).absolute().parent)
-    save_hf_checkpoint(out_dir, config, params, dtype=dtype, max_shard_bytes=max_shard_bytes,
-                       tokenizer=None if src is None else load_tokenizer(src))
+    save_hf_checkpoint(
+        out_dir,
+        config,
+        params,
+        dtype=dtype,
+        max_shard_bytes=max_shard_bytes,
+        tokenizer=None if src is None else load_tokenizer(src),
+    )
     _copy_tokenizer(src, out_dir)
     return config
 

@@ -16,6 +16,7 @@ host buffers, and saving writes the safetensors format one tensor at a time, so 
 ever holds a second full copy of the model.  Reading BF16 into numpy needs a safetensors release
 that maps it to ``ml_dtypes.bfloat16`` (0.8 does; 0.5 raises).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ import math
 import re
 import struct
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,8 +36,11 @@ from safetensors import safe_open
 from agentic_jax.models.config import TransformerConfig
 from agentic_jax.models.transformer import param_shapes
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                 "qwen2": "Qwen2ForCausalLM"}
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+}
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 _ST_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16"}
@@ -43,8 +48,11 @@ _ST_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": 
 # transformers versions persisted, and a tied LM head (checked in :func:`_ignored`).
 _IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
 # rope.py's llama3 defaults; HF has none, so they must be written out.
-_LLAMA3_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                    "original_max_position_embeddings": 8192}
+_LLAMA3_DEFAULTS = {
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -76,8 +84,9 @@ def _rope_from_hf(hf: Mapping[str, Any], max_pos: int) -> tuple[float, dict | No
     if kind == "default":
         return theta, None
     if kind not in ("linear", "dynamic", "yarn", "llama3"):
-        raise NotImplementedError(f"HF rope type {kind!r}; supported: linear, dynamic, yarn, "
-                                  "llama3")
+        raise NotImplementedError(
+            f"HF rope type {kind!r}; supported: linear, dynamic, yarn, llama3"
+        )
     if kind == "dynamic":
         # HF grows dynamic NTK from max_position_embeddings, whatever the dict says.
         params["original_max_position_embeddings"] = max_pos
@@ -87,8 +96,9 @@ def _rope_from_hf(hf: Mapping[str, Any], max_pos: int) -> tuple[float, dict | No
         params.setdefault("factor", max_pos / params["original_max_position_embeddings"])
         mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
         if "attention_factor" not in params and mscale and mscale_all_dim:
-            params["attention_factor"] = (_yarn_mscale(params["factor"], mscale) /
-                                          _yarn_mscale(params["factor"], mscale_all_dim))
+            params["attention_factor"] = _yarn_mscale(params["factor"], mscale) / _yarn_mscale(
+                params["factor"], mscale_all_dim
+            )
     return theta, {"type": kind, **params}
 
 
@@ -103,40 +113,53 @@ def _sliding_window_from_hf(hf: Mapping[str, Any]) -> int | None:
         return None
     n_layers = hf["num_hidden_layers"]
     first = hf.get("max_window_layers", 28)
-    types = hf.get("layer_types") or ["sliding_attention" if i >= first else "full_attention"
-                                      for i in range(n_layers)]
+    types = hf.get("layer_types") or [
+        "sliding_attention" if i >= first else "full_attention" for i in range(n_layers)
+    ]
     sliding = {t == "sliding_attention" for t in types}
     if sliding == {False}:
         return None
     if sliding == {True}:
         return window
-    raise NotImplementedError(f"Qwen2 sliding window on some layers only ({types}); the model "
-                              "applies one window to every layer")
+    raise NotImplementedError(
+        f"Qwen2 sliding window on some layers only ({types}); the model "
+        "applies one window to every layer"
+    )
 
 
 def from_hf_config(hf: Mapping[str, Any], **overrides) -> TransformerConfig:
     """The :class:`TransformerConfig` of a HF ``config.json`` dict, plus ``overrides``."""
     model_type = hf.get("model_type")
     if model_type not in ARCHITECTURES:
-        raise ValueError(f"unsupported HF model_type {model_type!r}; expected one of "
-                         f"{tuple(ARCHITECTURES)}")
+        raise ValueError(
+            f"unsupported HF model_type {model_type!r}; expected one of {tuple(ARCHITECTURES)}"
+        )
     if hf.get("hidden_act", "silu") != "silu":
         raise NotImplementedError(f"hidden_act={hf['hidden_act']!r}; the MLP is SwiGLU (silu)")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
-        raise NotImplementedError("Llama attention_bias / mlp_bias: the model has q/k/v biases "
-                                  "only (no o_proj or MLP biases)")
+        raise NotImplementedError(
+            "Llama attention_bias / mlp_bias: the model has q/k/v biases "
+            "only (no o_proj or MLP biases)"
+        )
     d_model, n_heads = _required(hf, "hidden_size"), _required(hf, "num_attention_heads")
     max_pos = _required(hf, "max_position_embeddings")
     theta, scaling = _rope_from_hf(hf, max_pos)
     fields = dict(
-        vocab_size=_required(hf, "vocab_size"), d_model=d_model,
-        n_layers=_required(hf, "num_hidden_layers"), n_heads=n_heads,
+        vocab_size=_required(hf, "vocab_size"),
+        d_model=d_model,
+        n_layers=_required(hf, "num_hidden_layers"),
+        n_heads=n_heads,
         n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-        head_dim=hf.get("head_dim") or d_model // n_heads, d_ff=_required(hf, "intermediate_size"),
-        norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=scaling,
+        head_dim=hf.get("head_dim") or d_model // n_heads,
+        d_ff=_required(hf, "intermediate_size"),
+        norm_eps=hf.get("rms_norm_eps", 1e-6),
+        rope_theta=theta,
+        rope_scaling=scaling,
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        qkv_bias=model_type == "qwen2", sliding_window=_sliding_window_from_hf(hf),
-        max_seq_len=max_pos)
+        qkv_bias=model_type == "qwen2",
+        sliding_window=_sliding_window_from_hf(hf),
+        max_seq_len=max_pos,
+    )
     return TransformerConfig(**{**fields, **overrides})
 
 
@@ -177,12 +200,20 @@ def to_hf_config(config: TransformerConfig, dtype: str | None = None, tokenizer=
     model_type = hf_model_type(config)
     theta, max_pos, scaling = _rope_to_hf(config)
     hf = {
-        "architectures": [ARCHITECTURES[model_type]], "model_type": model_type,
-        "vocab_size": config.vocab_size, "hidden_size": config.d_model,
-        "intermediate_size": config.d_ff, "num_hidden_layers": config.n_layers,
-        "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads,
-        "head_dim": config.head_dim, "hidden_act": "silu", "max_position_embeddings": max_pos,
-        "rms_norm_eps": config.norm_eps, "rope_theta": theta, "rope_scaling": scaling,
+        "architectures": [ARCHITECTURES[model_type]],
+        "model_type": model_type,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.d_model,
+        "intermediate_size": config.d_ff,
+        "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads,
+        "num_key_value_heads": config.n_kv_heads,
+        "head_dim": config.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": max_pos,
+        "rms_norm_eps": config.norm_eps,
+        "rope_theta": theta,
+        "rope_scaling": scaling,
         "tie_word_embeddings": config.tie_embeddings,
         "torch_dtype": jnp.dtype(dtype or config.param_dtype).name,
     }
@@ -191,11 +222,17 @@ def to_hf_config(config: TransformerConfig, dtype: str | None = None, tokenizer=
     elif model_type == "mistral":
         hf["sliding_window"] = config.sliding_window
     else:
-        hf.update(use_sliding_window=config.sliding_window is not None,
-                  sliding_window=config.sliding_window, max_window_layers=0)
+        hf.update(
+            use_sliding_window=config.sliding_window is not None,
+            sliding_window=config.sliding_window,
+            max_window_layers=0,
+        )
     if tokenizer is not None:
-        ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
-               "pad_token_id": tokenizer.pad_id}
+        ids = {
+            "bos_token_id": tokenizer.bos_id,
+            "eos_token_id": tokenizer.eos_id,
+            "pad_token_id": tokenizer.pad_id,
+        }
         hf.update({k: v for k, v in ids.items() if v is not None})
     return hf
 
@@ -206,11 +243,12 @@ def to_hf_config(config: TransformerConfig, dtype: str | None = None, tokenizer=
 
 class _Tensor(NamedTuple):
     """One HF tensor: where it lives in our tree and how its layout differs."""
+
     name: str
     path: tuple[str, ...]
-    layer: int | None     # index on the stacked layers axis, None for non-layer parameters
+    layer: int | None  # index on the stacked layers axis, None for non-layer parameters
     hf_shape: tuple[int, ...]
-    transpose: bool       # nn.Linear weight [out, in] vs our [in, ...out]
+    transpose: bool  # nn.Linear weight [out, in] vs our [in, ...out]
 
 
 def _tensor_table(c: TransformerConfig) -> list[_Tensor]:
@@ -228,12 +266,17 @@ def _tensor_table(c: TransformerConfig) -> list[_Tensor]:
         ("mlp.down_proj.weight", ("mlp", "down"), (D, F), True),
     ]
     if c.qkv_bias:
-        per_layer += [("self_attn.q_proj.bias", ("attn", "q_bias"), (N * H,), False),
-                      ("self_attn.k_proj.bias", ("attn", "k_bias"), (K * H,), False),
-                      ("self_attn.v_proj.bias", ("attn", "v_bias"), (K * H,), False)]
+        per_layer += [
+            ("self_attn.q_proj.bias", ("attn", "q_bias"), (N * H,), False),
+            ("self_attn.k_proj.bias", ("attn", "k_bias"), (K * H,), False),
+            ("self_attn.v_proj.bias", ("attn", "v_bias"), (K * H,), False),
+        ]
     table = [_Tensor("model.embed_tokens.weight", ("embed",), None, (V, D), False)]
-    table += [_Tensor(f"model.layers.{i}.{name}", ("layers",) + path, i, shape, transpose)
-              for i in range(c.n_layers) for name, path, shape, transpose in per_layer]
+    table += [
+        _Tensor(f"model.layers.{i}.{name}", ("layers",) + path, i, shape, transpose)
+        for i in range(c.n_layers)
+        for name, path, shape, transpose in per_layer
+    ]
     table.append(_Tensor("model.norm.weight", ("final_norm",), None, (D,), False))
     if not c.tie_embeddings:
         table.append(_Tensor("lm_head.weight", ("lm_head",), None, (V, D), True))
@@ -255,9 +298,11 @@ def check_params(config: TransformerConfig, params) -> dict:
     the leaves by path.  Checked before writing anything, so a mismatch leaves no partial files."""
     leaves, _ = _leaves_by_path(params)
     expected, _ = _leaves_by_path(param_shapes(config))
-    wrong = sorted("/".join(p) for p in set(leaves) | set(expected)
-                   if p not in leaves or p not in expected
-                   or np.shape(leaves[p]) != expected[p].shape)
+    wrong = sorted(
+        "/".join(p)
+        for p in set(leaves) | set(expected)
+        if p not in leaves or p not in expected or np.shape(leaves[p]) != expected[p].shape
+    )
     if wrong:
         raise ValueError(f"params do not match the config's parameter tree at {wrong}")
     return leaves
@@ -298,8 +343,10 @@ def _check_names(files: dict[str, list[str]], table: list[_Tensor], config: Tran
     duplicated = sorted(n for n, count in found.items() if count > 1)
     for what, names in (("unknown", unknown), ("missing", missing), ("duplicated", duplicated)):
         if names:
-            raise ValueError(f"{what} tensors in the HF checkpoint for {hf_model_type(config)} "
-                             f"config: {names[:8]}{' ...' if len(names) > 8 else ''}")
+            raise ValueError(
+                f"{what} tensors in the HF checkpoint for {hf_model_type(config)} "
+                f"config: {names[:8]}{' ...' if len(names) > 8 else ''}"
+            )
 
 
 def _read(f, name: str) -> np.ndarray:
@@ -309,8 +356,9 @@ def _read(f, name: str) -> np.ndarray:
         raise TypeError(f"cannot read tensor {name!r} into numpy ({e}); upgrade safetensors") from e
 
 
-def load_hf_checkpoint(path, *, param_dtype: str = "float32",
-                       **config_overrides) -> tuple[TransformerConfig, dict]:
+def load_hf_checkpoint(
+    path, *, param_dtype: str = "float32", **config_overrides
+) -> tuple[TransformerConfig, dict]:
     """(config, params) of a local HF Llama / Mistral / Qwen2 causal-LM directory.
 
     Parameters are cast to ``param_dtype``; ``config_overrides`` set non-architecture fields such
@@ -322,8 +370,9 @@ def load_hf_checkpoint(path, *, param_dtype: str = "float32",
         raise FileNotFoundError(f"HF checkpoint directory {path} does not exist")
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path / 'config.json'} not found")
-    config = from_hf_config(json.loads((path / "config.json").read_text()),
-                            param_dtype=param_dtype, **config_overrides)
+    config = from_hf_config(
+        json.loads((path / "config.json").read_text()), param_dtype=param_dtype, **config_overrides
+    )
     table = _tensor_table(config)
     files = _weight_files(path)
     _check_names(files, table, config)
@@ -337,8 +386,9 @@ def load_hf_checkpoint(path, *, param_dtype: str = "float32",
                     continue
                 t, array = by_name[name], _read(f, name)
                 if array.shape != t.hf_shape:
-                    raise ValueError(f"HF tensor {name} has shape {array.shape}; the config "
-                                     f"implies {t.hf_shape}")
+                    raise ValueError(
+                        f"HF tensor {name} has shape {array.shape}; the config implies {t.hf_shape}"
+                    )
                 dest = buffers[t.path] if t.layer is None else buffers[t.path][t.layer]
                 dest[...] = (array.T if t.transpose else array).reshape(dest.shape)
     # Popping hands each host buffer to the device and frees it before the next one is copied.
@@ -357,8 +407,11 @@ def _write_safetensors(path: Path, tensors: list[tuple[_Tensor, Any]], dtype: np
     offset = 0
     for t, _ in tensors:
         size = math.prod(t.hf_shape) * dtype.itemsize
-        header[t.name] = {"dtype": _ST_DTYPES[dtype.name], "shape": list(t.hf_shape),
-                          "data_offsets": [offset, offset + size]}
+        header[t.name] = {
+            "dtype": _ST_DTYPES[dtype.name],
+            "shape": list(t.hf_shape),
+            "data_offsets": [offset, offset + size],
+        }
         offset += size
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # data starts 8-byte aligned, as the reference writer does
@@ -382,8 +435,15 @@ def _shards(table: list[_Tensor], itemsize: int, max_shard_bytes: int) -> list[l
     return shards
 
 
-def save_hf_checkpoint(path, config: TransformerConfig, params, *, dtype: str | None = None,
-                       max_shard_bytes: int = 5 * 10**9, tokenizer=None) -> Path:
+def save_hf_checkpoint(
+    path,
+    config: TransformerConfig,
+    params,
+    *,
+    dtype: str | None = None,
+    max_shard_bytes: int = 5 * 10**9,
+    tokenizer=None,
+) -> Path:
     """Writes ``config.json`` and safetensors weights that ``transformers`` loads as
     :func:`hf_model_type` (``config``).  Tensors are cast to ``dtype`` (default
     ``config.param_dtype``) and written one at a time; over ``max_shard_bytes`` the weights are
@@ -403,18 +463,24 @@ def save_hf_checkpoint(path, config: TransformerConfig, params, *, dtype: str | 
             leaf = leaves[t.path] if t.layer is None else leaves[t.path][t.layer]
             ours = np.asarray(leaf)
             return ours.reshape(t.hf_shape[::-1]).T if t.transpose else ours.reshape(t.hf_shape)
+
         return produce
 
     path.mkdir(parents=True, exist_ok=True)
     shards = _shards(table, np_dtype.itemsize, max_shard_bytes)
-    names = ([SINGLE_FILE] if len(shards) == 1 else
-             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    names = (
+        [SINGLE_FILE]
+        if len(shards) == 1
+        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    )
     for name, shard in zip(names, shards):
         _write_safetensors(path / name, [(t, producer(t)) for t in shard], np_dtype)
     if len(shards) > 1:
         total = sum(math.prod(t.hf_shape) for t in table) * np_dtype.itemsize
-        index = {"metadata": {"total_size": total},
-                 "weight_map": {t.name: name for name, shard in zip(names, shards) for t in shard}}
+        index = {
+            "metadata": {"total_size": total},
+            "weight_map": {t.name: name for name, shard in zip(names, shards) for t in shard},
+        }
         (path / INDEX_FILE).write_text(json.dumps(index, indent=2))
     (path / "config.json").write_text(json.dumps(to_hf_config(config, dtype, tokenizer), indent=2))
     return path

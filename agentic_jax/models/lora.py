@@ -17,6 +17,7 @@ key it also adds ``params["layers"]["lora_dropout"]`` (per-layer, per-projection
 :meth:`LoRA.unmerge` takes them out again.  :func:`save_adapters` / :func:`load_adapters` store
 only the adapters, with the fingerprint of the base they were trained on.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,8 +36,15 @@ from agentic_jax.models.transformer import param_axes
 
 # Every projection an adapter can target: (parameter group, number of input dims of its weight
 # ``[L, in..., out...]``).
-PROJECTIONS = {"q": ("attn", 1), "k": ("attn", 1), "v": ("attn", 1), "o": ("attn", 2),
-               "gate": ("mlp", 1), "up": ("mlp", 1), "down": ("mlp", 1)}
+PROJECTIONS = {
+    "q": ("attn", 1),
+    "k": ("attn", 1),
+    "v": ("attn", 1),
+    "o": ("attn", 2),
+    "gate": ("mlp", 1),
+    "up": ("mlp", 1),
+    "down": ("mlp", 1),
+}
 ADAPTERS_FILE = "adapters.safetensors"
 CONFIG_FILE = "adapter_config.json"
 
@@ -46,6 +54,7 @@ CONFIG_FILE = "adapter_config.json"
 class LoraConfig:
     """Adapter rank ``r``, scale numerator ``α`` (the path is scaled by α/r), dropout rate on the
     adapters' input, and the projections adapted (any of q, k, v, o, gate, up, down)."""
+
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
@@ -59,14 +68,17 @@ class LoraConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"LoraConfig.dropout must be in [0, 1), got {self.dropout!r}")
         if isinstance(self.targets, str):
-            raise TypeError(f"LoraConfig.targets must be a sequence of projection names, not the "
-                             f"string {self.targets!r}")
+            raise TypeError(
+                f"LoraConfig.targets must be a sequence of projection names, not the "
+                f"string {self.targets!r}"
+            )
         targets = tuple(self.targets)
         unknown = [t for t in targets if t not in PROJECTIONS]
         if not targets or unknown or len(set(targets)) != len(targets):
-            raise ValueError(f"LoraConfig.targets={targets!r} must be distinct names from "
-                             f"{tuple(PROJECTIONS)}, at least one" +
-                             (f"; unknown: {unknown}" if unknown else ""))
+            raise ValueError(
+                f"LoraConfig.targets={targets!r} must be distinct names from "
+                f"{tuple(PROJECTIONS)}, at least one" + (f"; unknown: {unknown}" if unknown else "")
+            )
         object.__setattr__(self, "targets", targets)  # a gin list becomes a hashable tuple
 
     @property
@@ -89,8 +101,10 @@ def lora_axes(config: TransformerConfig, lora_config: LoraConfig) -> dict:
     """Logical axes of the trainable adapters (``{name: {"a": axes, "b": axes}}``), for sharding:
     ``A`` is laid out like ``W``'s input dims, ``B`` like its output dims, the rank kept whole."""
     axes = param_axes(config)
-    return {name: dict(zip("ab", _split(_weight(axes, name), name, "lora_rank")))
-            for name in lora_config.targets}
+    return {
+        name: dict(zip("ab", _split(_weight(axes, name), name, "lora_rank")))
+        for name in lora_config.targets
+    }
 
 
 @gin.configurable
@@ -98,6 +112,7 @@ def lora_axes(config: TransformerConfig, lora_config: LoraConfig) -> dict:
 class LoRA:
     """The LoRA `Finetune` (see ``agentic_jax.post_training.common``): the trainable tree holds only
     the adapters ``{name: {"a", "b"}}``; the base parameters stay frozen beside it."""
+
     config: LoraConfig | None = None
 
     def __post_init__(self):
@@ -114,22 +129,30 @@ class LoRA:
             w = _weight(params, name)
             a_shape, b_shape = _split(w.shape, name, self.config.rank)
             bound = 1.0 / math.sqrt(math.prod(a_shape[1:-1]))
-            adapters[name] = {"a": jax.random.uniform(k, a_shape, jnp.float32, -bound, bound).astype(w.dtype),
-                              "b": jnp.zeros(b_shape, w.dtype)}
+            adapters[name] = {
+                "a": jax.random.uniform(k, a_shape, jnp.float32, -bound, bound).astype(w.dtype),
+                "b": jnp.zeros(b_shape, w.dtype),
+            }
         return adapters
 
     def _check(self, trainable, base):
         if "lora" in base["layers"]:
-            raise ValueError("base params already carry LoRA adapters; pass the plain base parameters")
+            raise ValueError(
+                "base params already carry LoRA adapters; pass the plain base parameters"
+            )
         if set(trainable) != set(self.config.targets):
-            raise ValueError(f"adapters for {sorted(trainable)} do not match LoraConfig.targets="
-                             f"{self.config.targets}")
+            raise ValueError(
+                f"adapters for {sorted(trainable)} do not match LoraConfig.targets="
+                f"{self.config.targets}"
+            )
         for name, adapter in trainable.items():
             expected = _split(_weight(base, name).shape, name, self.config.rank)
             got = (adapter["a"].shape, adapter["b"].shape)
             if got != expected:
-                raise ValueError(f"adapter {name!r} has shapes (a, b) = {got}; this base and rank "
-                                 f"{self.config.rank} need {expected}")
+                raise ValueError(
+                    f"adapter {name!r} has shapes (a, b) = {got}; this base and rank "
+                    f"{self.config.rank} need {expected}"
+                )
 
     def model_params(self, trainable, base, key=None):
         """``base`` with the adapters attached (α/r folded into B); ``key`` turns dropout on."""
@@ -142,16 +165,21 @@ class LoRA:
         if key is not None and self.config.dropout > 0:
             n_layers = base["layers"]["attn_norm"].shape[0]
             keys = jax.random.split(key, (len(targets), n_layers))
-            layers["lora_dropout"] = {"rate": jnp.full((n_layers,), self.config.dropout, jnp.float32),
-                                      "key": dict(zip(targets, keys))}
+            layers["lora_dropout"] = {
+                "rate": jnp.full((n_layers,), self.config.dropout, jnp.float32),
+                "key": dict(zip(targets, keys)),
+            }
         return {**base, "layers": layers}
 
     def _delta(self, adapter, shape):
         """``(α/r) A B`` per layer, ``[L, in..., out...]``, in float32 at full matmul precision."""
         a, b = (adapter[p].astype(jnp.float32) for p in "ab")
         r = self.config.rank
-        ab = jnp.matmul(a.reshape(shape[0], -1, r), b.reshape(shape[0], r, -1),
-                        precision=jax.lax.Precision.HIGHEST)
+        ab = jnp.matmul(
+            a.reshape(shape[0], -1, r),
+            b.reshape(shape[0], r, -1),
+            precision=jax.lax.Precision.HIGHEST,
+        )
         return self.config.scale * ab.reshape(shape)
 
     def _shift(self, params, trainable, sign):
@@ -159,8 +187,12 @@ class LoRA:
         for name, adapter in trainable.items():
             group, _ = PROJECTIONS[name]
             w = layers[group][name]
-            layers[group] = {**layers[group],
-                             name: (w.astype(jnp.float32) + sign * self._delta(adapter, w.shape)).astype(w.dtype)}
+            layers[group] = {
+                **layers[group],
+                name: (w.astype(jnp.float32) + sign * self._delta(adapter, w.shape)).astype(
+                    w.dtype
+                ),
+            }
         return {**params, "layers": layers}
 
     def merged(self, trainable, base):
@@ -182,11 +214,19 @@ def save_adapters(path, trainable, lora_config: LoraConfig, base_fingerprint: st
     if (path / CONFIG_FILE).exists():
         raise FileExistsError(f"{path / CONFIG_FILE} exists; adapters are never overwritten")
     if set(trainable) != set(lora_config.targets):
-        raise ValueError(f"adapters for {sorted(trainable)} do not match LoraConfig.targets="
-                         f"{lora_config.targets}")
+        raise ValueError(
+            f"adapters for {sorted(trainable)} do not match LoraConfig.targets="
+            f"{lora_config.targets}"
+        )
     path.mkdir(parents=True, exist_ok=True)
-    save_file({f"{name}.{p}": np.asarray(jax.device_get(ad[p])) for name, ad in trainable.items() for p in "ab"},
-              str(path / ADAPTERS_FILE))
+    save_file(
+        {
+            f"{name}.{p}": np.asarray(jax.device_get(ad[p]))
+            for name, ad in trainable.items()
+            for p in "ab"
+        },
+        str(path / ADAPTERS_FILE),
+    )
     meta = {"lora_config": dataclasses.asdict(lora_config), "base_fingerprint": base_fingerprint}
     (path / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
     return path
@@ -198,17 +238,23 @@ def load_adapters(path, *, base_fingerprint: str | None = None) -> tuple[dict, L
     path = Path(path)
     for required in (path / CONFIG_FILE, path / ADAPTERS_FILE):
         if not required.exists():
-            raise FileNotFoundError(f"{required} not found; is {path} a directory written by save_adapters?")
+            raise FileNotFoundError(
+                f"{required} not found; is {path} a directory written by save_adapters?"
+            )
     meta = json.loads((path / CONFIG_FILE).read_text())
     if base_fingerprint is not None and meta["base_fingerprint"] != base_fingerprint:
-        raise ValueError(f"the adapters in {path} were trained on base {meta['base_fingerprint']}, not on "
-                         f"this base ({base_fingerprint}); load the base model they were trained on")
+        raise ValueError(
+            f"the adapters in {path} were trained on base {meta['base_fingerprint']}, not on "
+            f"this base ({base_fingerprint}); load the base model they were trained on"
+        )
     lora_config = LoraConfig(**meta["lora_config"])
     trainable = {}
     for key, value in load_file(str(path / ADAPTERS_FILE)).items():
         name, part = key.split(".")
         trainable.setdefault(name, {})[part] = jnp.asarray(value)
     if set(trainable) != set(lora_config.targets):
-        raise ValueError(f"{path / ADAPTERS_FILE} holds adapters for {sorted(trainable)}, but its "
-                         f"config names {lora_config.targets}")
+        raise ValueError(
+            f"{path / ADAPTERS_FILE} holds adapters for {sorted(trainable)}, but its "
+            f"config names {lora_config.targets}"
+        )
     return trainable, lora_config

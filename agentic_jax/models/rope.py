@@ -16,6 +16,7 @@ magnitude of cos/sin):
   0.1 ln(factor) + 1.
 * llama3  (Meta 2024): long wavelengths divided by factor, short ones kept, smooth in between.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,7 +50,8 @@ def _yarn(dim: int, base: float, scaling) -> tuple[jnp.ndarray, float]:
     inv_freq = _base_inv_freq(dim, base)
     inv_freq = (inv_freq / factor) * (1.0 - extrapolate) + inv_freq * extrapolate
     attention_factor = scaling.get("attention_factor") or (
-        0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+        0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    )
     return inv_freq, attention_factor
 
 

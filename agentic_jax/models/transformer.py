@@ -7,6 +7,7 @@ LM head tied to the embedding or separate.  This is the Llama / Mistral / Qwen2 
 Every parameter has a tuple of logical axis names (:func:`param_axes`), and activations are
 constrained at block boundaries by logical name; :mod:`sharding` alone maps names to mesh axes.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,14 +32,23 @@ class ParamSpec(NamedTuple):
 
 def _specs(c: TransformerConfig) -> dict:
     """The single table of parameter shapes, logical axes and initialisers."""
-    L, D, N, K, H, F, V = (c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff,
-                           c.vocab_size)
+    L, D, N, K, H, F, V = (
+        c.n_layers,
+        c.d_model,
+        c.n_heads,
+        c.n_kv_heads,
+        c.head_dim,
+        c.d_ff,
+        c.vocab_size,
+    )
     std, out_std = c.init_std, c.init_std / math.sqrt(2 * L)
     attn = {
         "q": ParamSpec((L, D, N, H), ("layers", "embed", "q_heads", "head_dim"), f"normal:{std}"),
         "k": ParamSpec((L, D, K, H), ("layers", "embed", "kv_heads", "head_dim"), f"normal:{std}"),
         "v": ParamSpec((L, D, K, H), ("layers", "embed", "kv_heads", "head_dim"), f"normal:{std}"),
-        "o": ParamSpec((L, N, H, D), ("layers", "q_heads", "head_dim", "embed"), f"normal:{out_std}"),
+        "o": ParamSpec(
+            (L, N, H, D), ("layers", "q_heads", "head_dim", "embed"), f"normal:{out_std}"
+        ),
     }
     if c.qkv_bias:
         attn["q_bias"] = ParamSpec((L, N, H), ("layers", "q_heads", "head_dim"), "zeros")
@@ -75,7 +85,9 @@ def param_axes(config: TransformerConfig) -> dict:
 def param_shapes(config: TransformerConfig) -> dict:
     """Pytree of ``jax.ShapeDtypeStruct`` matching :func:`init_params`, without allocating."""
     dtype = config.storage_dtype
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype), _specs(config), is_leaf=_is_spec)
+    return jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct(s.shape, dtype), _specs(config), is_leaf=_is_spec
+    )
 
 
 def init_params(config: TransformerConfig, key) -> dict:
@@ -91,7 +103,9 @@ def init_params(config: TransformerConfig, key) -> dict:
         if spec.init == "zeros":
             return jnp.zeros(spec.shape, dtype)
         std = float(spec.init.split(":")[1])
-        return (std * jax.random.truncated_normal(k, -3.0, 3.0, spec.shape, jnp.float32)).astype(dtype)
+        return (std * jax.random.truncated_normal(k, -3.0, 3.0, spec.shape, jnp.float32)).astype(
+            dtype
+        )
 
     return jax.tree.unflatten(treedef, [make(s, k) for s, k in zip(leaves, keys)])
 
@@ -101,16 +115,18 @@ def param_count(config: TransformerConfig) -> int:
     return sum(math.prod(s.shape) for s in leaves)
 
 
-def flops_per_token(config: TransformerConfig, seq_len: int, *, causal: bool = True,
-                    training: bool = True) -> float:
+def flops_per_token(
+    config: TransformerConfig, seq_len: int, *, causal: bool = True, training: bool = True
+) -> float:
     """Model FLOPs per token (Kaplan et al. 2020; PaLM, Chowdhery et al. 2022, appendix B).
 
     ``6 N + 12 L n_heads head_dim T`` for training (forward = a third of it), where N counts the
     parameters used in matmuls (the embedding lookup is free; a tied table is used once as the LM
     head) and the attention term is halved for causal masks, whose upper triangle is skipped.
     """
-    n_matmul = param_count(config) - (0 if config.tie_embeddings else
-                                      config.vocab_size * config.d_model)
+    n_matmul = param_count(config) - (
+        0 if config.tie_embeddings else config.vocab_size * config.d_model
+    )
     attn = 12 * config.n_layers * config.n_heads * config.head_dim * seq_len
     if causal:
         attn /= 2
@@ -128,8 +144,10 @@ def rms_norm(x, weight, eps):
 def segment_positions(segment_ids):
     """Positions restarting at 0 at the start of every segment of a packed row."""
     idx = jnp.arange(segment_ids.shape[-1])
-    starts = jnp.concatenate([jnp.ones_like(segment_ids[..., :1], bool),
-                              segment_ids[..., 1:] != segment_ids[..., :-1]], axis=-1)
+    starts = jnp.concatenate(
+        [jnp.ones_like(segment_ids[..., :1], bool), segment_ids[..., 1:] != segment_ids[..., :-1]],
+        axis=-1,
+    )
     return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=segment_ids.ndim - 1)
 
 
@@ -138,8 +156,16 @@ def self_attention(config: TransformerConfig, segment_ids):
     seg = None if segment_ids is None else (segment_ids, segment_ids)
 
     def attend(q, k, v, state):
-        o = attention(q, k, v, causal=True, segment_ids=seg, sliding_window=config.sliding_window,
-                      implementation=config.attention_impl, chunk_size=config.attention_chunk_size)
+        o = attention(
+            q,
+            k,
+            v,
+            causal=True,
+            segment_ids=seg,
+            sliding_window=config.sliding_window,
+            implementation=config.attention_impl,
+            chunk_size=config.attention_chunk_size,
+        )
         return o, state
 
     return attend
@@ -154,7 +180,9 @@ def _dense(eq, x, w, name, lora, dropout):
         return y
     if dropout is not None:  # {"rate": [], "key": {name: key}}
         keep = 1.0 - dropout["rate"]
-        x = jnp.where(jax.random.bernoulli(dropout["key"][name], keep, x.shape), x / keep, 0).astype(x.dtype)
+        x = jnp.where(
+            jax.random.bernoulli(dropout["key"][name], keep, x.shape), x / keep, 0
+        ).astype(x.dtype)
     a, b = lora[name]["a"], lora[name]["b"]
     return y + jnp.tensordot(jnp.tensordot(x, a, a.ndim - 1), b, 1)
 
@@ -184,7 +212,9 @@ def _block(config: TransformerConfig, p, x, cos, sin, attend, state):
     o, state = attend(q, k, v, state)
     x = with_logical_constraint(x + dense("btnh,nhd->btd", o, a["o"], "o"), BTD)
     h = rms_norm(x, p["mlp_norm"], config.norm_eps)
-    hidden = jax.nn.silu(dense("btd,df->btf", h, m["gate"], "gate")) * dense("btd,df->btf", h, m["up"], "up")
+    hidden = jax.nn.silu(dense("btd,df->btf", h, m["gate"], "gate")) * dense(
+        "btd,df->btf", h, m["up"], "up"
+    )
     hidden = with_logical_constraint(hidden, BTF)
     return with_logical_constraint(x + dense("btf,fd->btd", hidden, m["down"], "down"), BTD), state
 
@@ -198,14 +228,26 @@ _REMAT = {
 
 def _check_tokens(config: TransformerConfig, tokens, positions, segment_ids):
     if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
-        raise ValueError(f"tokens must be an integer array [B, T]; got {tokens.dtype}{tokens.shape}")
+        raise ValueError(
+            f"tokens must be an integer array [B, T]; got {tokens.dtype}{tokens.shape}"
+        )
     for name, arr in (("positions", positions), ("segment_ids", segment_ids)):
         if arr is not None and arr.shape != tokens.shape:
-            raise ValueError(f"{name} must have the shape of tokens {tokens.shape}; got {arr.shape}")
+            raise ValueError(
+                f"{name} must have the shape of tokens {tokens.shape}; got {arr.shape}"
+            )
 
 
-def hidden_states(params, config: TransformerConfig, tokens, *, positions=None, segment_ids=None,
-                  attend=None, layer_state=None):
+def hidden_states(
+    params,
+    config: TransformerConfig,
+    tokens,
+    *,
+    positions=None,
+    segment_ids=None,
+    attend=None,
+    layer_state=None,
+):
     """Final-norm hidden states ``[B, T, D]`` (the LM head's input).
 
     Decoders pass ``attend`` (see :func:`_block`) and ``layer_state``, a pytree whose leaves have a
@@ -213,8 +255,11 @@ def hidden_states(params, config: TransformerConfig, tokens, *, positions=None, 
     """
     _check_tokens(config, tokens, positions, segment_ids)
     if positions is None:
-        positions = (segment_positions(segment_ids) if segment_ids is not None else
-                     jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape))
+        positions = (
+            segment_positions(segment_ids)
+            if segment_ids is not None
+            else jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+        )
     x = jnp.take(params["embed"], tokens, axis=0).astype(config.compute_dtype)
     x = with_logical_constraint(x, BTD)
     cos, sin = rope_tables(config, positions)
@@ -227,13 +272,17 @@ def hidden_states(params, config: TransformerConfig, tokens, *, positions=None, 
     if config.remat_policy != "none":
         block = jax.checkpoint(block, policy=_REMAT[config.remat_policy])
     if config.scan_layers:
-        x, layer_state = jax.lax.scan(lambda x, ps: block(x, *ps), x, (params["layers"], layer_state))
+        x, layer_state = jax.lax.scan(
+            lambda x, ps: block(x, *ps), x, (params["layers"], layer_state)
+        )
     else:
         states = []
         for i in range(config.n_layers):
             x, st = block(x, *jax.tree.map(lambda a: a[i], (params["layers"], layer_state)))
             states.append(st)
-        layer_state = jax.tree.map(lambda *a: jnp.stack(a), *states) if states[0] is not None else None
+        layer_state = (
+            jax.tree.map(lambda *a: jnp.stack(a), *states) if states[0] is not None else None
+        )
     h = rms_norm(x, params["final_norm"].astype(config.compute_dtype), config.norm_eps)
     return (h, layer_state) if stateful else h
 
@@ -246,8 +295,9 @@ def lm_head_weight(params, config: TransformerConfig):
 
 def logits_from_hidden(params, config: TransformerConfig, h):
     """The LM head: float32 logits ``[B, T, V]`` from hidden states."""
-    logits = jnp.einsum("btd,dv->btv", h, lm_head_weight(params, config),
-                        preferred_element_type=jnp.float32)
+    logits = jnp.einsum(
+        "btd,dv->btv", h, lm_head_weight(params, config), preferred_element_type=jnp.float32
+    )
     return with_logical_constraint(logits, BTV)
 
 

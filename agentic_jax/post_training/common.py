@@ -12,6 +12,7 @@ Conventions (all trainers):
   apart, and calls ``finetune.model_params(trainable, base, key)`` to get the parameters the
   model runs with.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +27,16 @@ from agentic_jax.models import TransformerConfig, hidden_states, logits_from_hid
 from agentic_jax.rl.numerics import expectation
 
 
-def token_logprobs(params, config: TransformerConfig, tokens, *, segment_ids=None, positions=None,
-                   temperature: float = 1.0, with_entropy: bool = False):
+def token_logprobs(
+    params,
+    config: TransformerConfig,
+    tokens,
+    *,
+    segment_ids=None,
+    positions=None,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+):
     """``logp[B, L]``: log π(tokens[:, t] | tokens[:, :t]) under ``softmax(logits / temperature)``.
 
     Column 0 is 0 (no context).  With ``with_entropy`` also returns the entropy ``[B, L]`` of the
@@ -69,10 +78,10 @@ def token_scores(params, config: TransformerConfig, tokens, *, segment_ids=None,
     The trunk's final-norm hidden state times the head: a reward model reads it at a sequence's
     last token, a process reward model at each step's last token, a critic through `token_values`.
     """
-    h = hidden_states(params["trunk"], config, jnp.asarray(tokens), positions=positions,
-                      segment_ids=segment_ids)
-    return (jnp.einsum("bld,d->bl", h.astype(jnp.float32), params["head"]["w"])
-            + params["head"]["b"])
+    h = hidden_states(
+        params["trunk"], config, jnp.asarray(tokens), positions=positions, segment_ids=segment_ids
+    )
+    return jnp.einsum("bld,d->bl", h.astype(jnp.float32), params["head"]["w"]) + params["head"]["b"]
 
 
 def token_values(params, config: TransformerConfig, tokens):
@@ -128,12 +137,20 @@ def split_micro(batch: dict, accum_steps: int) -> dict:
         raise ValueError(f"batch arrays disagree on the number of rows: {sorted(rows)}")
     (rows,) = rows
     if rows % accum_steps:
-        raise ValueError(f"a batch of {rows} rows does not split into accum_steps={accum_steps} micro-batches")
+        raise ValueError(
+            f"a batch of {rows} rows does not split into accum_steps={accum_steps} micro-batches"
+        )
     return jax.tree.map(lambda x: x.reshape(accum_steps, rows // accum_steps, *x.shape[1:]), batch)
 
 
-def make_update(loss_fn, optimizer: optax.GradientTransformation, finetune=FullFinetune(), *,
-                accum_steps: int = 1, dropout: bool = True):
+def make_update(
+    loss_fn,
+    optimizer: optax.GradientTransformation,
+    finetune=FullFinetune(),
+    *,
+    accum_steps: int = 1,
+    dropout: bool = True,
+):
     """A jitted ``update(state, base, batch) -> (state, metrics)`` for a sum-and-count loss.
 
     ``loss_fn(params, batch, key) -> (total, count, metrics)`` (sums, like ``rl.LossOutput``).
@@ -151,8 +168,11 @@ def make_update(loss_fn, optimizer: optax.GradientTransformation, finetune=FullF
 
     def grads_of(trainable, base, micro, key):
         def objective(t):
-            total, count, metrics = loss_fn(finetune.model_params(t, base, key if dropout else None), micro, key)
+            total, count, metrics = loss_fn(
+                finetune.model_params(t, base, key if dropout else None), micro, key
+            )
             return total, (count, metrics)
+
         return jax.value_and_grad(objective, has_aux=True)(trainable)
 
     @jax.jit
@@ -162,20 +182,33 @@ def make_update(loss_fn, optimizer: optax.GradientTransformation, finetune=FullF
 
         def body(carry, xs):
             index, mb = xs
-            (total, (count, metrics)), grads = grads_of(state.params, base, mb, jax.random.fold_in(key, index))
+            (total, (count, metrics)), grads = grads_of(
+                state.params, base, mb, jax.random.fold_in(key, index)
+            )
             acc = jax.tree.map(jnp.add, carry, (grads, total, count, metrics))
             return acc, None
 
-        shapes = jax.eval_shape(lambda: grads_of(state.params, base, jax.tree.map(lambda x: x[0], micro), key))
+        shapes = jax.eval_shape(
+            lambda: grads_of(state.params, base, jax.tree.map(lambda x: x[0], micro), key)
+        )
         (_, (_, metric_shapes)), _ = shapes
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), (
-            state.params, jnp.zeros(()), jnp.zeros(()), metric_shapes))
-        (grads, total, count, metrics), _ = jax.lax.scan(body, zeros, (jnp.arange(accum_steps), micro))
+        zeros = jax.tree.map(
+            lambda p: jnp.zeros(p.shape, jnp.float32),
+            (state.params, jnp.zeros(()), jnp.zeros(()), metric_shapes),
+        )
+        (grads, total, count, metrics), _ = jax.lax.scan(
+            body, zeros, (jnp.arange(accum_steps), micro)
+        )
         denom = jnp.maximum(count, 1e-9)
         grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, state.params)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = {**metrics, "loss": total / denom, "count": count, "grad_norm": optax.tree.norm(grads)}
+        metrics = {
+            **metrics,
+            "loss": total / denom,
+            "count": count,
+            "grad_norm": optax.tree.norm(grads),
+        }
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return update

@@ -5,6 +5,7 @@ rate) and, with ``samples`` > 1, ``samples`` times at ``temperature`` for ``pass
 (the unbiased estimator, ``eval.pass_at_k``).  Per-task outcomes are returned as well, so two
 policies can be compared on the same problems with a paired bootstrap (``eval.bootstrap_ci``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,39 +32,74 @@ class Evaluation:
     samples: int
 
     def summary(self) -> dict:
-        out = {"success": float(self.success.mean()), "reward": float(self.reward.mean()),
-               "tool_calls": float(self.tool_calls.mean()),
-               "response_length": float(self.response_length.mean())}
+        out = {
+            "success": float(self.success.mean()),
+            "reward": float(self.reward.mean()),
+            "tool_calls": float(self.tool_calls.mean()),
+            "response_length": float(self.response_length.mean()),
+        }
         if self.sampled_correct is not None:
             for k in sorted({1, self.samples}):
                 out[f"pass@{k}"] = float(np.mean(pass_at_k(self.samples, self.sampled_correct, k)))
         return out
 
 
-def _play(params, config, env, env_params, tasks, group_size, sampling, key, batch_rows) -> Rollouts:
+def _play(
+    params, config, env, env_params, tasks, group_size, sampling, key, batch_rows
+) -> Rollouts:
     """Episodes of ``tasks`` in fixed-size chunks of ``batch_rows`` rows (one compiled shape)."""
     per_chunk = min(max(batch_rows // group_size, 1), len(tasks))
     parts = []
     for start in range(0, len(tasks), per_chunk):
-        chunk = tasks[start:start + per_chunk]
+        chunk = tasks[start : start + per_chunk]
         padded = np.resize(chunk, per_chunk)  # repeat tasks to fill the last chunk; cut below
-        r = collect(params, config, env, env_params, padded, group_size=group_size, sampling=sampling,
-                    key=jax.random.fold_in(key, start))
+        r = collect(
+            params,
+            config,
+            env,
+            env_params,
+            padded,
+            group_size=group_size,
+            sampling=sampling,
+            key=jax.random.fold_in(key, start),
+        )
         parts.append(r.rows(0, len(chunk) * group_size))
     return Rollouts.concat(parts)
 
 
-def evaluate_policy(params, config: TransformerConfig, env: TextEnv, env_params: TextEnvParams | None = None, *,
-                    samples: int = 0, temperature: float = 1.0, key=None, batch_rows: int = 64,
-                    tasks=None) -> Evaluation:
+def evaluate_policy(
+    params,
+    config: TransformerConfig,
+    env: TextEnv,
+    env_params: TextEnvParams | None = None,
+    *,
+    samples: int = 0,
+    temperature: float = 1.0,
+    key=None,
+    batch_rows: int = 64,
+    tasks=None,
+) -> Evaluation:
     """Greedy success on every task of the env's bank (or ``tasks``), plus pass@k from ``samples``."""
     env_params = env.default_params if env_params is None else env_params
     tasks = np.arange(env_params.tasks.size) if tasks is None else np.asarray(tasks)
     key = jax.random.key(0) if key is None else key
-    greedy = _play(params, config, env, env_params, tasks, 1, SamplingParams(temperature=0.0), key, batch_rows)
+    greedy = _play(
+        params, config, env, env_params, tasks, 1, SamplingParams(temperature=0.0), key, batch_rows
+    )
     correct = None
     if samples > 0:
-        sampled = _play(params, config, env, env_params, tasks, samples, SamplingParams(temperature=temperature),
-                        jax.random.fold_in(key, 1), batch_rows)
+        sampled = _play(
+            params,
+            config,
+            env,
+            env_params,
+            tasks,
+            samples,
+            SamplingParams(temperature=temperature),
+            jax.random.fold_in(key, 1),
+            batch_rows,
+        )
         correct = sampled.success.reshape(-1, samples).sum(axis=1)
-    return Evaluation(greedy.success, greedy.reward, greedy.tool_calls, greedy.response_length, correct, samples)
+    return Evaluation(
+        greedy.success, greedy.reward, greedy.tool_calls, greedy.response_length, correct, samples
+    )

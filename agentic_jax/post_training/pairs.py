@@ -8,6 +8,7 @@ compiled program serves every batch; held-out sets go through it in padded chunk
 (`evaluate_loss`, `map_rows`).  `Progress` is what the pair trainers checkpoint: the train state
 and how far they have read.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -29,8 +30,13 @@ def task_pairs(spec: TaskSpec, tokenizer: Tokenizer, split: str = "train") -> di
     tasks = spec.tasks(split)
     chosen, chosen_mask = demonstration_batch(tasks, tokenizer, spec.max_length, correct=True)
     rejected, rejected_mask = demonstration_batch(tasks, tokenizer, spec.max_length, correct=False)
-    return {"chosen": chosen, "chosen_mask": chosen_mask, "rejected": rejected, "rejected_mask": rejected_mask,
-            "weight": np.ones(len(tasks), np.float32)}
+    return {
+        "chosen": chosen,
+        "chosen_mask": chosen_mask,
+        "rejected": rejected,
+        "rejected_mask": rejected_mask,
+        "weight": np.ones(len(tasks), np.float32),
+    }
 
 
 def take(batch: dict[str, np.ndarray], rows) -> dict[str, np.ndarray]:
@@ -47,7 +53,9 @@ def best_worst(scores) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """
     scores = np.asarray(scores)
     if scores.ndim != 2 or scores.shape[1] < 2:
-        raise ValueError(f"scores must be [prompts, k] with k >= 2 samples per prompt, got shape {scores.shape}")
+        raise ValueError(
+            f"scores must be [prompts, k] with k >= 2 samples per prompt, got shape {scores.shape}"
+        )
     offset = np.arange(scores.shape[0]) * scores.shape[1]
     best, worst = scores.argmax(axis=1), scores.argmin(axis=1)
     decisive = scores.max(axis=1) > scores.min(axis=1)
@@ -69,12 +77,19 @@ def sampled_pairs(tokens, mask, scores, samples_per_prompt: int) -> dict[str, np
     best, worst, decisive = best_worst(scores)
     if not decisive.any():
         return None
-    slots = np.resize(np.flatnonzero(decisive), len(decisive))  # decisive prompts, repeated cyclically
+    slots = np.resize(
+        np.flatnonzero(decisive), len(decisive)
+    )  # decisive prompts, repeated cyclically
     weight = 1.0 / np.bincount(slots, minlength=len(decisive))[slots]
-    return {"chosen": tokens[best[slots]], "chosen_mask": mask[best[slots]],
-            "rejected": tokens[worst[slots]], "rejected_mask": mask[worst[slots]],
-            "weight": weight.astype(np.float32), "chosen_score": scores.reshape(-1)[best[slots]],
-            "rejected_score": scores.reshape(-1)[worst[slots]]}
+    return {
+        "chosen": tokens[best[slots]],
+        "chosen_mask": mask[best[slots]],
+        "rejected": tokens[worst[slots]],
+        "rejected_mask": mask[worst[slots]],
+        "weight": weight.astype(np.float32),
+        "chosen_score": scores.reshape(-1)[best[slots]],
+        "rejected_score": scores.reshape(-1)[worst[slots]],
+    }
 
 
 def padded_chunks(batch: dict[str, np.ndarray], size: int) -> Iterator[dict[str, np.ndarray]]:
@@ -84,17 +99,23 @@ def padded_chunks(batch: dict[str, np.ndarray], size: int) -> Iterator[dict[str,
     batch = {**batch, "weight": batch.get("weight", np.ones(rows, np.float32))}
     for start in range(0, rows, size):
         chunk = take(batch, np.arange(start, start + size) % rows)
-        chunk["weight"] = np.where(np.arange(start, start + size) < rows, chunk["weight"], 0.0).astype(np.float32)
+        chunk["weight"] = np.where(
+            np.arange(start, start + size) < rows, chunk["weight"], 0.0
+        ).astype(np.float32)
         yield chunk
 
 
-def map_rows(fn: Callable[[dict], np.ndarray], batch: dict[str, np.ndarray], size: int) -> np.ndarray:
+def map_rows(
+    fn: Callable[[dict], np.ndarray], batch: dict[str, np.ndarray], size: int
+) -> np.ndarray:
     """``fn`` (per-row outputs ``[size, ...]``) over every row of ``batch`` in chunks of ``size``."""
     rows = len(next(iter(batch.values())))
     return np.concatenate([np.asarray(fn(chunk)) for chunk in padded_chunks(batch, size)])[:rows]
 
 
-def evaluate_loss(loss, params, batch: dict[str, np.ndarray], size: int) -> tuple[float, float, dict]:
+def evaluate_loss(
+    loss, params, batch: dict[str, np.ndarray], size: int
+) -> tuple[float, float, dict]:
     """``(mean loss, count, metric sums)`` of a sum-and-count ``loss(params, batch, key)`` (as
     ``common.make_update`` takes it) over every row of ``batch``, in chunks of ``size`` rows."""
     sums = None

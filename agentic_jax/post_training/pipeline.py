@@ -14,6 +14,7 @@
 A stage whose ``model/`` exists is skipped, so running the command again after an interruption
 continues where it stopped (stages resume from their own checkpoints too).
 """
+
 from __future__ import annotations
 
 import json
@@ -36,20 +37,28 @@ from agentic_jax.post_training.tasks import TaskSpec
 from agentic_jax.training.loop import train
 from agentic_jax.training.metrics import read_metrics
 
-CURVES = (("reward_mean", "reward"), ("success_rate", "success rate"), ("kl", "KL to reference"),
-          ("response_length", "response tokens"))
+CURVES = (
+    ("reward_mean", "reward"),
+    ("success_rate", "success rate"),
+    ("kl", "KL to reference"),
+    ("response_length", "response tokens"),
+)
 
 
 def _done(stage_dir: str) -> bool:
     return os.path.exists(os.path.join(stage_dir, "model", "config.json"))
 
 
-def task_tokenizer(path: str, specs: list[TaskSpec], vocab_size: int, corpus: list[str] | None = None) -> None:
+def task_tokenizer(
+    path: str, specs: list[TaskSpec], vocab_size: int, corpus: list[str] | None = None
+) -> None:
     """Trains the BPE on ``corpus`` (default: the shipped one) plus the specs' rendered train
     conversations, so that numbers, tags and tool-call JSON get compact tokens."""
     text = os.path.join(os.path.dirname(path), "task_conversations.txt")
     with open(text, "w") as f:
-        f.write("\n\n".join(render(t.conversation()) for spec in specs for t in spec.tasks("train")))
+        f.write(
+            "\n\n".join(render(t.conversation()) for spec in specs for t in spec.tasks("train"))
+        )
     files = corpus_files("train") if corpus is None else list(corpus)
     train_tokenizer(path, files=files + [text], vocab_size=vocab_size)
 
@@ -62,10 +71,15 @@ def evaluate_run(run_dir: str, tasks: TaskSpec, samples: int, seed: int) -> dict
         with open(path) as f:
             return json.load(f)
     config, params, tokenizer = load_checkpoint(run_dir)
-    result = evaluate_policy(params, config, tasks.env(tokenizer, "heldout"), samples=samples,
-                             key=jax.random.key(seed))
-    out = {**result.summary(), "per_task_success": result.success.astype(int).tolist(),
-           "per_task_sampled_correct": result.sampled_correct.tolist(), "samples": samples}
+    result = evaluate_policy(
+        params, config, tasks.env(tokenizer, "heldout"), samples=samples, key=jax.random.key(seed)
+    )
+    out = {
+        **result.summary(),
+        "per_task_success": result.success.astype(int).tolist(),
+        "per_task_sampled_correct": result.sampled_correct.tolist(),
+        "samples": samples,
+    }
     with open(path, "w") as f:
         json.dump(out, f)
     return out
@@ -74,6 +88,7 @@ def evaluate_run(run_dir: str, tasks: TaskSpec, samples: int, seed: int) -> dict
 def plot_report(records: list[dict], path: str, title: str) -> None:
     """Reward, success, KL and length by RL step, one panel each."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -97,9 +112,16 @@ def plot_report(records: list[dict], path: str, title: str) -> None:
 
 
 @gin.configurable
-def post_training(workdir: str, *, sft_tasks: TaskSpec = TaskSpec(), rl_tasks: TaskSpec = TaskSpec(),
-                  vocab_size: int = 4096, tokenizer_corpus: list[str] | None = None, eval_samples: int = 4,
-                  seed: int = 0) -> dict:
+def post_training(
+    workdir: str,
+    *,
+    sft_tasks: TaskSpec = TaskSpec(),
+    rl_tasks: TaskSpec = TaskSpec(),
+    vocab_size: int = 4096,
+    tokenizer_corpus: list[str] | None = None,
+    eval_samples: int = 4,
+    seed: int = 0,
+) -> dict:
     """Runs the stages (see the module docstring) and returns the report.
 
     The stages' own settings come from gin: ``train.*`` (pretraining), ``train_sft.*`` and
@@ -128,21 +150,52 @@ def post_training(workdir: str, *, sft_tasks: TaskSpec = TaskSpec(), rl_tasks: T
     print("evaluating the SFT and RL models on held-out problems", flush=True)
     before = evaluate_run(stage["sft"], rl_tasks, eval_samples, seed)
     after = evaluate_run(stage["rl"], rl_tasks, eval_samples, seed)
-    greedy = bootstrap_ci(after["per_task_success"], paired_with=before["per_task_success"], seed=seed)
-    sampled = bootstrap_ci(np.divide(after["per_task_sampled_correct"], eval_samples),
-                           paired_with=np.divide(before["per_task_sampled_correct"], eval_samples), seed=seed)
+    greedy = bootstrap_ci(
+        after["per_task_success"], paired_with=before["per_task_success"], seed=seed
+    )
+    sampled = bootstrap_ci(
+        np.divide(after["per_task_sampled_correct"], eval_samples),
+        paired_with=np.divide(before["per_task_sampled_correct"], eval_samples),
+        seed=seed,
+    )
     records = read_metrics(os.path.join(stage["rl"], "metrics.jsonl"))
-    report = {"before_rl": before, "after_rl": after,
-              "improvement": {"success_difference": greedy[0], "success_ci95": list(greedy[1:]),
-                              "pass@1_difference": sampled[0], "pass@1_ci95": list(sampled[1:])},
-              "rl_curves": [{k: r[k] for k in r if k == "step" or k in dict(CURVES) or k.startswith("eval_")}
-                            for r in records]}
+    report = {
+        "before_rl": before,
+        "after_rl": after,
+        "improvement": {
+            "success_difference": greedy[0],
+            "success_ci95": list(greedy[1:]),
+            "pass@1_difference": sampled[0],
+            "pass@1_ci95": list(sampled[1:]),
+        },
+        "rl_curves": [
+            {k: r[k] for k in r if k == "step" or k in dict(CURVES) or k.startswith("eval_")}
+            for r in records
+        ],
+    }
     with open(os.path.join(workdir, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
-    plot_report(records, os.path.join(workdir, "report.png"), "RL on the training problems; held-out success")
-    for name, key, (mean, low, high) in (("greedy success", "success", greedy), ("pass@1", "pass@1", sampled)):
-        print(f"held-out {name}: {before[key]:.3f} (SFT) -> {after[key]:.3f} (RL), difference {mean:+.3f}, "
-              f"95% CI [{low:+.3f}, {high:+.3f}]", flush=True)
-    print(f"tool calls per episode {before['tool_calls']:.2f} -> {after['tool_calls']:.2f}", flush=True)
-    return {"success_sft": before["success"], "success_rl": after["success"], "pass@1_sft": before["pass@1"],
-            "pass@1_rl": after["pass@1"]}
+    plot_report(
+        records,
+        os.path.join(workdir, "report.png"),
+        "RL on the training problems; held-out success",
+    )
+    for name, key, (mean, low, high) in (
+        ("greedy success", "success", greedy),
+        ("pass@1", "pass@1", sampled),
+    ):
+        print(
+            f"held-out {name}: {before[key]:.3f} (SFT) -> {after[key]:.3f} (RL), difference {mean:+.3f}, "
+            f"95% CI [{low:+.3f}, {high:+.3f}]",
+            flush=True,
+        )
+    print(
+        f"tool calls per episode {before['tool_calls']:.2f} -> {after['tool_calls']:.2f}",
+        flush=True,
+    )
+    return {
+        "success_sft": before["success"],
+        "success_rl": after["success"],
+        "pass@1_sft": before["pass@1"],
+        "pass@1_rl": after["pass@1"],
+    }

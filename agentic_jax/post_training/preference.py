@@ -28,6 +28,7 @@ so the jitted update compiles once.  A checkpoint holds the trainable parameters
 state, RNG and the pair/prompt position, and its metadata the reference model's fingerprint:
 a resumed run repeats the steps of an uninterrupted one.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,10 +42,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from agentic_jax.envs.text import TextEnv
-from agentic_jax.models.export import load_checkpoint
 from agentic_jax.inference.decoding.sampling import SamplingParams
 from agentic_jax.models import TransformerConfig
-from agentic_jax.rl import REFERENCE_FREE_LOSSES, preference_loss, preference_metrics
+from agentic_jax.models.export import load_checkpoint
 from agentic_jax.post_training.common import (
     FullFinetune,
     make_update,
@@ -65,12 +65,18 @@ from agentic_jax.post_training.reward import RewardModel, load_reward_model
 from agentic_jax.post_training.rollout import collect
 from agentic_jax.post_training.runner import TrainerRun
 from agentic_jax.post_training.tasks import TaskSpec
+from agentic_jax.rl import REFERENCE_FREE_LOSSES, preference_loss, preference_metrics
 from agentic_jax.training.optim import make_optimizer, make_schedule
 
 # Per-pair statistics the loss reports (weighted sums in a batch), and their logged names.
-STAT_NAMES = {"chosen_reward": "rewards/chosen", "rejected_reward": "rewards/rejected",
-              "correct": "rewards/accuracies", "margin": "rewards/margins",
-              "chosen_logp": "logps/chosen", "rejected_logp": "logps/rejected"}
+STAT_NAMES = {
+    "chosen_reward": "rewards/chosen",
+    "rejected_reward": "rewards/rejected",
+    "correct": "rewards/accuracies",
+    "margin": "rewards/margins",
+    "chosen_logp": "logps/chosen",
+    "rejected_logp": "logps/rejected",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,24 +98,48 @@ class PairObjective:
     def needs_reference(self) -> bool:
         return self.loss_type not in REFERENCE_FREE_LOSSES
 
-    def __call__(self, chosen, rejected, ref_chosen, ref_rejected, chosen_lengths, rejected_lengths):
+    def __call__(
+        self, chosen, rejected, ref_chosen, ref_rejected, chosen_lengths, rejected_lengths
+    ):
         """``(losses [B], stats)`` from summed completion log-probs ``[B]`` (refs None when
         reference-free); ``stats`` are per pair ``[B]``, keyed as in ``STAT_NAMES``."""
         if not self.needs_reference:
             ref_chosen = ref_rejected = None
-        losses = preference_loss(chosen, rejected, ref_chosen, ref_rejected, loss_type=self.loss_type,
-                                 beta=self.beta, label_smoothing=self.label_smoothing,
-                                 chosen_lengths=chosen_lengths, rejected_lengths=rejected_lengths,
-                                 **dict(self.options))
-        implicit = preference_metrics(chosen, rejected, ref_chosen, ref_rejected, beta=self.beta,
-                                      chosen_lengths=chosen_lengths, rejected_lengths=rejected_lengths)
-        stats = {"chosen_reward": implicit["chosen_rewards"], "rejected_reward": implicit["rejected_rewards"],
-                 "correct": implicit["accuracies"], "margin": implicit["margins"],
-                 "chosen_logp": jax.lax.stop_gradient(chosen), "rejected_logp": jax.lax.stop_gradient(rejected)}
+        losses = preference_loss(
+            chosen,
+            rejected,
+            ref_chosen,
+            ref_rejected,
+            loss_type=self.loss_type,
+            beta=self.beta,
+            label_smoothing=self.label_smoothing,
+            chosen_lengths=chosen_lengths,
+            rejected_lengths=rejected_lengths,
+            **dict(self.options),
+        )
+        implicit = preference_metrics(
+            chosen,
+            rejected,
+            ref_chosen,
+            ref_rejected,
+            beta=self.beta,
+            chosen_lengths=chosen_lengths,
+            rejected_lengths=rejected_lengths,
+        )
+        stats = {
+            "chosen_reward": implicit["chosen_rewards"],
+            "rejected_reward": implicit["rejected_rewards"],
+            "correct": implicit["accuracies"],
+            "margin": implicit["margins"],
+            "chosen_logp": jax.lax.stop_gradient(chosen),
+            "rejected_logp": jax.lax.stop_gradient(rejected),
+        }
         return losses, stats
 
 
-def completion_logps(params, config: TransformerConfig, batch) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+def completion_logps(
+    params, config: TransformerConfig, batch
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """``(chosen, rejected, chosen_lengths, rejected_lengths)`` of a pair batch, one forward pass."""
     tokens = jnp.concatenate([batch["chosen"], batch["rejected"]])
     mask = jnp.concatenate([batch["chosen_mask"], batch["rejected_mask"]])
@@ -120,25 +150,46 @@ def completion_logps(params, config: TransformerConfig, batch) -> tuple[jax.Arra
 def pair_loss(config: TransformerConfig, objective: PairObjective):
     """``loss(params, batch, key) -> (Σ w·loss, Σ w, weighted stat sums)`` over a pair batch with
     ``weight``s and, for reference-based losses, ``ref_chosen`` / ``ref_rejected``."""
+
     def loss(params, batch, key):
         del key
         chosen, rejected, chosen_lengths, rejected_lengths = completion_logps(params, config, batch)
-        refs = (batch["ref_chosen"], batch["ref_rejected"]) if objective.needs_reference else (None, None)
+        refs = (
+            (batch["ref_chosen"], batch["ref_rejected"])
+            if objective.needs_reference
+            else (None, None)
+        )
         losses, stats = objective(chosen, rejected, *refs, chosen_lengths, rejected_lengths)
         weight = batch["weight"]
-        return jnp.sum(weight * losses), jnp.sum(weight), {k: jnp.sum(weight * v) for k, v in stats.items()}
+        return (
+            jnp.sum(weight * losses),
+            jnp.sum(weight),
+            {k: jnp.sum(weight * v) for k, v in stats.items()},
+        )
+
     return loss
 
 
 def describe(loss, count, sums, prefix: str = "") -> dict[str, float]:
     """Logged means (``loss`` and the ``STAT_NAMES``) from a loss's count and stat sums."""
     count = max(float(count), 1e-9)
-    return {f"{prefix}loss": float(loss), **{f"{prefix}{name}": float(sums[key]) / count
-                                             for key, name in STAT_NAMES.items()}}
+    return {
+        f"{prefix}loss": float(loss),
+        **{f"{prefix}{name}": float(sums[key]) / count for key, name in STAT_NAMES.items()},
+    }
 
 
-def sample_pairs(params, config: TransformerConfig, env: TextEnv, prompts, *, samples_per_prompt: int,
-                 sampling: SamplingParams, key, ranker: RewardModel | None = None) -> tuple[dict | None, dict]:
+def sample_pairs(
+    params,
+    config: TransformerConfig,
+    env: TextEnv,
+    prompts,
+    *,
+    samples_per_prompt: int,
+    sampling: SamplingParams,
+    key,
+    ranker: RewardModel | None = None,
+) -> tuple[dict | None, dict]:
     """Online pairs: ``samples_per_prompt`` episodes of each of ``prompts`` (bank rows of ``env``)
     with the policy ``params``, ranked by the verifier's reward or ``ranker``'s scores, and the
     best against the worst of each prompt (``pairs.sampled_pairs``; None when all tie).
@@ -147,28 +198,61 @@ def sample_pairs(params, config: TransformerConfig, env: TextEnv, prompts, *, sa
     ``response_length``, ``tied_prompts`` (the fraction skipped), the trained pairs' mean
     ``chosen_score`` / ``rejected_score``, ``generation_seconds``.
     """
-    rollouts = collect(params, config, env, env.default_params, prompts, group_size=samples_per_prompt,
-                       sampling=sampling, key=key)
-    scores = rollouts.reward if ranker is None else ranker.scores(rollouts.tokens, rollouts.loss_mask)
+    rollouts = collect(
+        params,
+        config,
+        env,
+        env.default_params,
+        prompts,
+        group_size=samples_per_prompt,
+        sampling=sampling,
+        key=key,
+    )
+    scores = (
+        rollouts.reward if ranker is None else ranker.scores(rollouts.tokens, rollouts.loss_mask)
+    )
     batch = sampled_pairs(rollouts.tokens, rollouts.loss_mask, scores, samples_per_prompt)
-    metrics = {"reward_mean": float(rollouts.reward.mean()), "success_rate": float(rollouts.success.mean()),
-               "response_length": float(rollouts.response_length.mean()),
-               "tied_prompts": 1.0 - float(np.mean(best_worst(np.reshape(scores, (-1, samples_per_prompt)))[2])),
-               "generation_seconds": rollouts.generation_seconds}
+    metrics = {
+        "reward_mean": float(rollouts.reward.mean()),
+        "success_rate": float(rollouts.success.mean()),
+        "response_length": float(rollouts.response_length.mean()),
+        "tied_prompts": 1.0
+        - float(np.mean(best_worst(np.reshape(scores, (-1, samples_per_prompt)))[2])),
+        "generation_seconds": rollouts.generation_seconds,
+    }
     if batch is not None:
-        metrics.update(chosen_score=float(np.mean(batch.pop("chosen_score"))),
-                       rejected_score=float(np.mean(batch.pop("rejected_score"))))
+        metrics.update(
+            chosen_score=float(np.mean(batch.pop("chosen_score"))),
+            rejected_score=float(np.mean(batch.pop("rejected_score"))),
+        )
     return batch, metrics
 
 
 @gin.configurable
-def train_preference(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec(), loss_type: str = "sigmoid",
-                     beta: float = 0.1, label_smoothing: float = 0.0, loss_options: dict | None = None,
-                     online: bool = False, samples_per_prompt: int = 4, prompts_per_step: int = 8,
-                     steps: int = 100, peak_lr: float = 1e-5, warmup_steps: int = 0,
-                     precompute_reference: bool = True, reward_model: str | None = None,
-                     temperature: float = 1.0, finetune=FullFinetune(), eval_every: int = 0,
-                     checkpoint_every: int = 10, seed: int = 0, progress: bool = True) -> dict:
+def train_preference(
+    workdir: str,
+    *,
+    init_from: str,
+    tasks: TaskSpec = TaskSpec(),
+    loss_type: str = "sigmoid",
+    beta: float = 0.1,
+    label_smoothing: float = 0.0,
+    loss_options: dict | None = None,
+    online: bool = False,
+    samples_per_prompt: int = 4,
+    prompts_per_step: int = 8,
+    steps: int = 100,
+    peak_lr: float = 1e-5,
+    warmup_steps: int = 0,
+    precompute_reference: bool = True,
+    reward_model: str | None = None,
+    temperature: float = 1.0,
+    finetune=FullFinetune(),
+    eval_every: int = 0,
+    checkpoint_every: int = 10,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
     """Preference-optimises the model of run ``init_from`` on ``tasks``; saves ``workdir/model``.
 
     See the module docstring.  ``loss_options`` holds further ``rl.preference_loss`` arguments;
@@ -180,20 +264,28 @@ def train_preference(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec
     """
     objective = PairObjective(loss_type, beta, label_smoothing, tuple((loss_options or {}).items()))
     if online and samples_per_prompt < 2:
-        raise ValueError(f"online training ranks samples_per_prompt >= 2 samples, got {samples_per_prompt}")
+        raise ValueError(
+            f"online training ranks samples_per_prompt >= 2 samples, got {samples_per_prompt}"
+        )
     if reward_model is not None and not online:
         raise ValueError("reward_model ranks online samples; set online=True or drop reward_model")
     config, base, tokenizer = load_checkpoint(init_from)
     context = tasks.context_length if online else tasks.max_length
     if config.max_seq_len < context:
-        raise ValueError(f"the model's max_seq_len={config.max_seq_len} < the {context} tokens "
-                         f"{'a rollout' if online else 'a pair row'} needs (TaskSpec)")
+        raise ValueError(
+            f"the model's max_seq_len={config.max_seq_len} < the {context} tokens "
+            f"{'a rollout' if online else 'a pair row'} needs (TaskSpec)"
+        )
     ranker = load_reward_model(reward_model) if reward_model is not None else None
     if ranker is not None and ranker.tokenizer.vocab_size != tokenizer.vocab_size:
-        raise ValueError(f"the reward model's tokenizer ({ranker.tokenizer.vocab_size} tokens) is not the "
-                         f"policy's ({tokenizer.vocab_size}); train the reward model from the same run")
+        raise ValueError(
+            f"the reward model's tokenizer ({ranker.tokenizer.vocab_size} tokens) is not the "
+            f"policy's ({tokenizer.vocab_size}); train the reward model from the same run"
+        )
 
-    reference = jax.jit(lambda params, batch: jnp.stack(completion_logps(params, config, batch)[:2], axis=1))
+    reference = jax.jit(
+        lambda params, batch: jnp.stack(completion_logps(params, config, batch)[:2], axis=1)
+    )
 
     def with_reference(batch):
         if not objective.needs_reference:
@@ -212,25 +304,50 @@ def train_preference(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec
             train = with_reference(train)
     heldout = with_reference(task_pairs(tasks, tokenizer, "heldout")) if eval_every else None
 
-    schedule = make_schedule(peak_lr=peak_lr, total_steps=steps, warmup_steps=min(warmup_steps, steps))
+    schedule = make_schedule(
+        peak_lr=peak_lr, total_steps=steps, warmup_steps=min(warmup_steps, steps)
+    )
     optimizer = make_optimizer(schedule)
     frozen = None if isinstance(finetune, FullFinetune) else base
     loss = pair_loss(config, objective)
     update = make_update(loss, optimizer, finetune)
     evaluate = jax.jit(loss)
     run = TrainerRun(workdir)
-    learner, meta, start = Progress.resume(run, finetune.init(base, jax.random.key(seed)), optimizer, seed, {
-        "init_from": init_from, "reference": tree_fingerprint(base), "loss_type": loss_type, "online": online})
+    learner, meta, start = Progress.resume(
+        run,
+        finetune.init(base, jax.random.key(seed)),
+        optimizer,
+        seed,
+        {
+            "init_from": init_from,
+            "reference": tree_fingerprint(base),
+            "loss_type": loss_type,
+            "online": online,
+        },
+    )
     last = {}
-    with tqdm(total=steps, initial=start, disable=not progress, unit="step", desc=f"preference {loss_type}") as bar:
+    with tqdm(
+        total=steps,
+        initial=start,
+        disable=not progress,
+        unit="step",
+        desc=f"preference {loss_type}",
+    ) as bar:
         for step in range(start + 1, steps + 1):
             position = int(learner.position)
             rows = next_prompts(position, prompts_per_step, size, seed)
             if online:
                 key = jax.random.fold_in(jax.random.wrap_key_data(learner.train.rng), step)
-                batch, last = sample_pairs(finetune.model_params(learner.train.params, frozen), config, env, rows,
-                                           samples_per_prompt=samples_per_prompt, sampling=sampling, key=key,
-                                           ranker=ranker)
+                batch, last = sample_pairs(
+                    finetune.model_params(learner.train.params, frozen),
+                    config,
+                    env,
+                    rows,
+                    samples_per_prompt=samples_per_prompt,
+                    sampling=sampling,
+                    key=key,
+                    ranker=ranker,
+                )
             else:
                 batch, last = take(train, rows), {}
             last = {"step": step, **last}
@@ -241,15 +358,24 @@ def train_preference(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec
                     batch = with_reference(batch)
                 state, metrics = update(state, frozen, batch)
                 metrics = jax.device_get(metrics)
-                last.update({**describe(metrics["loss"], metrics["count"], metrics),
-                             "grad_norm": float(metrics["grad_norm"]), "lr": float(schedule(state.step - 1)),
-                             "training_seconds": time.perf_counter() - train_start})
+                last.update(
+                    {
+                        **describe(metrics["loss"], metrics["count"], metrics),
+                        "grad_norm": float(metrics["grad_norm"]),
+                        "lr": float(schedule(state.step - 1)),
+                        "training_seconds": time.perf_counter() - train_start,
+                    }
+                )
             learner = Progress(state, jnp.int32(position + prompts_per_step))
             if eval_every and (step % eval_every == 0 or step == steps):
-                held = evaluate_loss(evaluate, finetune.model_params(state.params, frozen), heldout, prompts_per_step)
+                held = evaluate_loss(
+                    evaluate, finetune.model_params(state.params, frozen), heldout, prompts_per_step
+                )
                 last.update(describe(*held, prefix="eval_"))
-                bar.write(f"step {step}: held-out loss {last['eval_loss']:.4f}, "
-                          f"accuracy {last['eval_rewards/accuracies']:.3f}")
+                bar.write(
+                    f"step {step}: held-out loss {last['eval_loss']:.4f}, "
+                    f"accuracy {last['eval_rewards/accuracies']:.3f}"
+                )
             run.write(last)
             bar.update(1)
             if "loss" in last:

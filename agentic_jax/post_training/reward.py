@@ -24,6 +24,7 @@ its tool message shows the wrong result, followed by the remaining steps and the
 `train_reward_model` is the gin job; `load_reward_model` reads its result, whose
 ``scores(tokens, mask)`` ranks an online preference trainer's samples or serves RL as a reward.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,9 +42,8 @@ from tqdm.auto import tqdm
 from agentic_jax.data.chat import Message, ToolCall, render_ids
 from agentic_jax.data.tokenizer import Tokenizer
 from agentic_jax.envs.text import Task, Tool
-from agentic_jax.models.export import load_checkpoint
 from agentic_jax.models import TransformerConfig
-from agentic_jax.rl import bradley_terry_loss, process_reward_loss
+from agentic_jax.models.export import load_checkpoint
 from agentic_jax.post_training.common import (
     FullFinetune,
     init_scalar_head,
@@ -55,6 +55,7 @@ from agentic_jax.post_training.common import (
 from agentic_jax.post_training.pairs import Progress, evaluate_loss, take, task_pairs
 from agentic_jax.post_training.runner import TrainerRun
 from agentic_jax.post_training.tasks import TaskSpec
+from agentic_jax.rl import bradley_terry_loss, process_reward_loss
 from agentic_jax.training.optim import make_optimizer, make_schedule
 
 REWARD_KINDS = ("outcome", "process")
@@ -88,7 +89,9 @@ def step_ends(mask, max_steps: int) -> tuple[jax.Array, jax.Array]:
     return jnp.where(valid, positions, 0), valid
 
 
-def step_scores(rm_params, config: TransformerConfig, tokens, mask, max_steps: int) -> tuple[jax.Array, jax.Array]:
+def step_scores(
+    rm_params, config: TransformerConfig, tokens, mask, max_steps: int
+) -> tuple[jax.Array, jax.Array]:
     """``(logits [B, S], valid [B, S])``: a process reward model's score at each step's last token."""
     positions, valid = step_ends(mask, max_steps)
     return jnp.take_along_axis(token_scores(rm_params, config, tokens), positions, axis=1), valid
@@ -111,7 +114,10 @@ class WithHead:
         return {"trunk": self.finetune.init(params["trunk"], key), "head": params["head"]}
 
     def model_params(self, trainable, base=None, key=None):
-        return {"trunk": self.finetune.model_params(trainable["trunk"], base, key), "head": trainable["head"]}
+        return {
+            "trunk": self.finetune.model_params(trainable["trunk"], base, key),
+            "head": trainable["head"],
+        }
 
     def merged(self, trainable, base=None):
         return {"trunk": self.finetune.merged(trainable["trunk"], base), "head": trainable["head"]}
@@ -122,6 +128,7 @@ def outcome_loss(config: TransformerConfig, center_coef: float = 0.0):
 
     Sums: ``correct`` (pairs ranked right) and ``margin`` (``r_w − r_l``), weighted.
     """
+
     def loss(params, batch, key):
         del key
         tokens = jnp.concatenate([batch["chosen"], batch["rejected"]])
@@ -129,8 +136,15 @@ def outcome_loss(config: TransformerConfig, center_coef: float = 0.0):
         chosen, rejected = jnp.split(score(params, config, tokens, mask), 2)
         weight = batch["weight"]
         losses = bradley_terry_loss(chosen, rejected, center_coef=center_coef)
-        return jnp.sum(weight * losses), jnp.sum(weight), {
-            "correct": jnp.sum(weight * (chosen > rejected)), "margin": jnp.sum(weight * (chosen - rejected))}
+        return (
+            jnp.sum(weight * losses),
+            jnp.sum(weight),
+            {
+                "correct": jnp.sum(weight * (chosen > rejected)),
+                "margin": jnp.sum(weight * (chosen - rejected)),
+            },
+        )
+
     return loss
 
 
@@ -141,16 +155,25 @@ def process_loss(config: TransformerConfig, max_steps: int):
     Sums: ``correct`` (steps whose sign matches the label), and the scores and counts of the
     good and the bad steps (their mean gap is the margin).
     """
+
     def loss(params, batch, key):
         del key
         logits, valid = step_scores(params, config, batch["tokens"], batch["mask"], max_steps)
         steps = valid * batch["weight"][:, None]
         labels = batch["labels"].astype(jnp.float32)
         out = process_reward_loss(logits, labels, steps)  # token-mean: (Σ BCE, Σ steps)
-        return out.total, jnp.sum(steps), {
-            "correct": out.metrics["accuracy"],
-            "good_score": jnp.sum(steps * labels * logits), "good_steps": jnp.sum(steps * labels),
-            "bad_score": jnp.sum(steps * (1 - labels) * logits), "bad_steps": jnp.sum(steps * (1 - labels))}
+        return (
+            out.total,
+            jnp.sum(steps),
+            {
+                "correct": out.metrics["accuracy"],
+                "good_score": jnp.sum(steps * labels * logits),
+                "good_steps": jnp.sum(steps * labels),
+                "bad_score": jnp.sum(steps * (1 - labels) * logits),
+                "bad_steps": jnp.sum(steps * (1 - labels)),
+            },
+        )
+
     return loss
 
 
@@ -161,8 +184,9 @@ def summarize(loss, count, sums) -> dict[str, float]:
     if "margin" in sums:
         margin = float(sums["margin"]) / count
     else:
-        margin = (float(sums["good_score"]) / max(float(sums["good_steps"]), 1e-9)
-                  - float(sums["bad_score"]) / max(float(sums["bad_steps"]), 1e-9))
+        margin = float(sums["good_score"]) / max(float(sums["good_steps"]), 1e-9) - float(
+            sums["bad_score"]
+        ) / max(float(sums["bad_steps"]), 1e-9)
     return {"loss": float(loss), "accuracy": float(sums["correct"]) / count, "margin": margin}
 
 
@@ -177,13 +201,14 @@ def corrupt_argument(argument: str, task: Task, rng: np.random.Generator) -> str
     numbers = list(re.finditer(r"\d+", argument))
     if numbers:
         m = numbers[int(rng.integers(len(numbers)))]
-        return f"{argument[:m.start()]}{int(m.group()) + int(rng.integers(1, 3))}{argument[m.end():]}"
+        return f"{argument[: m.start()]}{int(m.group()) + int(rng.integers(1, 3))}{argument[m.end() :]}"
     others = sorted({key for key, _ in task.facts} - {argument})
     return others[int(rng.integers(len(others)))] if others else None
 
 
-def _corrupt_call(call: Message, result: Message, task: Task, tools: Mapping[str, Tool],
-                  rng: np.random.Generator) -> tuple[Message, Message] | None:
+def _corrupt_call(
+    call: Message, result: Message, task: Task, tools: Mapping[str, Tool], rng: np.random.Generator
+) -> tuple[Message, Message] | None:
     """The call with a wrong argument and the tool message it really gets, or None."""
     tool_call = call.tool_calls[0]
     tool = tools.get(tool_call.name)
@@ -196,11 +221,14 @@ def _corrupt_call(call: Message, result: Message, task: Task, tools: Mapping[str
     if message == result.content:
         return None  # a different argument that happens to give the same result is no error
     arguments = {**tool_call.arguments, tool.argument: wrong}
-    return Message("assistant", call.content, (ToolCall(tool_call.name, arguments),)), Message("tool", message)
+    return Message("assistant", call.content, (ToolCall(tool_call.name, arguments),)), Message(
+        "tool", message
+    )
 
 
-def labelled_transcripts(task: Task, tools: Mapping[str, Tool],
-                         rng: np.random.Generator) -> Iterator[tuple[tuple[Message, ...], list[int]]]:
+def labelled_transcripts(
+    task: Task, tools: Mapping[str, Tool], rng: np.random.Generator
+) -> Iterator[tuple[tuple[Message, ...], list[int]]]:
     """``(messages, step labels)`` of the task's demonstration, its wrong-answer twin and, when it
     calls tools, a transcript whose tool call ``j`` (drawn by ``rng``) has a wrong argument
     (see the module docstring).  Labels: 1 while every step so far is correct, then 0."""
@@ -216,12 +244,15 @@ def labelled_transcripts(task: Task, tools: Mapping[str, Tool],
     if corrupted is None:
         return
     good = sum(m.role == "assistant" for m in demo[:i])
-    yield task.prompt + demo[:i] + corrupted + demo[i + 2:-1] + task.corrupted[-1:], \
-        [1] * good + [0] * (steps - good)
+    yield (
+        task.prompt + demo[:i] + corrupted + demo[i + 2 : -1] + task.corrupted[-1:],
+        [1] * good + [0] * (steps - good),
+    )
 
 
-def process_examples(spec: TaskSpec, tokenizer: Tokenizer, split: str = "train",
-                     seed: int = 0) -> dict[str, np.ndarray]:
+def process_examples(
+    spec: TaskSpec, tokenizer: Tokenizer, split: str = "train", seed: int = 0
+) -> dict[str, np.ndarray]:
     """Step-labelled transcripts of ``spec``'s ``split`` tasks: ``tokens`` / ``mask`` (assistant
     tokens) ``int32 [N, max_length]``, ``labels [N, S]`` (S = :func:`process_steps`), ``weight [N]``."""
     max_steps = process_steps(spec)
@@ -237,16 +268,28 @@ def process_examples(spec: TaskSpec, tokenizer: Tokenizer, split: str = "train",
     for row, (messages, steps) in enumerate(rows):
         rendered = render_ids(messages, tokenizer)
         if len(rendered.ids) > spec.max_length:
-            raise ValueError(f"a labelled transcript has {len(rendered.ids)} tokens > TaskSpec.max_length="
-                             f"{spec.max_length}")
-        tokens[row, :len(rendered.ids)], mask[row, :len(rendered.ids)] = rendered.ids, rendered.assistant_mask
-        labels[row, :len(steps)] = steps
+            raise ValueError(
+                f"a labelled transcript has {len(rendered.ids)} tokens > TaskSpec.max_length="
+                f"{spec.max_length}"
+            )
+        tokens[row, : len(rendered.ids)], mask[row, : len(rendered.ids)] = (
+            rendered.ids,
+            rendered.assistant_mask,
+        )
+        labels[row, : len(steps)] = steps
     found = count_steps(mask)
     expected = np.asarray([len(steps) for _, steps in rows])
     if (found != expected).any():
-        raise ValueError(f"transcripts render into {found[found != expected][:3]} assistant steps where "
-                         f"{expected[found != expected][:3]} were labelled")
-    return {"tokens": tokens, "mask": mask, "labels": labels, "weight": np.ones(len(rows), np.float32)}
+        raise ValueError(
+            f"transcripts render into {found[found != expected][:3]} assistant steps where "
+            f"{expected[found != expected][:3]} were labelled"
+        )
+    return {
+        "tokens": tokens,
+        "mask": mask,
+        "labels": labels,
+        "weight": np.ones(len(rows), np.float32),
+    }
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -266,8 +309,9 @@ class RewardModel:
 
     def step_scores(self, tokens, mask) -> tuple[np.ndarray, np.ndarray]:
         """``(logits [B, S], valid [B, S])`` at each step's last token."""
-        logits, valid = _step_scores(self.params, self.config, jnp.asarray(tokens), jnp.asarray(mask),
-                                     self.max_steps)
+        logits, valid = _step_scores(
+            self.params, self.config, jnp.asarray(tokens), jnp.asarray(mask), self.max_steps
+        )
         return np.asarray(logits), np.asarray(valid)
 
 
@@ -290,20 +334,38 @@ def load_reward_model(run_dir) -> RewardModel:
     """The reward model of a `train_reward_model` run (``model/``, ``tokenizer.json``, the head)."""
     info_file = os.path.join(run_dir, INFO_FILE)
     if not os.path.exists(info_file):
-        raise FileNotFoundError(f"{info_file} not found; is {run_dir} a finished train_reward_model run?")
+        raise FileNotFoundError(
+            f"{info_file} not found; is {run_dir} a finished train_reward_model run?"
+        )
     with open(info_file) as f:
         info = json.load(f)
     config, trunk, tokenizer = load_checkpoint(run_dir)
     with np.load(os.path.join(run_dir, HEAD_FILE)) as head:
-        params = {"trunk": trunk, "head": {"w": jnp.asarray(head["w"]), "b": jnp.asarray(head["b"])}}
+        params = {
+            "trunk": trunk,
+            "head": {"w": jnp.asarray(head["w"]), "b": jnp.asarray(head["b"])},
+        }
     return RewardModel(config, params, tokenizer, info["kind"], info["max_steps"])
 
 
 @gin.configurable
-def train_reward_model(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec(), kind: str = "outcome",
-                       steps: int = 200, batch_size: int = 16, peak_lr: float = 1e-4, warmup_steps: int = 10,
-                       center_coef: float = 0.0, finetune=FullFinetune(), eval_every: int = 50,
-                       checkpoint_every: int = 50, seed: int = 0, progress: bool = True) -> dict:
+def train_reward_model(
+    workdir: str,
+    *,
+    init_from: str,
+    tasks: TaskSpec = TaskSpec(),
+    kind: str = "outcome",
+    steps: int = 200,
+    batch_size: int = 16,
+    peak_lr: float = 1e-4,
+    warmup_steps: int = 10,
+    center_coef: float = 0.0,
+    finetune=FullFinetune(),
+    eval_every: int = 50,
+    checkpoint_every: int = 50,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
     """Trains a reward model on ``tasks``' problems, its trunk initialised from run ``init_from``.
 
     ``kind="outcome"``: Bradley-Terry on (demonstration, wrong answer) pairs, ``batch_size`` pairs
@@ -317,17 +379,23 @@ def train_reward_model(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSp
         raise ValueError(f"train_reward_model.kind={kind!r}; expected one of {REWARD_KINDS}")
     config, base, tokenizer = load_checkpoint(init_from)
     if config.max_seq_len < tasks.max_length:
-        raise ValueError(f"the model's max_seq_len={config.max_seq_len} < TaskSpec.max_length={tasks.max_length}")
+        raise ValueError(
+            f"the model's max_seq_len={config.max_seq_len} < TaskSpec.max_length={tasks.max_length}"
+        )
     max_steps = process_steps(tasks)
     if kind == "outcome":
         train, heldout = (task_pairs(tasks, tokenizer, split) for split in ("train", "heldout"))
         loss = outcome_loss(config, center_coef)
     else:
-        train, heldout = (process_examples(tasks, tokenizer, split, seed) for split in ("train", "heldout"))
+        train, heldout = (
+            process_examples(tasks, tokenizer, split, seed) for split in ("train", "heldout")
+        )
         loss = process_loss(config, max_steps)
     size = len(train["weight"])
 
-    schedule = make_schedule(peak_lr=peak_lr, total_steps=steps, warmup_steps=min(warmup_steps, steps))
+    schedule = make_schedule(
+        peak_lr=peak_lr, total_steps=steps, warmup_steps=min(warmup_steps, steps)
+    )
     optimizer = make_optimizer(schedule)
     model = WithHead(finetune)
     frozen = None if isinstance(finetune, FullFinetune) else base
@@ -335,22 +403,34 @@ def train_reward_model(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSp
     evaluate = jax.jit(loss)
     trainable = model.init(init_reward_model(base, config), jax.random.key(seed))
     run = TrainerRun(workdir)
-    learner, meta, start = Progress.resume(run, trainable, optimizer, seed, {"init_from": init_from, "kind": kind})
+    learner, meta, start = Progress.resume(
+        run, trainable, optimizer, seed, {"init_from": init_from, "kind": kind}
+    )
     last = {}
-    with tqdm(total=steps, initial=start, disable=not progress, unit="step", desc=f"reward {kind}") as bar:
+    with tqdm(
+        total=steps, initial=start, disable=not progress, unit="step", desc=f"reward {kind}"
+    ) as bar:
         for step in range(start + 1, steps + 1):
             position = int(learner.position)
             rows = next_prompts(position, batch_size, size, seed)
             state, metrics = update(learner.train, frozen, take(train, rows))
             learner = Progress(state, jnp.int32(position + batch_size))
             metrics = jax.device_get(metrics)
-            last = {"step": step, **summarize(metrics["loss"], metrics["count"], metrics),
-                    "grad_norm": float(metrics["grad_norm"]), "lr": float(schedule(step - 1))}
+            last = {
+                "step": step,
+                **summarize(metrics["loss"], metrics["count"], metrics),
+                "grad_norm": float(metrics["grad_norm"]),
+                "lr": float(schedule(step - 1)),
+            }
             if eval_every and (step % eval_every == 0 or step == steps):
-                held = evaluate_loss(evaluate, model.model_params(state.params, frozen), heldout, batch_size)
+                held = evaluate_loss(
+                    evaluate, model.model_params(state.params, frozen), heldout, batch_size
+                )
                 last.update({f"eval_{k}": v for k, v in summarize(*held).items()})
-                bar.write(f"step {step}: held-out accuracy {last['eval_accuracy']:.3f}, "
-                          f"margin {last['eval_margin']:.3f}")
+                bar.write(
+                    f"step {step}: held-out accuracy {last['eval_accuracy']:.3f}, "
+                    f"margin {last['eval_margin']:.3f}"
+                )
             run.write(last)
             bar.update(1)
             bar.set_postfix(loss=f"{last['loss']:.3f}", accuracy=f"{last['accuracy']:.2f}")

@@ -10,6 +10,7 @@ the RL trainers must beat: it uses the same samples but learns only from success
 A checkpoint is written after every round; a run killed mid-round repeats that round from its
 start, with the same samples (they depend only on the round's model and seed).
 """
+
 from __future__ import annotations
 
 import gin
@@ -18,8 +19,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from agentic_jax.data.packing import next_token_example
-from agentic_jax.models.export import load_checkpoint
 from agentic_jax.inference.decoding.sampling import SamplingParams
+from agentic_jax.models.export import load_checkpoint
 from agentic_jax.post_training.common import FullFinetune, make_update, next_prompts
 from agentic_jax.post_training.rollout import collect
 from agentic_jax.post_training.runner import TrainerRun
@@ -31,37 +32,70 @@ from agentic_jax.training.step import model_batch
 
 
 @gin.configurable
-def train_rft(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec(), rounds: int = 4,
-              prompts_per_round: int = 64, samples_per_prompt: int = 8, temperature: float = 1.0,
-              steps_per_round: int = 10, batch_size: int = 16, peak_lr: float = 1e-4,
-              finetune=FullFinetune(), seed: int = 0, progress: bool = True) -> dict:
+def train_rft(
+    workdir: str,
+    *,
+    init_from: str,
+    tasks: TaskSpec = TaskSpec(),
+    rounds: int = 4,
+    prompts_per_round: int = 64,
+    samples_per_prompt: int = 8,
+    temperature: float = 1.0,
+    steps_per_round: int = 10,
+    batch_size: int = 16,
+    peak_lr: float = 1e-4,
+    finetune=FullFinetune(),
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
     """Rounds of sample -> filter -> SFT from the model of run ``init_from``; saves ``workdir/model``."""
     config, base, tokenizer = load_checkpoint(init_from)
     env = tasks.env(tokenizer, "train")
     num_tasks = env.default_params.tasks.size
     seq_len = tasks.max_length
     frozen = None if isinstance(finetune, FullFinetune) else base
-    schedule = make_schedule(peak_lr=peak_lr, total_steps=rounds * steps_per_round, kind="constant", warmup_steps=0)
+    schedule = make_schedule(
+        peak_lr=peak_lr, total_steps=rounds * steps_per_round, kind="constant", warmup_steps=0
+    )
     optimizer = make_optimizer(schedule)
     update = make_update(sft_loss(config), optimizer, finetune)
     run = TrainerRun(workdir)
-    state, meta, start = run.start(TrainState.create(finetune.init(base, jax.random.key(seed)), optimizer, seed),
-                                   {"init_from": init_from})
+    state, meta, start = run.start(
+        TrainState.create(finetune.init(base, jax.random.key(seed)), optimizer, seed),
+        {"init_from": init_from},
+    )
     start_round = start // steps_per_round
     sampling = SamplingParams(temperature=temperature)
     last = {}
     for round_ in tqdm(range(start_round, rounds), disable=not progress, desc="rft", unit="round"):
         params = finetune.model_params(state.params, frozen)
         prompts = next_prompts(round_ * prompts_per_round, prompts_per_round, num_tasks, seed)
-        r = collect(params, config, env, env.default_params, prompts, group_size=samples_per_prompt,
-                    sampling=sampling, key=jax.random.fold_in(jax.random.key(seed), round_))
-        kept = [next_token_example(r.tokens[b, :r.length[b]], r.loss_mask[b, :r.length[b]])
-                for b in np.flatnonzero(r.success)]
-        last = {"step": (round_ + 1) * steps_per_round, "round": round_ + 1,
-                "success_rate": float(r.success.mean()), "reward_mean": float(r.reward.mean()),
-                "kept": len(kept), "generation_seconds": r.generation_seconds}
+        r = collect(
+            params,
+            config,
+            env,
+            env.default_params,
+            prompts,
+            group_size=samples_per_prompt,
+            sampling=sampling,
+            key=jax.random.fold_in(jax.random.key(seed), round_),
+        )
+        kept = [
+            next_token_example(r.tokens[b, : r.length[b]], r.loss_mask[b, : r.length[b]])
+            for b in np.flatnonzero(r.success)
+        ]
+        last = {
+            "step": (round_ + 1) * steps_per_round,
+            "round": round_ + 1,
+            "success_rate": float(r.success.mean()),
+            "reward_mean": float(r.reward.mean()),
+            "kept": len(kept),
+            "generation_seconds": r.generation_seconds,
+        }
         if kept:
-            data = iter(chat_batches(kept, seq_len=seq_len, batch_size=batch_size, seed=seed + round_))
+            data = iter(
+                chat_batches(kept, seq_len=seq_len, batch_size=batch_size, seed=seed + round_)
+            )
             losses = []
             for _ in range(steps_per_round):
                 state, metrics = update(state, frozen, model_batch(next(data)))

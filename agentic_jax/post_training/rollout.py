@@ -9,6 +9,7 @@ executes tool calls or scores the answer.  Finished rows are frozen (no auto-res
 transcript of row ``b`` is ``tokens[b, :length[b]]`` with the policy's own tokens marked by
 ``loss_mask`` -- a training row for ``rl.policy_loss`` as it stands.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,16 +54,27 @@ class Rollouts(NamedTuple):
     @staticmethod
     def concat(parts) -> Rollouts:
         """The episodes of ``parts`` one after the other, with their generation times summed."""
-        return Rollouts(*[np.concatenate(f) if isinstance(f[0], np.ndarray) else sum(f) for f in zip(*parts)])
+        return Rollouts(
+            *[np.concatenate(f) if isinstance(f[0], np.ndarray) else sum(f) for f in zip(*parts)]
+        )
 
     def group(self, values: np.ndarray, group_size: int) -> np.ndarray:
         """``[tasks, G]`` view of a per-row array."""
         return np.asarray(values).reshape(-1, group_size)
 
 
-def collect(params, config: TransformerConfig, env: TextEnv, env_params: TextEnvParams, tasks, *,
-            group_size: int = 1, sampling: SamplingParams = SamplingParams(temperature=1.0), key,
-            success_threshold: float = 0.5) -> Rollouts:
+def collect(
+    params,
+    config: TransformerConfig,
+    env: TextEnv,
+    env_params: TextEnvParams,
+    tasks,
+    *,
+    group_size: int = 1,
+    sampling: SamplingParams = SamplingParams(temperature=1.0),
+    key,
+    success_threshold: float = 0.5,
+) -> Rollouts:
     """Plays ``group_size`` episodes of each bank row in ``tasks`` with the policy ``params``.
 
     ``sampling.max_tokens`` is replaced by the env's ``action_length``; a turn ends at
@@ -72,13 +84,18 @@ def collect(params, config: TransformerConfig, env: TextEnv, env_params: TextEnv
     if tasks.size == 0:
         raise ValueError("collect needs at least one task")
     if config.max_seq_len < env.max_length + env.action_length:
-        raise ValueError(f"the model's max_seq_len={config.max_seq_len} is shorter than the env's "
-                         f"max_length + action_length = {env.max_length + env.action_length}")
+        raise ValueError(
+            f"the model's max_seq_len={config.max_seq_len} is shorter than the env's "
+            f"max_length + action_length = {env.max_length + env.action_length}"
+        )
     reset, step = env.batched
     vocab = env_params.vocab
     stop_ids = tuple(i for i in vocab.stop_ids if i != env.im_end_id)
-    base = dataclasses.replace(sampling, max_tokens=env.action_length,
-                               stop_token_ids=tuple(sampling.stop_token_ids) + stop_ids)
+    base = dataclasses.replace(
+        sampling,
+        max_tokens=env.action_length,
+        stop_token_ids=tuple(sampling.stop_token_ids) + stop_ids,
+    )
     finished_turn = dataclasses.replace(base, max_tokens=1)
     b = tasks.size
     _, state = reset(jnp.asarray(tasks), env_params)
@@ -92,11 +109,21 @@ def collect(params, config: TransformerConfig, env: TextEnv, env_params: TextEnv
         turn_key, step_key = jax.random.split(jax.random.fold_in(key, turn))
         prompts = PromptBatch(state.tokens, jnp.zeros((b,), jnp.int32), state.length)
         start = time.perf_counter()
-        result = generate(params, config, prompts, key=turn_key, eos_id=env.im_end_id, pad_id=vocab.pad_id,
-                          padding="right", sampling=[finished_turn if d else base for d in done])
+        result = generate(
+            params,
+            config,
+            prompts,
+            key=turn_key,
+            eos_id=env.im_end_id,
+            pad_id=vocab.pad_id,
+            padding="right",
+            sampling=[finished_turn if d else base for d in done],
+        )
         jax.block_until_ready(result.tokens)
         gen_seconds += time.perf_counter() - start
-        _, new_state, r, term, trunc, info = step(jax.random.split(step_key, b), state, result.tokens, env_params)
+        _, new_state, r, term, trunc, info = step(
+            jax.random.split(step_key, b), state, result.tokens, env_params
+        )
         active = jnp.asarray(~done)
         state = jax.vmap(select_tree)(active, new_state, state)
         r, term, trunc, tool = (np.asarray(x) for x in (r, term, trunc, info["tool_call"]))
@@ -105,6 +132,18 @@ def collect(params, config: TransformerConfig, env: TextEnv, env_params: TextEnv
         turns += ~done
         tool_calls += ~done & tool
         done |= term | trunc
-    tokens, loss_mask, length = (np.asarray(x) for x in (state.tokens, state.loss_mask, state.length))
-    return Rollouts(tokens, loss_mask, length, reward, reward >= success_threshold, tasks, turns, tool_calls,
-                    truncated | ~done, gen_seconds)
+    tokens, loss_mask, length = (
+        np.asarray(x) for x in (state.tokens, state.loss_mask, state.length)
+    )
+    return Rollouts(
+        tokens,
+        loss_mask,
+        length,
+        reward,
+        reward >= success_threshold,
+        tasks,
+        turns,
+        tool_calls,
+        truncated | ~done,
+        gen_seconds,
+    )

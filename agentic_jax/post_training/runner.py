@@ -14,6 +14,7 @@ Checkpoint saves are atomic (orbax renames a finished temporary directory), so a
 any moment resumes from its last complete checkpoint and, with everything random derived from
 the stored RNG and step, repeats exactly the steps an uninterrupted run would have taken.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,10 +38,12 @@ class TrainerRun:
         self.workdir = os.path.abspath(workdir)
         os.makedirs(self.workdir, exist_ok=True)
         gin_config.save_config(self.workdir, operative=False)
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep_checkpoints, create=True,
-                                               enable_async_checkpointing=False)
-        self.manager = ocp.CheckpointManager(os.path.join(self.workdir, "checkpoints"), options=options,
-                                             item_names=("state", "meta"))
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep_checkpoints, create=True, enable_async_checkpointing=False
+        )
+        self.manager = ocp.CheckpointManager(
+            os.path.join(self.workdir, "checkpoints"), options=options, item_names=("state", "meta")
+        )
         self.log: MetricsLog | None = None
 
     def path(self, *parts: str) -> str:
@@ -62,20 +65,30 @@ class TrainerRun:
             self.log = MetricsLog(self.path("metrics.jsonl"), resume_step=0)
             return on_device(state), meta, 0
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+        restored = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
+            ),
+        )
         saved = restored["meta"]
         clash = {k: (saved[k], v) for k, v in meta.items() if k in saved and saved[k] != v}
         if clash:
-            raise ValueError(f"{self.workdir} holds a run with different settings {clash} (saved, now); "
-                             "use a new workdir or restore the original settings")
+            raise ValueError(
+                f"{self.workdir} holds a run with different settings {clash} (saved, now); "
+                "use a new workdir or restore the original settings"
+            )
         self.log = MetricsLog(self.path("metrics.jsonl"), resume_step=step)
         print(f"resumed from step {step} in {self.workdir}", flush=True)
         return on_device(restored["state"]), {**meta, **saved}, step
 
     def save(self, step: int, state, meta: dict) -> None:
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                        meta=ocp.args.JsonSave(meta)))
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+            ),
+        )
         self.manager.wait_until_finished()
 
     def write(self, record: dict) -> None:

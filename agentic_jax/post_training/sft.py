@@ -14,6 +14,7 @@ The loss is the token-mean next-token cross-entropy over the trained targets of 
 kept as (sum, count) so micro-batches add up exactly.  Held-out chats are evaluated the same
 way (``eval_loss``) with the greedy next-token accuracy on trained targets.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,8 @@ from tqdm.auto import tqdm
 from agentic_jax.data.chat import MessageLike, render_ids
 from agentic_jax.data.packing import next_token_example, pack_batches
 from agentic_jax.data.tokenizer import Tokenizer
-from agentic_jax.models.export import load_checkpoint
 from agentic_jax.models import TransformerConfig, forward
+from agentic_jax.models.export import load_checkpoint
 from agentic_jax.post_training.common import FullFinetune, make_update
 from agentic_jax.post_training.runner import TrainerRun
 from agentic_jax.post_training.tasks import TaskSpec
@@ -41,8 +42,9 @@ from agentic_jax.training.state import TrainState
 from agentic_jax.training.step import model_batch
 
 
-def chat_examples(conversations: Sequence[Sequence[MessageLike]], tokenizer: Tokenizer,
-                  seq_len: int) -> list[dict[str, np.ndarray]]:
+def chat_examples(
+    conversations: Sequence[Sequence[MessageLike]], tokenizer: Tokenizer, seq_len: int
+) -> list[dict[str, np.ndarray]]:
     """``next_token_example``s of the conversations, trained on assistant tokens only.
 
     A conversation longer than ``seq_len + 1`` tokens is an error naming it: cutting it would
@@ -52,8 +54,10 @@ def chat_examples(conversations: Sequence[Sequence[MessageLike]], tokenizer: Tok
     for index, messages in enumerate(conversations):
         rendered = render_ids(messages, tokenizer)
         if len(rendered.ids) > seq_len + 1:
-            raise ValueError(f"conversation {index} has {len(rendered.ids)} tokens > seq_len + 1 = {seq_len + 1}; "
-                             "raise seq_len")
+            raise ValueError(
+                f"conversation {index} has {len(rendered.ids)} tokens > seq_len + 1 = {seq_len + 1}; "
+                "raise seq_len"
+            )
         if not rendered.assistant_mask.any():
             raise ValueError(f"conversation {index} has no assistant turn to train on")
         examples.append(next_token_example(rendered.ids, rendered.assistant_mask))
@@ -77,13 +81,20 @@ def read_chats(path: str | os.PathLike) -> list[list[dict]]:
     return chats
 
 
-def chat_batches(examples: list[dict], *, seq_len: int, batch_size: int, seed: int,
-                 num_epochs: int | None = None) -> grain.IterDataset:
+def chat_batches(
+    examples: list[dict], *, seq_len: int, batch_size: int, seed: int, num_epochs: int | None = None
+) -> grain.IterDataset:
     """Shuffled (a new order each epoch), packed batches of the examples; checkpointable."""
     source = grain.MapDataset.source(examples)
     stream = source.shuffle(seed).repeat(num_epochs) if num_epochs != 1 else source
-    return pack_batches(stream.to_iter_dataset(), seq_len=seq_len, batch_size=batch_size,
-                        num_packing_bins=4 * batch_size, seed=seed, shuffle_bins=num_epochs != 1)
+    return pack_batches(
+        stream.to_iter_dataset(),
+        seq_len=seq_len,
+        batch_size=batch_size,
+        num_packing_bins=4 * batch_size,
+        seed=seed,
+        shuffle_bins=num_epochs != 1,
+    )
 
 
 def sft_loss(config: TransformerConfig):
@@ -91,8 +102,13 @@ def sft_loss(config: TransformerConfig):
 
     def loss(params, batch, key):
         del key
-        logits = forward(params, config, batch["tokens"], positions=batch["positions"],
-                         segment_ids=batch["segment_ids"])
+        logits = forward(
+            params,
+            config,
+            batch["tokens"],
+            positions=batch["positions"],
+            segment_ids=batch["segment_ids"],
+        )
         total, count, metrics = cross_entropy(logits, batch["targets"], batch["loss_mask"])
         correct = (jnp.argmax(logits, -1) == batch["targets"]) * batch["loss_mask"]
         return total, count, {**metrics, "correct": jnp.sum(correct, dtype=jnp.float32)}
@@ -111,11 +127,25 @@ def evaluate_chats(params, config: TransformerConfig, batches) -> dict:
 
 
 @gin.configurable
-def train_sft(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec(), chats_file: str | None = None,
-              heldout_file: str | None = None, steps: int = 200, batch_size: int = 16,
-              seq_len: int | None = None, accum_steps: int = 1, peak_lr: float = 1e-3,
-              warmup_steps: int = 20, finetune=FullFinetune(), eval_every: int = 50,
-              checkpoint_every: int = 50, seed: int = 0, progress: bool = True) -> dict:
+def train_sft(
+    workdir: str,
+    *,
+    init_from: str,
+    tasks: TaskSpec = TaskSpec(),
+    chats_file: str | None = None,
+    heldout_file: str | None = None,
+    steps: int = 200,
+    batch_size: int = 16,
+    seq_len: int | None = None,
+    accum_steps: int = 1,
+    peak_lr: float = 1e-3,
+    warmup_steps: int = 20,
+    finetune=FullFinetune(),
+    eval_every: int = 50,
+    checkpoint_every: int = 50,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
     """Fine-tunes the model of the run ``init_from`` on chats and saves it under ``workdir/model``.
 
     The chats are ``chats_file`` (JSONL, see :func:`read_chats`; held out: ``heldout_file``) or,
@@ -134,18 +164,31 @@ def train_sft(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec(), cha
         train_chats = [t.conversation() for t in tasks.tasks("train")]
         heldout_chats = [t.conversation() for t in tasks.tasks("heldout")]
     train_examples = chat_examples(train_chats, tokenizer, seq_len)
-    heldout = (chat_batches(chat_examples(heldout_chats, tokenizer, seq_len), seq_len=seq_len,
-                            batch_size=batch_size, seed=seed, num_epochs=1) if heldout_chats else None)
+    heldout = (
+        chat_batches(
+            chat_examples(heldout_chats, tokenizer, seq_len),
+            seq_len=seq_len,
+            batch_size=batch_size,
+            seed=seed,
+            num_epochs=1,
+        )
+        if heldout_chats
+        else None
+    )
     data = iter(chat_batches(train_examples, seq_len=seq_len, batch_size=batch_size, seed=seed))
 
-    schedule = make_schedule(peak_lr=peak_lr, total_steps=steps, warmup_steps=min(warmup_steps, steps))
+    schedule = make_schedule(
+        peak_lr=peak_lr, total_steps=steps, warmup_steps=min(warmup_steps, steps)
+    )
     optimizer = make_optimizer(schedule)
     trainable = finetune.init(base, jax.random.key(seed))
     frozen = None if isinstance(finetune, FullFinetune) else base
     update = make_update(sft_loss(config), optimizer, finetune, accum_steps=accum_steps)
 
     run = TrainerRun(workdir)
-    state, meta, start = run.start(TrainState.create(trainable, optimizer, seed), {"init_from": init_from})
+    state, meta, start = run.start(
+        TrainState.create(trainable, optimizer, seed), {"init_from": init_from}
+    )
     if "data" in meta:
         data.set_state(meta["data"])
     last = {}
@@ -154,11 +197,21 @@ def train_sft(workdir: str, *, init_from: str, tasks: TaskSpec = TaskSpec(), cha
             state, metrics = update(state, frozen, model_batch(next(data)))
             metrics = jax.device_get(metrics)
             count = max(float(metrics["count"]), 1.0)
-            last = {"step": step, "loss": float(metrics["loss"]), "accuracy": float(metrics["correct"]) / count,
-                    "tokens": count, "grad_norm": float(metrics["grad_norm"]), "lr": float(schedule(step - 1))}
+            last = {
+                "step": step,
+                "loss": float(metrics["loss"]),
+                "accuracy": float(metrics["correct"]) / count,
+                "tokens": count,
+                "grad_norm": float(metrics["grad_norm"]),
+                "lr": float(schedule(step - 1)),
+            }
             if heldout is not None and (step % eval_every == 0 or step == steps):
-                last.update(evaluate_chats(finetune.model_params(state.params, frozen), config, heldout))
-                bar.write(f"step {step}: held-out loss {last['eval_loss']:.4f}, accuracy {last['eval_accuracy']:.3f}")
+                last.update(
+                    evaluate_chats(finetune.model_params(state.params, frozen), config, heldout)
+                )
+                bar.write(
+                    f"step {step}: held-out loss {last['eval_loss']:.4f}, accuracy {last['eval_accuracy']:.3f}"
+                )
             run.write(last)
             bar.update(1)
             bar.set_postfix(loss=f"{last['loss']:.3f}")

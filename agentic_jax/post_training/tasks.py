@@ -5,6 +5,7 @@ success measures generalisation to new problems of the trained kinds.  Configs n
 generators (``TaskSpec.generators = [@Arithmetic()]``, scoped bindings for several
 difficulties) and the sizes the jitted env works with.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,11 +44,15 @@ class TaskSpec:
         if not self.generators:
             raise ValueError("TaskSpec.generators is empty")
         if self.first_seed < 0 or self.first_seed + self.num_train > HELDOUT_SEED_OFFSET:
-            raise ValueError(f"TaskSpec train seeds [{self.first_seed}, {self.first_seed + self.num_train}) must "
-                             f"lie in [0, {HELDOUT_SEED_OFFSET}), below the held-out seeds")
+            raise ValueError(
+                f"TaskSpec train seeds [{self.first_seed}, {self.first_seed + self.num_train}) must "
+                f"lie in [0, {HELDOUT_SEED_OFFSET}), below the held-out seeds"
+            )
         if self.num_train < 1 or self.num_heldout < 1:
-            raise ValueError(f"TaskSpec needs num_train >= 1 and num_heldout >= 1, got "
-                             f"{self.num_train} and {self.num_heldout}")
+            raise ValueError(
+                f"TaskSpec needs num_train >= 1 and num_heldout >= 1, got "
+                f"{self.num_train} and {self.num_heldout}"
+            )
 
     def seeds(self, split: str) -> range:
         if split == "train":
@@ -58,8 +63,13 @@ class TaskSpec:
 
     def env(self, tokenizer: Tokenizer, split: str = "train") -> TextEnv:
         """A `TextEnv` over the split's tasks (bank rows: generator by generator, seed by seed)."""
-        return task_env(tokenizer, list(self.generators), self.seeds(split), max_length=self.max_length,
-                        action_length=self.action_length)
+        return task_env(
+            tokenizer,
+            list(self.generators),
+            self.seeds(split),
+            max_length=self.max_length,
+            action_length=self.action_length,
+        )
 
     def tasks(self, split: str = "train"):
         """The split's `Task`s in bank order (demonstrations for SFT and preference pairs)."""

@@ -5,19 +5,6 @@ The catalogue, with formulas, papers and defaults, is in docs/rl_losses.md.
 
 from agentic_jax.rl.advantages import GROUP_ESTIMATORS, group_advantages, masked_whiten, token_gae
 from agentic_jax.rl.aggregation import AGGREGATIONS, aggregate, segment_mean
-from agentic_jax.rl.value_learning import (
-    clipped_surrogate_loss,
-    double_q_learning_loss,
-    entropy_loss,
-    gae,
-    lambda_returns,
-    potential_shaping,
-    ppo_value_loss,
-    q_learning_loss,
-    reinforce_loss,
-    td_error,
-    td_lambda,
-)
 from agentic_jax.rl.controllers import KLController, adaptive_kl_controller, fixed_kl_controller
 from agentic_jax.rl.distillation import (
     DIVERGENCES,
@@ -37,6 +24,19 @@ from agentic_jax.rl.preference import (
 )
 from agentic_jax.rl.reward_model import bradley_terry_loss, plackett_luce_loss, process_reward_loss
 from agentic_jax.rl.types import LossOutput, combine_outputs, psum_output
+from agentic_jax.rl.value_learning import (
+    clipped_surrogate_loss,
+    double_q_learning_loss,
+    entropy_loss,
+    gae,
+    lambda_returns,
+    potential_shaping,
+    ppo_value_loss,
+    q_learning_loss,
+    reinforce_loss,
+    td_error,
+    td_lambda,
+)
 
 __all__ = [
     "AGGREGATIONS",

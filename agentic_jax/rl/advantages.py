@@ -11,7 +11,15 @@ import jax.numpy as jnp
 from agentic_jax.rl import validation as check
 from agentic_jax.rl.numerics import safe_div
 
-GROUP_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax", "opo")
+GROUP_ESTIMATORS = (
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "remax",
+    "opo",
+)
 GROUP_SCALES = ("group", "batch", "none")
 
 
@@ -29,14 +37,18 @@ def _centered(x: jax.Array, axis) -> jax.Array:
 def _std(x: jax.Array, axis, ddof: int) -> jax.Array:
     """Standard deviation with `ddof` (1 = Bessel); 0 rather than NaN for one sample."""
     n = x.size if axis is None else x.shape[axis]
-    return jnp.sqrt(jnp.sum(jnp.square(_centered(x, axis)), axis=axis, keepdims=True) / max(n - ddof, 1))
+    return jnp.sqrt(
+        jnp.sum(jnp.square(_centered(x, axis)), axis=axis, keepdims=True) / max(n - ddof, 1)
+    )
 
 
 def _whiten(x: jax.Array, axis, ddof: int, eps: float) -> jax.Array:
     return _centered(x, axis) / (_std(x, axis, ddof) + eps)
 
 
-def group_advantages(rewards, *, estimator="grpo", scale="group", eps=1e-6, std_ddof=1, lengths=None, baseline=None):
+def group_advantages(
+    rewards, *, estimator="grpo", scale="group", eps=1e-6, std_ddof=1, lengths=None, baseline=None
+):
     """Advantages [num_groups, G] from scalar rewards [num_groups, G] of G responses per prompt.
 
     With r̄ the group mean:
@@ -59,7 +71,9 @@ def group_advantages(rewards, *, estimator="grpo", scale="group", eps=1e-6, std_
     check.choice("estimator", estimator, GROUP_ESTIMATORS)
     check.choice("scale", scale, GROUP_SCALES)
     if estimator != "grpo" and scale != "group":
-        raise ValueError(f"scale applies to estimator='grpo' only, got scale={scale!r} with {estimator!r}")
+        raise ValueError(
+            f"scale applies to estimator='grpo' only, got scale={scale!r} with {estimator!r}"
+        )
     rewards = check.rank("rewards", check.floating("rewards", rewards), 2)
     group_size = rewards.shape[1]
     centered = _centered(rewards, 1)
@@ -72,19 +86,25 @@ def group_advantages(rewards, *, estimator="grpo", scale="group", eps=1e-6, std_
         return centered
     if estimator == "rloo":
         if group_size < 2:
-            raise ValueError(f"rloo needs a group size of at least 2, got rewards of shape {rewards.shape}")
+            raise ValueError(
+                f"rloo needs a group size of at least 2, got rewards of shape {rewards.shape}"
+            )
         return centered * group_size / (group_size - 1)
     if estimator == "reinforce_pp":
         return _whiten(rewards, None, std_ddof, eps)
     if estimator == "reinforce_pp_baseline":
         return _whiten(centered, None, std_ddof, eps)
     if estimator == "remax":
-        baseline = check.required("baseline", baseline, "for estimator='remax' (the greedy reward per group)")
+        baseline = check.required(
+            "baseline", baseline, "for estimator='remax' (the greedy reward per group)"
+        )
         baseline = check.shape("baseline", check.floating("baseline", baseline), rewards.shape[:1])
         return rewards - baseline[:, None]
     lengths = check.required("lengths", lengths, "for estimator='opo' (response lengths)")
     lengths = check.shape("lengths", check.numeric("lengths", lengths), rewards.shape)
-    weighted = safe_div(jnp.sum(lengths * rewards, axis=1, keepdims=True), jnp.sum(lengths, axis=1, keepdims=True))
+    weighted = safe_div(
+        jnp.sum(lengths * rewards, axis=1, keepdims=True), jnp.sum(lengths, axis=1, keepdims=True)
+    )
     return rewards - weighted
 
 

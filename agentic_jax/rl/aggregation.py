@@ -17,14 +17,21 @@ import jax.numpy as jnp
 from agentic_jax.rl import validation as check
 from agentic_jax.rl.numerics import safe_div
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+AGGREGATIONS = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
 
 
 def _inputs(per_token, mask, segment_ids):
     per_token = check.rank("per_token", check.floating("per_token", per_token), 2)
     mask = check.shape("mask", check.mask("mask", mask), per_token.shape)
     if segment_ids is not None:
-        segment_ids = check.shape("segment_ids", check.integer("segment_ids", segment_ids), per_token.shape)
+        segment_ids = check.shape(
+            "segment_ids", check.integer("segment_ids", segment_ids), per_token.shape
+        )
     return per_token, mask, segment_ids
 
 
@@ -48,7 +55,9 @@ def segment_mean(x, mask, segment_ids=None) -> jax.Array:
     sequence advantages) so that they work on padded and packed rows alike.
     """
     x, mask, segment_ids = _inputs(x, mask, segment_ids)
-    means = safe_div(_sequence_sums(_masked(x, mask), segment_ids), _sequence_sums(mask, segment_ids))
+    means = safe_div(
+        _sequence_sums(_masked(x, mask), segment_ids), _sequence_sums(mask, segment_ids)
+    )
     if segment_ids is None:
         return jnp.broadcast_to(means, x.shape)
     return jnp.take_along_axis(means, segment_ids, axis=-1)

@@ -23,7 +23,9 @@ class KLController(NamedTuple):
 def fixed_kl_controller(kl_coef: float) -> KLController:
     """A constant coefficient β (the GRPO / DeepSeekMath setting)."""
     check.static_range("kl_coef", kl_coef, 0.0, float("inf"))
-    return KLController(init=lambda: jnp.float32(kl_coef), update=lambda coef, current_kl, n_steps: coef)
+    return KLController(
+        init=lambda: jnp.float32(kl_coef), update=lambda coef, current_kl, n_steps: coef
+    )
 
 
 def adaptive_kl_controller(init_kl_coef: float, target_kl: float, horizon: float) -> KLController:

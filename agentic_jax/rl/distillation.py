@@ -26,7 +26,11 @@ def _kl(log_p, log_q):
 def _output(per_token, mask, aggregation) -> LossOutput:
     per_token = jnp.where(mask > 0, per_token, 0.0)
     total, count = aggregate(per_token, mask, aggregation)
-    return LossOutput(total, count, {"tokens": jnp.sum(mask), "divergence": jnp.sum(jax.lax.stop_gradient(per_token))})
+    return LossOutput(
+        total,
+        count,
+        {"tokens": jnp.sum(mask), "divergence": jnp.sum(jax.lax.stop_gradient(per_token))},
+    )
 
 
 def _logits_and_mask(student_logits, mask):
@@ -56,7 +60,9 @@ def distillation_loss(
     check.choice("divergence", divergence, DIVERGENCES)
     check.static_range("temperature", temperature, 0.0, float("inf"), low_open=True)
     student, mask = _logits_and_mask(student_logits, mask)
-    teacher = check.shape("teacher_logits", check.floating("teacher_logits", teacher_logits), student.shape)
+    teacher = check.shape(
+        "teacher_logits", check.floating("teacher_logits", teacher_logits), student.shape
+    )
     log_s = jax.nn.log_softmax(student / temperature, axis=-1)
     log_t = jax.lax.stop_gradient(jax.nn.log_softmax(teacher / temperature, axis=-1))
     if divergence == "forward_kl":
@@ -67,14 +73,22 @@ def distillation_loss(
         check.static_range("jsd_beta", jsd_beta, 0.0, 1.0, low_open=True, high_open=True)
         # Floored: logaddexp(−inf, −inf) has a NaN gradient (vocabulary entries masked in both).
         floor = jnp.finfo(jnp.float32).min
-        log_m = jnp.logaddexp(jnp.maximum(jnp.log(jsd_beta) + log_t, floor),
-                              jnp.maximum(jnp.log1p(-jsd_beta) + log_s, floor))
+        log_m = jnp.logaddexp(
+            jnp.maximum(jnp.log(jsd_beta) + log_t, floor),
+            jnp.maximum(jnp.log1p(-jsd_beta) + log_s, floor),
+        )
         per_token = jsd_beta * _kl(log_t, log_m) + (1.0 - jsd_beta) * _kl(log_s, log_m)
     return _output(temperature**2 * per_token, mask, aggregation)
 
 
 def topk_distillation_loss(
-    student_logits, teacher_topk_logits, teacher_topk_ids, mask, *, temperature=1.0, aggregation="token-mean"
+    student_logits,
+    teacher_topk_logits,
+    teacher_topk_ids,
+    mask,
+    *,
+    temperature=1.0,
+    aggregation="token-mean",
 ) -> LossOutput:
     """Forward KL from stored teacher top-k logits: τ²·Σ_k p_T,k·(log p_T,k − log p_S(id_k)).
 
@@ -85,16 +99,26 @@ def topk_distillation_loss(
     """
     check.static_range("temperature", temperature, 0.0, float("inf"), low_open=True)
     student, mask = _logits_and_mask(student_logits, mask)
-    topk_logits = check.rank("teacher_topk_logits", check.floating("teacher_topk_logits", teacher_topk_logits), 3)
+    topk_logits = check.rank(
+        "teacher_topk_logits", check.floating("teacher_topk_logits", teacher_topk_logits), 3
+    )
     check.shape("teacher_topk_logits", topk_logits, student.shape[:2] + topk_logits.shape[2:])
-    ids = check.shape("teacher_topk_ids", check.integer("teacher_topk_ids", teacher_topk_ids), topk_logits.shape)
+    ids = check.shape(
+        "teacher_topk_ids", check.integer("teacher_topk_ids", teacher_topk_ids), topk_logits.shape
+    )
     log_t = jax.lax.stop_gradient(jax.nn.log_softmax(topk_logits / temperature, axis=-1))
     log_s = jnp.take_along_axis(jax.nn.log_softmax(student / temperature, axis=-1), ids, axis=-1)
     return _output(temperature**2 * _kl(log_t, log_s), mask, aggregation)
 
 
 def self_distillation_loss(
-    logits, privileged_logits, mask, *, divergence="reverse_kl", temperature=1.0, aggregation="token-mean"
+    logits,
+    privileged_logits,
+    mask,
+    *,
+    divergence="reverse_kl",
+    temperature=1.0,
+    aggregation="token-mean",
 ) -> LossOutput:
     """On-policy self-distillation: the teacher is the same model given privileged context.
 
@@ -108,5 +132,10 @@ def self_distillation_loss(
     Agarwal et al. (2024), GKD, arXiv:2306.13649.
     """
     return distillation_loss(
-        logits, privileged_logits, mask, divergence=divergence, temperature=temperature, aggregation=aggregation
+        logits,
+        privileged_logits,
+        mask,
+        divergence=divergence,
+        temperature=temperature,
+        aggregation=aggregation,
     )

@@ -63,7 +63,9 @@ def kl_penalty(logp, ref_logp, kind: str = "k3", *, clamp: float | None = None) 
     return value
 
 
-def kl_penalized_rewards(rewards, logp, ref_logp, mask, *, kl_coef, kind: str = "k1", clamp=None) -> jax.Array:
+def kl_penalized_rewards(
+    rewards, logp, ref_logp, mask, *, kl_coef, kind: str = "k1", clamp=None
+) -> jax.Array:
     """r_t − β·KL_t on valid tokens: the KL placed in the reward (Ziegler et al. 2019).
 
     The penalty is detached: it shapes the return that advantages are computed

@@ -21,7 +21,9 @@ def kto_reference_point(kl_logps, ref_kl_logps) -> jax.Array:
     passing the result as `reference_point`, as KTO does across devices.
     """
     kl_logps = check.rank("kl_logps", check.floating("kl_logps", kl_logps), 1)
-    ref_kl_logps = check.shape("ref_kl_logps", check.floating("ref_kl_logps", ref_kl_logps), kl_logps.shape)
+    ref_kl_logps = check.shape(
+        "ref_kl_logps", check.floating("ref_kl_logps", ref_kl_logps), kl_logps.shape
+    )
     return jax.lax.stop_gradient(jnp.maximum(jnp.mean(kl_logps - ref_kl_logps), 0.0))
 
 
@@ -53,11 +55,17 @@ def kto_loss(
     desirable = check.shape("desirable", check.mask("desirable", desirable), logps.shape) > 0
     ratio = logps - ref_logps
     if loss_type == "kto":
-        check.required("reference_point", reference_point, "for loss_type='kto' (see kto_reference_point)")
-        z0 = jax.lax.stop_gradient(jnp.maximum(check.floating("reference_point", reference_point), 0.0))
+        check.required(
+            "reference_point", reference_point, "for loss_type='kto' (see kto_reference_point)"
+        )
+        z0 = jax.lax.stop_gradient(
+            jnp.maximum(check.floating("reference_point", reference_point), 0.0)
+        )
         desirable_loss = 1.0 - jax.nn.sigmoid(beta * (ratio - z0))
         undesirable_loss = 1.0 - jax.nn.sigmoid(beta * (z0 - ratio))
     else:
         desirable_loss = 1.0 - jax.nn.sigmoid(beta * ratio)
         undesirable_loss = jax.nn.sigmoid(beta * ratio)
-    return jnp.where(desirable, desirable_weight * desirable_loss, undesirable_weight * undesirable_loss)
+    return jnp.where(
+        desirable, desirable_weight * desirable_loss, undesirable_weight * undesirable_loss
+    )

@@ -173,7 +173,9 @@ def _clip_cov(x: _Inputs):
     low, high = x.clip_cov_bounds
     eligible = (x.mask > 0) & ~clipped & (cov > low) & (cov < high)
     priority = cov if x.key is None else jax.random.uniform(x.key, cov.shape)
-    return jnp.where(_top_fraction(priority, eligible, x.cov_fraction, x.mask > 0), 0.0, loss), x.ratio
+    return jnp.where(
+        _top_fraction(priority, eligible, x.cov_fraction, x.mask > 0), 0.0, loss
+    ), x.ratio
 
 
 def _kl_cov(x: _Inputs):
@@ -182,7 +184,9 @@ def _kl_cov(x: _Inputs):
     Cui et al. (2025), arXiv:2505.22617.
     """
     selected = _top_fraction(_covariance(x), x.mask > 0, x.cov_fraction, x.mask > 0)
-    return -x.adv * x.ratio + jnp.where(selected, x.kl_cov_coef * jnp.abs(x.log_ratio), 0.0), x.ratio
+    return -x.adv * x.ratio + jnp.where(
+        selected, x.kl_cov_coef * jnp.abs(x.log_ratio), 0.0
+    ), x.ratio
 
 
 _LOSSES = {
@@ -281,12 +285,18 @@ def policy_loss(
     old_logp = sg(_token_array("old_logp", old_logp, logp.shape, valid))
     advantages = check.floating("advantages", advantages)
     if advantages.ndim == 1 and segment_ids is not None:
-        raise ValueError("advantages must be per token [B, T] with segment_ids (a packed row holds several sequences)")
+        raise ValueError(
+            "advantages must be per token [B, T] with segment_ids (a packed row holds several sequences)"
+        )
     if advantages.ndim == 1:
-        advantages = jnp.broadcast_to(check.shape("advantages", advantages, logp.shape[:1])[:, None], logp.shape)
+        advantages = jnp.broadcast_to(
+            check.shape("advantages", advantages, logp.shape[:1])[:, None], logp.shape
+        )
     advantages = sg(_token_array("advantages", advantages, logp.shape, valid))
     if segment_ids is not None:
-        segment_ids = check.shape("segment_ids", check.integer("segment_ids", segment_ids), logp.shape)
+        segment_ids = check.shape(
+            "segment_ids", check.integer("segment_ids", segment_ids), logp.shape
+        )
 
     log_ratio = jnp.clip(logp - old_logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     inputs = _Inputs(
@@ -328,5 +338,7 @@ def policy_loss(
         per_token = per_token - entropy_coef * entropy
         metrics["entropy"] = jnp.sum(mask * sg(entropy))
 
-    total, count = aggregate(per_token, mask, aggregation, segment_ids=segment_ids, max_length=max_length)
+    total, count = aggregate(
+        per_token, mask, aggregation, segment_ids=segment_ids, max_length=max_length
+    )
     return LossOutput(total, count, metrics)

@@ -110,7 +110,9 @@ def _ipo(p: _Pairs):
 
     Azar et al. (2023), "A General Theoretical Paradigm…", arXiv:2310.12036.
     """
-    margin = (p.chosen_avg - p.ref_chosen / p.chosen_lengths) - (p.rejected_avg - p.ref_rejected / p.rejected_lengths)
+    margin = (p.chosen_avg - p.ref_chosen / p.chosen_lengths) - (
+        p.rejected_avg - p.ref_rejected / p.rejected_lengths
+    )
     return jnp.square(margin - 1.0 / (2.0 * p.beta))
 
 
@@ -199,7 +201,9 @@ def _sigmoid_norm(p: _Pairs):
 
     As used in Tülu 3, Lambert et al. (2024), arXiv:2411.15124.
     """
-    return -log_sigmoid(p.beta * (p.chosen_ratio / p.chosen_lengths - p.rejected_ratio / p.rejected_lengths))
+    return -log_sigmoid(
+        p.beta * (p.chosen_ratio / p.chosen_lengths - p.rejected_ratio / p.rejected_lengths)
+    )
 
 
 def _rpo(p: _Pairs):
@@ -308,15 +312,28 @@ def _lengths(name, x, batch):
     return jnp.maximum(check.shape(name, check.numeric(name, x), batch), 1.0)
 
 
-def _pairs(chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, chosen_lengths, rejected_lengths):
+def _pairs(
+    chosen_logps,
+    rejected_logps,
+    ref_chosen_logps,
+    ref_rejected_logps,
+    chosen_lengths,
+    rejected_lengths,
+):
     chosen = check.rank("chosen_logps", check.floating("chosen_logps", chosen_logps), 1)
     batch = chosen.shape
     rejected = _sequence_values("rejected_logps", rejected_logps, batch)
     refs = [
         None if x is None else _sequence_values(name, x, batch)
-        for name, x in (("ref_chosen_logps", ref_chosen_logps), ("ref_rejected_logps", ref_rejected_logps))
+        for name, x in (
+            ("ref_chosen_logps", ref_chosen_logps),
+            ("ref_rejected_logps", ref_rejected_logps),
+        )
     ]
-    lengths = [_lengths("chosen_lengths", chosen_lengths, batch), _lengths("rejected_lengths", rejected_lengths, batch)]
+    lengths = [
+        _lengths("chosen_lengths", chosen_lengths, batch),
+        _lengths("rejected_lengths", rejected_lengths, batch),
+    ]
     return chosen, rejected, refs, lengths
 
 
@@ -369,7 +386,12 @@ def preference_loss(
         check.static_range("alphapo_alpha", alphapo_alpha, 0.0, float("inf"), low_open=True)
 
     chosen, rejected, (ref_chosen, ref_rejected), (chosen_len, rejected_len) = _pairs(
-        chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, chosen_lengths, rejected_lengths
+        chosen_logps,
+        rejected_logps,
+        ref_chosen_logps,
+        ref_rejected_logps,
+        chosen_lengths,
+        rejected_lengths,
     )
     reason = f"for loss_type={loss_type!r}"
     if spec.needs_ref:
@@ -414,7 +436,12 @@ def preference_metrics(
     lengths (SimPO/ORPO/CPO convention), else β·log π. Average for logging.
     """
     chosen, rejected, (ref_chosen, ref_rejected), (chosen_len, rejected_len) = _pairs(
-        chosen_logps, rejected_logps, ref_chosen_logps, ref_rejected_logps, chosen_lengths, rejected_lengths
+        chosen_logps,
+        rejected_logps,
+        ref_chosen_logps,
+        ref_rejected_logps,
+        chosen_lengths,
+        rejected_lengths,
     )
     if (ref_chosen is None) != (ref_rejected is None):
         raise ValueError("ref_chosen_logps and ref_rejected_logps must be given together")

@@ -8,7 +8,9 @@ from agentic_jax.rl.aggregation import aggregate
 from agentic_jax.rl.types import LossOutput
 
 
-def bradley_terry_loss(chosen_rewards, rejected_rewards, *, margin=None, center_coef=0.0) -> jax.Array:
+def bradley_terry_loss(
+    chosen_rewards, rejected_rewards, *, margin=None, center_coef=0.0
+) -> jax.Array:
     """−log σ(r_w − r_l − m) + c·(r_w + r_l)², per pair [B].
 
     `margin` m [B] (e.g. from preference strength, Llama 2) asks for a larger
@@ -18,7 +20,9 @@ def bradley_terry_loss(chosen_rewards, rejected_rewards, *, margin=None, center_
     Eisenstein et al. (2023), arXiv:2312.09244 (centering).
     """
     chosen = check.rank("chosen_rewards", check.floating("chosen_rewards", chosen_rewards), 1)
-    rejected = check.shape("rejected_rewards", check.floating("rejected_rewards", rejected_rewards), chosen.shape)
+    rejected = check.shape(
+        "rejected_rewards", check.floating("rejected_rewards", rejected_rewards), chosen.shape
+    )
     gap = chosen - rejected
     if margin is not None:
         gap = gap - check.shape("margin", check.floating("margin", margin), chosen.shape)
@@ -33,7 +37,11 @@ def plackett_luce_loss(scores, mask=None) -> jax.Array:
     Plackett (1975), Luce (1959); Xia et al. (2008), "Listwise approach to learning to rank".
     """
     scores = check.rank("scores", check.floating("scores", scores), 2)
-    mask = jnp.ones_like(scores) if mask is None else check.shape("mask", check.mask("mask", mask), scores.shape)
+    mask = (
+        jnp.ones_like(scores)
+        if mask is None
+        else check.shape("mask", check.mask("mask", mask), scores.shape)
+    )
     valid = mask > 0
     # Missing items get a score whose exponential is exactly 0 next to any real score.
     suffix = jax.lax.cumlogsumexp(jnp.where(valid, scores, -1e30), axis=1, reverse=True)

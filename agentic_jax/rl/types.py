@@ -56,7 +56,9 @@ def combine_outputs(outputs: Sequence[LossOutput]) -> LossOutput:
     total, count, metrics = first.total, first.count, dict(first.metrics)
     for out in rest:
         if out.metrics.keys() != metrics.keys():
-            raise ValueError(f"outputs have different metric keys: {sorted(metrics)} vs {sorted(out.metrics)}")
+            raise ValueError(
+                f"outputs have different metric keys: {sorted(metrics)} vs {sorted(out.metrics)}"
+            )
         total, count = total + out.total, count + out.count
         metrics = {key: _reduction(key)(metrics[key], out.metrics[key]) for key in metrics}
     return LossOutput(total, count, metrics)
@@ -65,5 +67,9 @@ def combine_outputs(outputs: Sequence[LossOutput]) -> LossOutput:
 def psum_output(output: LossOutput, axis_name) -> LossOutput:
     """Reduces a LossOutput over a mapped axis (inside `jax.shard_map` or `pmap`)."""
     collective = {jnp.add: jax.lax.psum, jnp.maximum: jax.lax.pmax, jnp.minimum: jax.lax.pmin}
-    metrics = {key: collective[_reduction(key)](value, axis_name) for key, value in output.metrics.items()}
-    return LossOutput(jax.lax.psum(output.total, axis_name), jax.lax.psum(output.count, axis_name), metrics)
+    metrics = {
+        key: collective[_reduction(key)](value, axis_name) for key, value in output.metrics.items()
+    }
+    return LossOutput(
+        jax.lax.psum(output.total, axis_name), jax.lax.psum(output.count, axis_name), metrics
+    )

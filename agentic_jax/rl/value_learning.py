@@ -63,14 +63,18 @@ def lambda_returns(r_t, discount_t, v_t, lambda_=1.0, *, stop_target_gradients=F
     """
     r_t, discount_t, v_t = _stream(r_t=r_t, discount_t=discount_t, v_t=v_t)
     lambda_ = _per_step("lambda_", lambda_, r_t.shape[0])
-    _, returns = jax.lax.scan(_lambda_return_step, v_t[-1], (r_t, discount_t, v_t, lambda_), reverse=True)
+    _, returns = jax.lax.scan(
+        _lambda_return_step, v_t[-1], (r_t, discount_t, v_t, lambda_), reverse=True
+    )
     return sg(returns) if stop_target_gradients else returns
 
 
 def td_lambda(v_tm1, r_t, discount_t, v_t, lambda_, *, stop_target_gradients=True) -> jax.Array:
     """TD(λ) errors G^λ_t − v_{t−1}; the loss is ½·error² (Sutton, 1988)."""
     v_tm1 = _stream(v_tm1=v_tm1, r_t=r_t)[0]
-    returns = lambda_returns(r_t, discount_t, v_t, lambda_, stop_target_gradients=stop_target_gradients)
+    returns = lambda_returns(
+        r_t, discount_t, v_t, lambda_, stop_target_gradients=stop_target_gradients
+    )
     return returns - v_tm1
 
 
@@ -86,7 +90,9 @@ def gae(rewards, values, discounts, lam) -> jax.Array:
     values = check.shape("values", check.floating("values", values), (rewards.shape[0] + 1,))
     lam = _per_step("lam", lam, rewards.shape[0])
     deltas = rewards + discounts * values[1:] - values[:-1]
-    _, advantages = jax.lax.scan(_gae_step, jnp.float32(0.0), (deltas, discounts, lam), reverse=True)
+    _, advantages = jax.lax.scan(
+        _gae_step, jnp.float32(0.0), (deltas, discounts, lam), reverse=True
+    )
     return advantages
 
 
@@ -130,7 +136,9 @@ def reinforce_loss(logp_t, return_t, baseline_t=None) -> jax.Array:
     baseline with its own regression loss. Williams (1992), "Simple statistical
     gradient-following algorithms for connectionist RL".
     """
-    baseline_t = jnp.zeros_like(jnp.asarray(return_t, jnp.float32)) if baseline_t is None else baseline_t
+    baseline_t = (
+        jnp.zeros_like(jnp.asarray(return_t, jnp.float32)) if baseline_t is None else baseline_t
+    )
     logp_t, return_t, baseline_t = _stream(logp_t=logp_t, return_t=return_t, baseline_t=baseline_t)
     return -logp_t * sg(return_t - baseline_t)
 

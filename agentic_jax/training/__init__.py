@@ -1,4 +1,5 @@
 """Optimisers, schedules, losses, the train step, checkpoints and the pretraining loop."""
+
 from agentic_jax.training.checkpoint import Checkpointer
 from agentic_jax.training.loss import cross_entropy
 from agentic_jax.training.optim import make_optimizer, make_schedule, weight_decay_mask
@@ -6,6 +7,12 @@ from agentic_jax.training.state import TrainState
 from agentic_jax.training.step import make_eval_step, make_train_step
 
 __all__ = [
-    "Checkpointer", "TrainState", "cross_entropy", "make_eval_step", "make_optimizer",
-    "make_schedule", "make_train_step", "weight_decay_mask",
+    "Checkpointer",
+    "TrainState",
+    "cross_entropy",
+    "make_eval_step",
+    "make_optimizer",
+    "make_schedule",
+    "make_train_step",
+    "weight_decay_mask",
 ]

@@ -4,6 +4,7 @@ Saves are asynchronous (training continues while files are written) and atomic: 
 temporary directory and renames it on completion, so a process killed mid-save (SIGKILL included)
 leaves the previous checkpoint as the latest valid one.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,26 +37,36 @@ class Checkpointer:
     """
 
     def __init__(self, directory: str, *, max_to_keep: int = 3, async_save: bool = True):
-        options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep,
-                                               enable_async_checkpointing=async_save, create=True)
-        self.manager = ocp.CheckpointManager(os.path.abspath(directory), options=options,
-                                             item_names=("state", "data"))
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True
+        )
+        self.manager = ocp.CheckpointManager(
+            os.path.abspath(directory), options=options, item_names=("state", "data")
+        )
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
     def save(self, step: int, state, data_iterator) -> None:
         snapshot = _IteratorSnapshot(data_iterator.get_state())
-        self.manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(snapshot)))
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), data=grain.checkpoint.CheckpointSave(snapshot)
+            ),
+        )
 
     def restore(self, step: int, abstract_state, data_iterator):
         """Restores the state (arrays land with ``abstract_state``'s shardings) and moves
         ``data_iterator`` to the saved position."""
         target = jax.tree.map(ocp.utils.to_shape_dtype_struct, abstract_state)
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(target),
-            data=grain.checkpoint.CheckpointRestore(data_iterator)))
+        restored = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target),
+                data=grain.checkpoint.CheckpointRestore(data_iterator),
+            ),
+        )
         return restored["state"]
 
     def wait(self) -> None:

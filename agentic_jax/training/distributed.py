@@ -14,6 +14,7 @@ Several processes (one per host, or per GPU) form one job through ``jax.distribu
 feeds its own rows of every global batch (``jax.make_array_from_process_local_data``) and the
 mesh spans all processes' devices.
 """
+
 from __future__ import annotations
 
 import os
@@ -44,8 +45,13 @@ def _env_int(name: str) -> int | None:
         raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
 
 
-def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
-                           process_id: int | None = None, *, auto_detect: bool = False) -> bool:
+def initialize_distributed(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    *,
+    auto_detect: bool = False,
+) -> bool:
     """Joins a multi-process JAX job; a no-op (returning False) for a single process.
 
     Each argument defaults to its environment variable (``JAX_COORDINATOR_ADDRESS``,
@@ -70,8 +76,13 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
     return True
 
 
-def state_shardings(abstract_state: TrainState, config: TransformerConfig,
-                    optimizer: optax.GradientTransformation, mesh, rules) -> TrainState:
+def state_shardings(
+    abstract_state: TrainState,
+    config: TransformerConfig,
+    optimizer: optax.GradientTransformation,
+    mesh,
+    rules,
+) -> TrainState:
     """``NamedSharding``s for the whole train state: parameters by their logical axes, optimiser
     moments like their parameters, scalars (step, RNG, schedule counts) replicated.
 
@@ -79,16 +90,24 @@ def state_shardings(abstract_state: TrainState, config: TransformerConfig,
     the restore target that makes orbax load a checkpoint straight into this layout.
     """
     replicated = NamedSharding(mesh, PartitionSpec())
-    params = sharding.logical_to_sharding(param_axes(config), mesh, rules, shapes=abstract_state.params)
-    opt = optax.tree_map_params(optimizer, lambda _, s: s, abstract_state.opt_state, params,
-                                transform_non_params=lambda _: replicated)
+    params = sharding.logical_to_sharding(
+        param_axes(config), mesh, rules, shapes=abstract_state.params
+    )
+    opt = optax.tree_map_params(
+        optimizer,
+        lambda _, s: s,
+        abstract_state.opt_state,
+        params,
+        transform_non_params=lambda _: replicated,
+    )
     return TrainState(step=replicated, params=params, opt_state=opt, rng=replicated)
 
 
 def abstract_with_shardings(abstract_state, shardings):
     """``ShapeDtypeStruct``s carrying ``shardings``: a restore target or a ``lower()`` argument."""
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract_state, shardings)
+    return jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, shardings
+    )
 
 
 def batch_sharding(mesh, rules) -> NamedSharding:
@@ -104,5 +123,9 @@ def jit_train_step(step, shardings: TrainState, batch_layout: NamedSharding):
     new state, so a step holds one copy of parameters and optimiser state, not two.
     """
     replicated = NamedSharding(batch_layout.mesh, PartitionSpec())
-    return jax.jit(step, in_shardings=(shardings, batch_layout),
-                   out_shardings=(shardings, replicated), donate_argnums=0)
+    return jax.jit(
+        step,
+        in_shardings=(shardings, batch_layout),
+        out_shardings=(shardings, replicated),
+        donate_argnums=0,
+    )

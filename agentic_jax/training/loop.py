@@ -11,6 +11,7 @@ exactly the losses it would have had.  The work directory holds::
     loss_curve.png                     train and held-out loss by step (written at the end)
     model/                             the final parameters and model config (``load_model``)
 """
+
 from __future__ import annotations
 
 import math
@@ -66,8 +67,9 @@ class StopRequest:
 
     def __init__(self):
         self.requested = False
-        self._previous = {sig: signal.signal(sig, self._handle)
-                          for sig in (signal.SIGTERM, signal.SIGINT)}
+        self._previous = {
+            sig: signal.signal(sig, self._handle) for sig in (signal.SIGTERM, signal.SIGINT)
+        }
 
     def _handle(self, signum, frame):
         self.requested = True
@@ -84,12 +86,15 @@ class StopRequest:
 
 
 def _to_global(batch, batch_sharding):
-    return {k: jax.make_array_from_process_local_data(batch_sharding, np.asarray(v))
-            for k, v in batch.items()}
+    return {
+        k: jax.make_array_from_process_local_data(batch_sharding, np.asarray(v))
+        for k, v in batch.items()
+    }
 
 
-def evaluate(eval_step, params, batches, batch_sharding, vocab_size: int,
-             max_batches: int = 0) -> dict:
+def evaluate(
+    eval_step, params, batches, batch_sharding, vocab_size: int, max_batches: int = 0
+) -> dict:
     """Mean held-out next-token loss (nats/token) and perplexity over the held-out stream, with
     the unigram entropy of the same targets: the loss of the best context-free model, which a
     language model must beat to be using context."""
@@ -104,18 +109,35 @@ def evaluate(eval_step, params, batches, batch_sharding, vocab_size: int,
     if jax.process_count() > 1:  # each process saw its own share of the held-out targets
         counts = multihost_utils.process_allgather(counts).sum(axis=0)
     loss = nll / max(count, 1.0)
-    return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0)), "eval_tokens": count,
-            # No held-out target (all masked) has no unigram baseline.
-            "heldout_unigram_entropy": entropy_of_counts(counts) if counts.any() else math.nan}
+    return {
+        "eval_loss": loss,
+        "eval_perplexity": math.exp(min(loss, 50.0)),
+        "eval_tokens": count,
+        # No held-out target (all masked) has no unigram baseline.
+        "heldout_unigram_entropy": entropy_of_counts(counts) if counts.any() else math.nan,
+    }
 
 
 @gin.configurable
-def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
-          tokenizer_path: str | None = None, steps: int = 1000, batch_size: int = 16,
-          seq_len: int = 256, accum_steps: int = 1, seed: int = 0, z_loss: float = 0.0,
-          fused_cross_entropy: bool = False, eval_every: int = 100, eval_batches: int = 0,
-          checkpoint_every: int = 100, keep_checkpoints: int = 3, log_every: int = 10,
-          progress: bool = True) -> dict:
+def train(
+    workdir: str,
+    *,
+    model: TransformerConfig = TransformerConfig(),
+    tokenizer_path: str | None = None,
+    steps: int = 1000,
+    batch_size: int = 16,
+    seq_len: int = 256,
+    accum_steps: int = 1,
+    seed: int = 0,
+    z_loss: float = 0.0,
+    fused_cross_entropy: bool = False,
+    eval_every: int = 100,
+    eval_batches: int = 0,
+    checkpoint_every: int = 100,
+    keep_checkpoints: int = 3,
+    log_every: int = 10,
+    progress: bool = True,
+) -> dict:
     """Trains ``model`` on the shipped corpus (or ``train_data.files``) for ``steps`` updates.
 
     ``batch_size`` rows of ``seq_len`` tokens per update, split into ``accum_steps`` micro-batches;
@@ -125,8 +147,10 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
     the latest checkpoint in ``workdir``.  Returns the final train and held-out metrics.
     """
     if batch_size % jax.process_count():
-        raise ValueError(f"train.batch_size={batch_size} must divide by the {jax.process_count()} "
-                         "processes, which each load an equal share of every batch")
+        raise ValueError(
+            f"train.batch_size={batch_size} must divide by the {jax.process_count()} "
+            "processes, which each load an equal share of every batch"
+        )
     os.makedirs(workdir, exist_ok=True)
     primary = jax.process_index() == 0  # the one process that writes logs, configs and plots
     if primary:
@@ -140,12 +164,22 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
     cache_dir = os.path.join(workdir, "cache")
     shard = dict(shard_index=jax.process_index(), shard_count=jax.process_count())
     local_batch = batch_size // jax.process_count()
-    data = iter(train_data(tokenizer, seq_len=seq_len, batch_size=local_batch, seed=seed,
-                           cache_dir=cache_dir, **shard))
-    heldout = heldout_data(tokenizer, seq_len=seq_len, batch_size=local_batch, cache_dir=cache_dir,
-                           **shard)
+    data = iter(
+        train_data(
+            tokenizer,
+            seq_len=seq_len,
+            batch_size=local_batch,
+            seed=seed,
+            cache_dir=cache_dir,
+            **shard,
+        )
+    )
+    heldout = heldout_data(
+        tokenizer, seq_len=seq_len, batch_size=local_batch, cache_dir=cache_dir, **shard
+    )
 
     with sharding.activate(mesh, rules):
+
         def create(key):
             return TrainState.create(init_params(model, key), optimizer, seed)
 
@@ -153,11 +187,21 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
         shardings = distributed.state_shardings(abstract, model, optimizer, mesh, rules)
         batch_sharding = distributed.batch_sharding(mesh, rules)
         train_step = distributed.jit_train_step(
-            make_train_step(model, optimizer, schedule, z_loss=z_loss, accum_steps=accum_steps,
-                            fused_cross_entropy=fused_cross_entropy),
-            shardings, batch_sharding)
-        eval_step = jax.jit(make_eval_step(model, fused_cross_entropy=fused_cross_entropy),
-                            in_shardings=(shardings.params, batch_sharding))
+            make_train_step(
+                model,
+                optimizer,
+                schedule,
+                z_loss=z_loss,
+                accum_steps=accum_steps,
+                fused_cross_entropy=fused_cross_entropy,
+            ),
+            shardings,
+            batch_sharding,
+        )
+        eval_step = jax.jit(
+            make_eval_step(model, fused_cross_entropy=fused_cross_entropy),
+            in_shardings=(shardings.params, batch_sharding),
+        )
 
         ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=keep_checkpoints)
         start = ckpt.latest_step()
@@ -169,14 +213,20 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
             state = ckpt.restore(start, target, data)
             print(f"resumed from step {start} in {workdir}", flush=True)
 
-        log = MetricsLog(os.path.join(workdir, "metrics.jsonl") if primary else os.devnull,
-                         resume_step=start)
+        log = MetricsLog(
+            os.path.join(workdir, "metrics.jsonl") if primary else os.devnull, resume_step=start
+        )
         tokens_per_step = batch_size * seq_len
         flops_per_step = flops_per_token(model, seq_len) * tokens_per_step
         peak = peak_flops_per_device() * jax.device_count()
         stop = StopRequest()
-        bar = tqdm(total=steps, initial=start, disable=not progress or jax.process_index() != 0,
-                   unit="step", dynamic_ncols=True)
+        bar = tqdm(
+            total=steps,
+            initial=start,
+            disable=not progress or jax.process_index() != 0,
+            unit="step",
+            dynamic_ncols=True,
+        )
         pending, last = [], {}
         step = start
         interval_start = time.perf_counter()
@@ -190,8 +240,13 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
             tokens_per_sec = len(pending) * tokens_per_step / (time.perf_counter() - interval_start)
             for s, m in fetched:
                 last = {"step": s, **{k: float(v) for k, v in m.items()}}
-                log.write({**last, "tokens_per_sec": tokens_per_sec,
-                           "mfu": tokens_per_sec * flops_per_step / tokens_per_step / peak})
+                log.write(
+                    {
+                        **last,
+                        "tokens_per_sec": tokens_per_sec,
+                        "mfu": tokens_per_sec * flops_per_step / tokens_per_step / peak,
+                    }
+                )
             pending = []
             bar.set_postfix(loss=f"{last['loss']:.3f}", tok_s=f"{tokens_per_sec:,.0f}")
             interval_start = time.perf_counter()
@@ -212,12 +267,20 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
                         gin_config.save_config(workdir, operative=True)
                 if step % eval_every == 0 or step == steps:
                     flush()
-                    result = evaluate(eval_step, state.params, heldout, batch_sharding,
-                                      model.vocab_size, eval_batches)
+                    result = evaluate(
+                        eval_step,
+                        state.params,
+                        heldout,
+                        batch_sharding,
+                        model.vocab_size,
+                        eval_batches,
+                    )
                     log.write({"step": step, **result})
                     last.update(result)
-                    bar.write(f"step {step}: held-out loss {result['eval_loss']:.4f} nats/token "
-                              f"(unigram entropy {result['heldout_unigram_entropy']:.4f})")
+                    bar.write(
+                        f"step {step}: held-out loss {result['eval_loss']:.4f} nats/token "
+                        f"(unigram entropy {result['heldout_unigram_entropy']:.4f})"
+                    )
                     interval_start = time.perf_counter()
                 if step % checkpoint_every == 0 or step == steps:
                     flush()  # the log must hold every step up to the checkpoint it resumes from
@@ -229,8 +292,11 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
             interrupted = stop.requested and step < steps
             if interrupted and ckpt.latest_step() != step:
                 ckpt.save(step, state, data)
-                print(f"interrupted: saved a checkpoint at step {step}; run the same command to "
-                      "resume", flush=True)
+                print(
+                    f"interrupted: saved a checkpoint at step {step}; run the same command to "
+                    "resume",
+                    flush=True,
+                )
             ckpt.wait()
             ckpt.close()
         if interrupted:
@@ -239,9 +305,15 @@ def train(workdir: str, *, model: TransformerConfig = TransformerConfig(),
     if step >= steps:
         # Every process joins the save (orbax synchronises them); ``process_allgather`` assembles
         # parameters that span other hosts' devices, which ``device_get`` cannot read.
-        save_model(os.path.join(workdir, "model"), model,
-                   multihost_utils.process_allgather(state.params, tiled=True))
+        save_model(
+            os.path.join(workdir, "model"),
+            model,
+            multihost_utils.process_allgather(state.params, tiled=True),
+        )
         if primary:
-            plot_curves(read_metrics(log.path), os.path.join(workdir, "loss_curve.png"),
-                        title=f"{model.n_layers}-layer, d={model.d_model}, {steps} steps")
+            plot_curves(
+                read_metrics(log.path),
+                os.path.join(workdir, "loss_curve.png"),
+                title=f"{model.n_layers}-layer, d={model.d_model}, {steps} steps",
+            )
     return last

@@ -1,4 +1,5 @@
 """Run records: a JSONL metrics log that survives restarts, and the loss-curve plot."""
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,10 @@ class MetricsLog:
             f.writelines(json.dumps(r) + "\n" for r in records)
 
     def write(self, record: dict) -> None:
-        clean = {k: (v.item() if isinstance(v, np.generic | np.ndarray) else v) for k, v in record.items()}
+        clean = {
+            k: (v.item() if isinstance(v, np.generic | np.ndarray) else v)
+            for k, v in record.items()
+        }
         with open(self.path, "a") as f:
             f.write(json.dumps(clean) + "\n")
 
@@ -33,10 +37,13 @@ def read_metrics(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def plot_curves(records: list[dict], path: str, *, keys=("loss", "eval_loss"), title: str = "") -> str:
+def plot_curves(
+    records: list[dict], path: str, *, keys=("loss", "eval_loss"), title: str = ""
+) -> str:
     """Plots each key present in the records against ``step`` (and the held-out unigram entropy,
     the loss to beat, when recorded) and writes a PNG."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -1,4 +1,5 @@
 """Peak FLOP/s per device, for model-FLOPs utilisation (MFU; Chowdhery et al. 2022)."""
+
 from __future__ import annotations
 
 import time
@@ -10,9 +11,18 @@ import jax.numpy as jnp
 # longest matching key wins, since kinds nest: "NVIDIA L40S" contains "L4", and JAX names a v5p
 # chip "TPU v5" but a v5e chip "TPU v5 lite".
 PEAK_FLOPS = (
-    ("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L40S", 362e12), ("L40", 181e12),
-    ("L4", 121e12), ("TPU v6", 918e12), ("TPU v5p", 459e12), ("TPU v5", 459e12),
-    ("TPU v5e", 197e12), ("TPU v5 lite", 197e12), ("TPU v4", 275e12),
+    ("H200", 989e12),
+    ("H100", 989e12),
+    ("A100", 312e12),
+    ("L40S", 362e12),
+    ("L40", 181e12),
+    ("L4", 121e12),
+    ("TPU v6", 918e12),
+    ("TPU v5p", 459e12),
+    ("TPU v5", 459e12),
+    ("TPU v5e", 197e12),
+    ("TPU v5 lite", 197e12),
+    ("TPU v4", 275e12),
 )
 
 
@@ -24,7 +34,7 @@ def measured_matmul_flops(n: int = 512, repeats: int = 5) -> float:
     start = time.perf_counter()
     for _ in range(repeats):
         f(a).block_until_ready()
-    return 2 * n ** 3 * repeats / (time.perf_counter() - start)
+    return 2 * n**3 * repeats / (time.perf_counter() - start)
 
 
 def peak_flops_per_device(device=None) -> float:

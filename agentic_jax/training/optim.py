@@ -1,4 +1,5 @@
 """Optimiser and learning-rate schedules (optax), configured from gin."""
+
 from __future__ import annotations
 
 import re
@@ -11,9 +12,15 @@ SCHEDULES = ("constant", "cosine", "linear", "wsd")
 
 
 @gin.configurable
-def make_schedule(peak_lr: float = 3e-3, total_steps: int = 1000, *, kind: str = "cosine",
-                  warmup_steps: int = 50, final_lr_ratio: float = 0.1,
-                  decay_fraction: float = 0.2) -> optax.Schedule:
+def make_schedule(
+    peak_lr: float = 3e-3,
+    total_steps: int = 1000,
+    *,
+    kind: str = "cosine",
+    warmup_steps: int = 50,
+    final_lr_ratio: float = 0.1,
+    decay_fraction: float = 0.2,
+) -> optax.Schedule:
     """Learning rate by step: linear warmup from 0 to ``peak_lr``, then
 
     * ``constant``: peak_lr;
@@ -28,7 +35,9 @@ def make_schedule(peak_lr: float = 3e-3, total_steps: int = 1000, *, kind: str =
     if kind == "wsd" and not 0 < decay_fraction <= 1:
         raise ValueError(f"make_schedule.decay_fraction={decay_fraction} must be in (0, 1]")
     if not 0 <= warmup_steps <= total_steps:
-        raise ValueError(f"make_schedule.warmup_steps={warmup_steps} must be in [0, total_steps={total_steps}]")
+        raise ValueError(
+            f"make_schedule.warmup_steps={warmup_steps} must be in [0, total_steps={total_steps}]"
+        )
     final = peak_lr * final_lr_ratio
     warmup = optax.linear_schedule(0.0, peak_lr, max(warmup_steps, 1))
     rest = total_steps - warmup_steps
@@ -43,8 +52,10 @@ def make_schedule(peak_lr: float = 3e-3, total_steps: int = 1000, *, kind: str =
         # end at ``total_steps``.
         decay_steps = min(max(int(round(total_steps * decay_fraction)), 1), max(rest, 1))
         stable = max(rest - decay_steps, 0)
-        after = optax.join_schedules([optax.constant_schedule(peak_lr),
-                                      optax.linear_schedule(peak_lr, final, decay_steps)], [stable])
+        after = optax.join_schedules(
+            [optax.constant_schedule(peak_lr), optax.linear_schedule(peak_lr, final, decay_steps)],
+            [stable],
+        )
     return optax.join_schedules([warmup, after], [warmup_steps])
 
 
@@ -68,12 +79,19 @@ def weight_decay_mask(params, exclude: tuple[str, ...] = DEFAULT_NO_DECAY):
 
 
 @gin.configurable
-def make_optimizer(schedule: optax.Schedule, *, b1: float = 0.9, b2: float = 0.95,
-                   eps: float = 1e-8, weight_decay: float = 0.1,
-                   clip_norm: float | None = 1.0) -> optax.GradientTransformation:
+def make_optimizer(
+    schedule: optax.Schedule,
+    *,
+    b1: float = 0.9,
+    b2: float = 0.95,
+    eps: float = 1e-8,
+    weight_decay: float = 0.1,
+    clip_norm: float | None = 1.0,
+) -> optax.GradientTransformation:
     """AdamW (decoupled weight decay on the masked parameters) after global-norm clipping."""
-    adamw = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
-                        mask=weight_decay_mask)
+    adamw = optax.adamw(
+        schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay, mask=weight_decay_mask
+    )
     if clip_norm is None:
         return adamw
     return optax.chain(optax.clip_by_global_norm(clip_norm), adamw)

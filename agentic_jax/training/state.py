@@ -1,4 +1,5 @@
 """The complete training state: everything a restart needs to continue bit-for-bit."""
+
 from __future__ import annotations
 
 import flax.struct
@@ -9,15 +10,19 @@ import optax
 
 @flax.struct.dataclass
 class TrainState:
-    step: jax.Array          # int32 scalar: optimiser updates applied so far
+    step: jax.Array  # int32 scalar: optimiser updates applied so far
     params: dict
     opt_state: optax.OptState
-    rng: jax.Array           # raw uint32 key data (checkpoints store plain arrays)
+    rng: jax.Array  # raw uint32 key data (checkpoints store plain arrays)
 
     @classmethod
-    def create(cls, params, optimizer: optax.GradientTransformation, seed: int) -> "TrainState":
-        return cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params),
-                   rng=jax.random.key_data(jax.random.key(seed)))
+    def create(cls, params, optimizer: optax.GradientTransformation, seed: int) -> TrainState:
+        return cls(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=optimizer.init(params),
+            rng=jax.random.key_data(jax.random.key(seed)),
+        )
 
     def step_key(self):
         """A fresh typed key for this step (dropout, sampling) derived from the stored RNG."""

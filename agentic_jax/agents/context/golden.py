@@ -8,6 +8,7 @@ lower for insertions, deletions and reorderings); token overhead is the new run'
 relative to the golden run's.  Both traces are ordinary JSONL traces (``tracing.py``); of a
 file holding several runs, the last one is compared unless another is named.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,9 @@ class Trajectory:
     stop_reason: str | None
 
     @classmethod
-    def from_events(cls, events: Iterable[Event], *, run: str | None = None,
-                    with_arguments: bool = False) -> "Trajectory":
+    def from_events(
+        cls, events: Iterable[Event], *, run: str | None = None, with_arguments: bool = False
+    ) -> Trajectory:
         """The trajectory of the run with id ``run``, by default of the last run in ``events``
         (runs merged would compare as one long run)."""
         tools, tokens, answer, stop = [], 0, None, None
@@ -54,13 +56,20 @@ class Comparison:
 
     def report(self) -> str:
         verdict = "PASS" if self.passed else "FAIL"
-        lines = [f"{verdict}: tool-sequence similarity {self.similarity:.3f}, token overhead "
-                 f"{self.token_overhead:+.1%}"]
+        lines = [
+            f"{verdict}: tool-sequence similarity {self.similarity:.3f}, token overhead "
+            f"{self.token_overhead:+.1%}"
+        ]
         return "\n".join(lines + [f"  - {p}" for p in self.problems])
 
 
-def compare(golden: Trajectory, new: Trajectory, *, min_similarity: float = 0.9,
-            max_token_overhead: float = 0.25) -> Comparison:
+def compare(
+    golden: Trajectory,
+    new: Trajectory,
+    *,
+    min_similarity: float = 0.9,
+    max_token_overhead: float = 0.25,
+) -> Comparison:
     """Compares ``new`` with ``golden``; fails below ``min_similarity`` or above
     ``max_token_overhead``, or if the run stopped for another reason."""
     similarity = difflib.SequenceMatcher(None, golden.tools, new.tools, autojunk=False).ratio()
@@ -78,15 +87,26 @@ def compare(golden: Trajectory, new: Trajectory, *, min_similarity: float = 0.9,
         problems.append(f"token overhead {overhead:+.1%} exceeds {max_token_overhead:+.1%}")
     if golden.stop_reason != new.stop_reason:
         problems.append(f"stop reason changed: {golden.stop_reason} -> {new.stop_reason}")
-    passed = (similarity >= min_similarity and overhead <= max_token_overhead
-              and golden.stop_reason == new.stop_reason)
+    passed = (
+        similarity >= min_similarity
+        and overhead <= max_token_overhead
+        and golden.stop_reason == new.stop_reason
+    )
     return Comparison(similarity, overhead, passed, tuple(problems))
 
 
-def compare_events(golden: Sequence[Event], new: Sequence[Event], *, with_arguments: bool = False,
-                   golden_run: str | None = None, new_run: str | None = None,
-                   **thresholds) -> Comparison:
+def compare_events(
+    golden: Sequence[Event],
+    new: Sequence[Event],
+    *,
+    with_arguments: bool = False,
+    golden_run: str | None = None,
+    new_run: str | None = None,
+    **thresholds,
+) -> Comparison:
     """:func:`compare` on two traces' runs (each trace's last run unless one is named)."""
-    return compare(Trajectory.from_events(golden, run=golden_run, with_arguments=with_arguments),
-                   Trajectory.from_events(new, run=new_run, with_arguments=with_arguments),
-                   **thresholds)
+    return compare(
+        Trajectory.from_events(golden, run=golden_run, with_arguments=with_arguments),
+        Trajectory.from_events(new, run=new_run, with_arguments=with_arguments),
+        **thresholds,
+    )

@@ -20,6 +20,7 @@ repeated verbatim in the system message after every compaction; summaries may lo
 If even the pinned facts and the newest message cannot fit, the newest message is truncated: the
 prompt never exceeds the window.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,8 @@ from collections.abc import Callable, Sequence
 
 import gin
 
-from agentic_jax.agents.policies.base import Policy
 from agentic_jax.agents.context.tokens import TokenCounter, approx_tokens, messages_tokens
+from agentic_jax.agents.policies.base import Policy
 from agentic_jax.agents.tools.base import Tool, ToolError, tool
 from agentic_jax.data.chat import Message
 
@@ -45,6 +46,7 @@ class ContextBudget:
     """Token shares of ``window``: ``system``, ``retrieved`` and ``generation`` (kept free for the
     reply) are fractions; history gets the rest.  ``max_tool_output`` caps one tool output,
     ``keep_recent`` messages are never summarised."""
+
     window: int = 4096
     system: float = 0.15
     retrieved: float = 0.25
@@ -68,7 +70,7 @@ def truncate(text: str, max_tokens: int, count: TokenCounter = approx_tokens) ->
     keep = len(text) * max_tokens // max(count(text), 1)
     while keep > 0:
         cut = len(text) - keep
-        head, tail = text[:keep // 2], text[len(text) - keep // 2:]
+        head, tail = text[: keep // 2], text[len(text) - keep // 2 :]
         marked = f"{head}\n[... {cut} characters cut ...]\n{tail}"
         if count(marked) <= max_tokens:
             return marked
@@ -79,6 +81,7 @@ def truncate(text: str, max_tokens: int, count: TokenCounter = approx_tokens) ->
 
 def extractive_summary(messages: Sequence[Message], previous: str | None) -> str:
     """One short line per message (what was asked, called, returned and said)."""
+
     def brief(text: str) -> str:
         text = " ".join(text.split())
         return text if len(text) <= 160 else text[:157] + "..."
@@ -92,21 +95,35 @@ def extractive_summary(messages: Sequence[Message], previous: str | None) -> str
 
 def policy_summarizer(policy: Policy, max_tokens: int = 256) -> Summarizer:
     """A summariser that asks ``policy`` for the summary (abstractive, like a human would)."""
+
     def summarize(messages: Sequence[Message], previous: str | None) -> str:
         transcript = extractive_summary(messages, previous)
-        reply = policy.respond([
-            Message("system", "Summarise this agent transcript for your future self: keep goals, "
-                              "decisions, numbers and results; drop chatter. Be brief."),
-            Message("user", transcript)], max_tokens=max_tokens, temperature=0.0)
+        reply = policy.respond(
+            [
+                Message(
+                    "system",
+                    "Summarise this agent transcript for your future self: keep goals, "
+                    "decisions, numbers and results; drop chatter. Be brief.",
+                ),
+                Message("user", transcript),
+            ],
+            max_tokens=max_tokens,
+            temperature=0.0,
+        )
         return reply.text.strip() or transcript
+
     return summarize
 
 
 class ContextManager:
     """Builds each prompt from the system prompt, retrieved text and history within the budget."""
 
-    def __init__(self, budget: ContextBudget = ContextBudget(), count: TokenCounter = approx_tokens,
-                 summarize: Summarizer = extractive_summary):
+    def __init__(
+        self,
+        budget: ContextBudget = ContextBudget(),
+        count: TokenCounter = approx_tokens,
+        summarize: Summarizer = extractive_summary,
+    ):
         self.budget, self.count, self.summarize = budget, count, summarize
         self.pinned: list[str] = []
         self.summary: str | None = None
@@ -156,18 +173,27 @@ class ContextManager:
         upto = self._safe_cut(history, min(upto, len(history) - 1))
         if not self.offset < upto < len(history):
             return False
-        self.summary = self.summarize(history[self.offset:upto], self.summary)
+        self.summary = self.summarize(history[self.offset : upto], self.summary)
         self.offset = upto
         self.compactions += 1
         return True
 
     def _visible(self, history: Sequence[Message]) -> list[Message]:
         cap = self.budget.max_tool_output
-        return [dataclasses.replace(m, content=truncate(m.content, cap, self.count))
-                if m.role == "tool" else m for m in history[self.offset:]]
+        return [
+            dataclasses.replace(m, content=truncate(m.content, cap, self.count))
+            if m.role == "tool"
+            else m
+            for m in history[self.offset :]
+        ]
 
-    def build(self, system: str, history: Sequence[Message], retrieved: Sequence[str] = (),
-              reserved: int = 0) -> list[Message]:
+    def build(
+        self,
+        system: str,
+        history: Sequence[Message],
+        retrieved: Sequence[str] = (),
+        reserved: int = 0,
+    ) -> list[Message]:
         """The prompt for the next model call.  Its token count (``messages_tokens`` with this
         manager's counter) plus ``reserved`` (e.g. the tool schemas a backend adds) never exceeds
         ``window`` minus the generation share; :class:`ContextOverflow` if that is impossible."""
@@ -197,7 +223,8 @@ class ContextManager:
         if messages_tokens(prompt(), count) > b.compact_at * available:
             self._fold(history, len(history) - b.keep_recent)
         while messages_tokens(prompt(), count) > available and self._fold(
-                history, self.offset + max(1, (len(history) - self.offset) // 2)):
+            history, self.offset + max(1, (len(history) - self.offset) // 2)
+        ):
             pass
         messages = prompt()
         over = messages_tokens(messages, count) - available
@@ -211,18 +238,20 @@ class ContextManager:
                 break
             text = messages[i].content
             messages[i] = dataclasses.replace(
-                messages[i], content=truncate(text, max(count(text) - over - 4, 0), count))
+                messages[i], content=truncate(text, max(count(text) - over - 4, 0), count)
+            )
             over = messages_tokens(messages, count) - available
         if over > 0:
-            raise ContextOverflow(f"the prompt needs {over + available} tokens; "
-                                  f"the window leaves {available}")
+            raise ContextOverflow(
+                f"the prompt needs {over + available} tokens; the window leaves {available}"
+            )
         return messages
 
 
 def compaction_tool(context: ContextManager) -> Tool:
     """The ``compact_context`` tool: the model replaces the turns so far with its own summary."""
-    def compact_context(summary: str, subtask_resolved: bool,
-                        keep: list[str] | None = None) -> str:
+
+    def compact_context(summary: str, subtask_resolved: bool, keep: list[str] | None = None) -> str:
         """Replace the conversation so far with your summary, freeing context for what comes next.
         Compact right after a sub-task is resolved (its result is known and its details are no
         longer needed). Do NOT compact in the middle of a derivation or calculation whose
@@ -234,8 +263,11 @@ def compaction_tool(context: ContextManager) -> Tool:
             keep: facts that must survive verbatim (numbers, names, constraints).
         """
         if not subtask_resolved:
-            raise ToolError("not compacted: compact only once a sub-task is resolved; keep "
-                            "working and compact when it is done")
+            raise ToolError(
+                "not compacted: compact only once a sub-task is resolved; keep "
+                "working and compact when it is done"
+            )
         context.request_compaction(summary, keep or ())
         return "compacted: earlier turns are replaced by your summary"
+
     return tool(compact_context, timeout_s=None)

@@ -5,6 +5,7 @@ the model's tokenizer the count is exact; for a remote model the usual estimate 
 per token errs on the safe side for English and code.  Each message also pays for its role header
 and end marker, and an assistant turn for its tool calls' JSON.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,10 @@ def tokenizer_counter(tokenizer: Tokenizer) -> TokenCounter:
 
 
 def message_tokens(message: Message, count: TokenCounter = approx_tokens) -> int:
-    calls = sum(count(json.dumps({"name": c.name, "arguments": c.arguments})) + 2
-                for c in message.tool_calls)
+    calls = sum(
+        count(json.dumps({"name": c.name, "arguments": c.arguments})) + 2
+        for c in message.tool_calls
+    )
     return MESSAGE_OVERHEAD + count(message.content) + calls
 
 

@@ -17,6 +17,7 @@ Events of a multi-agent run also name the ``agent`` they belong to (see :meth:`T
 When ``opentelemetry-api`` is installed, each event is also an OpenTelemetry span (child of the
 run's span), so runs show up in Jaeger, Honeycomb or any OTLP backend configured in the process.
 """
+
 from __future__ import annotations
 
 import copy
@@ -28,10 +29,10 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentic_jax.agents.tools.budget import Pricing
 from agentic_jax.agents.policies.base import AssistantMessage
-from agentic_jax.text import clip
+from agentic_jax.agents.tools.budget import Pricing
 from agentic_jax.data.chat import ToolCall
+from agentic_jax.text import clip
 
 Event = dict[str, Any]
 Sink = Callable[[Event], None]
@@ -53,16 +54,26 @@ def _otel_tracer():
 
 def _attributes(event: Event) -> dict:
     """OpenTelemetry attributes must be primitives: nested values go as JSON."""
-    return {f"agent.{k}": v if isinstance(v, (str, bool, int, float))
-            else json.dumps(v, default=str) for k, v in event.items() if v is not None}
+    return {
+        f"agent.{k}": v if isinstance(v, (str, bool, int, float)) else json.dumps(v, default=str)
+        for k, v in event.items()
+        if v is not None
+    }
 
 
 class Tracer:
     """Collects a run's events in ``events``, appends them to ``path`` (JSONL) and hands them to
     ``sinks`` (e.g. a console printer) as they happen."""
 
-    def __init__(self, path: str | Path | None = None, *, sinks: Sequence[Sink] = (),
-                 pricing: Pricing = Pricing(), run_id: str | None = None, otel: bool = True):
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        sinks: Sequence[Sink] = (),
+        pricing: Pricing = Pricing(),
+        run_id: str | None = None,
+        otel: bool = True,
+    ):
         self.path = None if path is None else Path(path)
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,8 +100,14 @@ class Tracer:
         # Views in parallel branches (graph.parallel) share the list: numbering, appending and
         # writing happen at once, so seq numbers are unique and the file is in seq order.
         with self._lock:
-            event = {"run": self.run_id, "seq": len(self.events), "time": time.time(),
-                     "kind": kind, **self.fields, **fields}
+            event = {
+                "run": self.run_id,
+                "seq": len(self.events),
+                "time": time.time(),
+                "kind": kind,
+                **self.fields,
+                **fields,
+            }
             self.events.append(event)
             if self.path is not None:
                 with self.path.open("a", encoding="utf-8") as f:
@@ -112,8 +129,9 @@ class Tracer:
                 self._open_runs.pop()
         context = None if parent is None else trace.set_span_in_context(parent)
         if kind == "run_start":
-            span = self._otel.start_span("agent.run", context=context,
-                                         attributes=_attributes(event))
+            span = self._otel.start_span(
+                "agent.run", context=context, attributes=_attributes(event)
+            )
             with self._lock:
                 self._open_runs.append(span)
             return
@@ -124,34 +142,56 @@ class Tracer:
         end = time.time_ns()
         start = end - int(event.get("latency_s", 0.0) * 1e9)
         name = event.get("name") or event.get("decision") or ""
-        span = self._otel.start_span(f"agent.{kind}" + (f" {name}" if name else ""),
-                                     context=context, start_time=start,
-                                     attributes=_attributes(event))
+        span = self._otel.start_span(
+            f"agent.{kind}" + (f" {name}" if name else ""),
+            context=context,
+            start_time=start,
+            attributes=_attributes(event),
+        )
         span.end(end_time=end)
 
     # ----------------------------------------------------------------------------- event kinds
     def model_call(self, step: int, response: AssistantMessage, latency_s: float) -> Event:
         u = response.usage
-        return self.emit("model_call", step=step, text=response.text,
-                         tool_calls=[{"name": c.name, "arguments": _arguments(c)}
-                                     for c in response.tool_calls],
-                         prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
-                         cost=self.pricing.cost(u), latency_s=latency_s,
-                         finish_reason=response.finish_reason)
+        return self.emit(
+            "model_call",
+            step=step,
+            text=response.text,
+            tool_calls=[{"name": c.name, "arguments": _arguments(c)} for c in response.tool_calls],
+            prompt_tokens=u.prompt_tokens,
+            completion_tokens=u.completion_tokens,
+            cost=self.pricing.cost(u),
+            latency_s=latency_s,
+            finish_reason=response.finish_reason,
+        )
 
     def tool_call(self, step: int, result) -> Event:
-        return self.emit("tool_call", step=step, name=result.call.name,
-                         arguments=_arguments(result.call), status=result.status,
-                         content=clip(result.content, CONTENT_LIMIT), attempts=result.attempts,
-                         latency_s=result.latency_s, data=True)
+        return self.emit(
+            "tool_call",
+            step=step,
+            name=result.call.name,
+            arguments=_arguments(result.call),
+            status=result.status,
+            content=clip(result.content, CONTENT_LIMIT),
+            attempts=result.attempts,
+            latency_s=result.latency_s,
+            data=True,
+        )
 
     def decision(self, step: int, decision: str, detail: str = "", **fields: Any) -> Event:
         return self.emit("decision", step=step, decision=decision, detail=detail, **fields)
 
-    def message(self, round: int, sender: str, recipients: Sequence[str], act: str,
-                content: str) -> Event:
-        return self.emit("message", round=round, sender=sender, recipients=list(recipients),
-                         act=act, content=clip(content, CONTENT_LIMIT))
+    def message(
+        self, round: int, sender: str, recipients: Sequence[str], act: str, content: str
+    ) -> Event:
+        return self.emit(
+            "message",
+            round=round,
+            sender=sender,
+            recipients=list(recipients),
+            act=act,
+            content=clip(content, CONTENT_LIMIT),
+        )
 
 
 # --------------------------------------------------------------------------------- reading
@@ -175,7 +215,7 @@ def run_events(events: Iterable[Event], run: str | None = None) -> list[Event]:
 def _short(value: Any, limit: int = 200) -> str:
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
     text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def format_event(event: Event) -> str | None:
@@ -186,25 +226,33 @@ def format_event(event: Event) -> str | None:
     if kind == "run_start":
         return f"task: {event.get('task', '')}  [{event.get('agent', 'agent')}, run {event['run']}]"
     if kind == "model_call":
-        lines = [f"[{step}] model  {event['prompt_tokens']}+{event['completion_tokens']} tokens, "
-                 f"{event['latency_s']:.2f}s" + (f": {_short(event['text'])}" if event["text"]
-                                                  else "")]
-        lines += [f"      -> {c['name']}({_short(c['arguments'], 160)})"
-                  for c in event["tool_calls"]]
+        lines = [
+            f"[{step}] model  {event['prompt_tokens']}+{event['completion_tokens']} tokens, "
+            f"{event['latency_s']:.2f}s" + (f": {_short(event['text'])}" if event["text"] else "")
+        ]
+        lines += [
+            f"      -> {c['name']}({_short(c['arguments'], 160)})" for c in event["tool_calls"]
+        ]
         return "\n".join(lines)
     if kind == "tool_call":
-        return (f"[{step}] tool   {event['name']} {event['status']}, {event['latency_s']:.2f}s"
-                + (f", {event['attempts']} attempts" if event["attempts"] > 1 else "")
-                + f": {_short(event['content'])}")
+        return (
+            f"[{step}] tool   {event['name']} {event['status']}, {event['latency_s']:.2f}s"
+            + (f", {event['attempts']} attempts" if event["attempts"] > 1 else "")
+            + f": {_short(event['content'])}"
+        )
     if kind == "decision":
         return f"[{step}] {event['decision']}" + (f": {event['detail']}" if event["detail"] else "")
     if kind == "message":
-        return (f"[round {event['round']}] {event['sender']} -> {', '.join(event['recipients'])}"
-                f" ({event['act']}): {_short(event['content'])}")
+        return (
+            f"[round {event['round']}] {event['sender']} -> {', '.join(event['recipients'])}"
+            f" ({event['act']}): {_short(event['content'])}"
+        )
     if kind == "run_end":
-        return (f"answer: {event.get('answer')}\n"
-                f"stop: {event['stop_reason']} ({event['detail']}); {event['steps']} model calls, "
-                f"{event['total_tokens']} tokens, ${event['cost']:.4f}, {event['wall_s']:.2f}s")
+        return (
+            f"answer: {event.get('answer')}\n"
+            f"stop: {event['stop_reason']} ({event['detail']}); {event['steps']} model calls, "
+            f"{event['total_tokens']} tokens, ${event['cost']:.4f}, {event['wall_s']:.2f}s"
+        )
     return None
 
 
@@ -215,8 +263,10 @@ def render(events: Iterable[Event]) -> str:
 
 def console_sink(write: Callable[[str], Any] = print) -> Sink:
     """Prints each event as it happens (``agentic-jax agent`` streams its steps this way)."""
+
     def sink(event: Event) -> None:
         line = format_event(event)
         if line is not None:
             write(line)
+
     return sink

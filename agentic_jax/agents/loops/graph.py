@@ -14,6 +14,7 @@ conditional edges and cycles covers the workflow patterns of Anthropic's *Buildi
 agents*: prompt chaining, routing, parallelisation, orchestrator-workers and evaluator-optimizer
 (see ``workflows.py``).
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -41,6 +42,7 @@ class GraphError(RuntimeError):
 class Checkpoint:
     """The state after ``node`` ran (or before ``next`` runs); ``status``: running, interrupted,
     done or rejected."""
+
     thread_id: str
     step: int
     node: str | None
@@ -52,8 +54,7 @@ class Checkpoint:
         """Sets, tuples, datetimes and the like as pydantic writes them in JSON, so that the
         state validates again when read back (``str`` of a set would not); other objects as
         their ``str``."""
-        return json.dumps(pydantic_core.to_jsonable_python(dataclasses.asdict(self),
-                                                           fallback=str))
+        return json.dumps(pydantic_core.to_jsonable_python(dataclasses.asdict(self), fallback=str))
 
 
 class MemoryCheckpointer:
@@ -90,8 +91,9 @@ class FileCheckpointer(MemoryCheckpointer):
     def latest(self, thread_id: str) -> Checkpoint | None:
         path = self._path(thread_id)
         if thread_id not in self.history and path.exists():
-            self.history[thread_id] = [Checkpoint(**json.loads(line))
-                                       for line in path.read_text().splitlines() if line]
+            self.history[thread_id] = [
+                Checkpoint(**json.loads(line)) for line in path.read_text().splitlines() if line
+            ]
         return super().latest(thread_id)
 
 
@@ -103,8 +105,11 @@ class GraphRun(Generic[S]):
     path: tuple[str, ...]  # nodes run, in order, in this call
 
 
-def parallel(branches: Mapping[str, Callable[[Any], Any]], *,
-             merge: Callable[[dict[str, Any]], Mapping[str, Any]] | None = None) -> Node:
+def parallel(
+    branches: Mapping[str, Callable[[Any], Any]],
+    *,
+    merge: Callable[[dict[str, Any]], Mapping[str, Any]] | None = None,
+) -> Node:
     """A node running ``branches`` (name -> function of the state) concurrently; its update is
     ``merge({name: result})``, by default the union of the branches' update dicts.  Without
     ``merge``, two branches updating the same field is a :class:`GraphError`: which write wins
@@ -129,10 +134,13 @@ def parallel(branches: Mapping[str, Callable[[Any], Any]], *,
         for name, result in results.items():
             for key, value in _update(f"parallel branch {name!r}", result).items():
                 if key in writer:
-                    raise GraphError(f"parallel branches {writer[key]!r} and {name!r} both "
-                                     f"update {key!r}; pass merge= to combine their results")
+                    raise GraphError(
+                        f"parallel branches {writer[key]!r} and {name!r} both "
+                        f"update {key!r}; pass merge= to combine their results"
+                    )
                 update[key], writer[key] = value, name
         return update
+
     return node
 
 
@@ -140,8 +148,10 @@ def _update(source: str, update: Any) -> Mapping[str, Any]:
     if update is None:
         return {}
     if not isinstance(update, Mapping):
-        raise GraphError(f"{source} returned a {type(update).__name__}; it must return a dict of "
-                         f"state fields or None")
+        raise GraphError(
+            f"{source} returned a {type(update).__name__}; it must return a dict of "
+            f"state fields or None"
+        )
     return update
 
 
@@ -154,43 +164,58 @@ class StateGraph(Generic[S]):
         self.edges: dict[str, str | tuple[Router, Mapping[str, str] | None]] = {}
         self.entry: str | None = None
 
-    def add_node(self, name: str, fn: Node) -> "StateGraph[S]":
+    def add_node(self, name: str, fn: Node) -> StateGraph[S]:
         if name in self.nodes or name == END:
             raise GraphError(f"node {name!r} already exists or is reserved")
         self.nodes[name] = fn
         self.entry = self.entry or name
         return self
 
-    def add_edge(self, source: str, target: str) -> "StateGraph[S]":
+    def add_edge(self, source: str, target: str) -> StateGraph[S]:
         self.edges[source] = target
         return self
 
-    def add_conditional_edges(self, source: str, router: Router,
-                              mapping: Mapping[str, str] | None = None) -> "StateGraph[S]":
+    def add_conditional_edges(
+        self, source: str, router: Router, mapping: Mapping[str, str] | None = None
+    ) -> StateGraph[S]:
         """After ``source``, go to ``router(state)`` (looked up in ``mapping`` if given)."""
         self.edges[source] = (router, mapping)
         return self
 
-    def set_entry(self, name: str) -> "StateGraph[S]":
+    def set_entry(self, name: str) -> StateGraph[S]:
         self.entry = name
         return self
 
-    def compile(self, *, checkpointer: MemoryCheckpointer | None = None,
-                interrupt_before: Iterable[str] = (), max_steps: int = 100) -> "CompiledGraph[S]":
+    def compile(
+        self,
+        *,
+        checkpointer: MemoryCheckpointer | None = None,
+        interrupt_before: Iterable[str] = (),
+        max_steps: int = 100,
+    ) -> CompiledGraph[S]:
         if self.entry is None:
             raise GraphError("the graph has no nodes")
-        targets = [t for e in self.edges.values()
-                   for t in ([e] if isinstance(e, str) else (e[1] or {}).values())]
+        targets = [
+            t
+            for e in self.edges.values()
+            for t in ([e] if isinstance(e, str) else (e[1] or {}).values())
+        ]
         for name in [*targets, *self.edges, *interrupt_before, self.entry]:
             if name not in self.nodes and name != END:
                 raise GraphError(f"unknown node {name!r}")
-        return CompiledGraph(self, checkpointer or MemoryCheckpointer(), set(interrupt_before),
-                             max_steps)
+        return CompiledGraph(
+            self, checkpointer or MemoryCheckpointer(), set(interrupt_before), max_steps
+        )
 
 
 class CompiledGraph(Generic[S]):
-    def __init__(self, graph: StateGraph[S], checkpointer: MemoryCheckpointer,
-                 interrupt_before: set[str], max_steps: int):
+    def __init__(
+        self,
+        graph: StateGraph[S],
+        checkpointer: MemoryCheckpointer,
+        interrupt_before: set[str],
+        max_steps: int,
+    ):
         self.graph, self.checkpointer = graph, checkpointer
         self.interrupt_before, self.max_steps = interrupt_before, max_steps
 
@@ -201,15 +226,18 @@ class CompiledGraph(Generic[S]):
         router, mapping = edge
         choice = router(state)
         if mapping is not None and choice not in mapping:
-            raise GraphError(f"router of {node!r} chose {choice!r}, which its mapping "
-                             f"{list(mapping)} does not name")
+            raise GraphError(
+                f"router of {node!r} chose {choice!r}, which its mapping "
+                f"{list(mapping)} does not name"
+            )
         target = mapping[choice] if mapping is not None else choice
         if target not in self.graph.nodes and target != END:
             raise GraphError(f"router of {node!r} chose unknown node {target!r}")
         return target
 
-    def _save(self, thread_id: str, step: int, node: str | None, nxt: str, status: str,
-              state: S) -> None:
+    def _save(
+        self, thread_id: str, step: int, node: str | None, nxt: str, status: str, state: S
+    ) -> None:
         self.checkpointer.put(Checkpoint(thread_id, step, node, nxt, status, state.model_dump()))
 
     def _apply(self, source: str, state: S, update: Any) -> S:
@@ -219,19 +247,27 @@ class CompiledGraph(Generic[S]):
         state_type = self.graph.state_type
         unknown = [k for k in update if k not in state_type.model_fields]
         if unknown and state_type.model_config.get("extra") != "allow":
-            raise GraphError(f"{source} updated unknown field(s) {unknown} of "
-                             f"{state_type.__name__}, whose fields are "
-                             f"{list(state_type.model_fields)}")
+            raise GraphError(
+                f"{source} updated unknown field(s) {unknown} of "
+                f"{state_type.__name__}, whose fields are "
+                f"{list(state_type.model_fields)}"
+            )
         return state_type.model_validate({**state.model_dump(), **update})
 
     def invoke(self, state: S | Mapping[str, Any], *, thread_id: str = "main") -> GraphRun[S]:
         """Runs from the entry node until the end or an interrupt."""
         state = self.graph.state_type.model_validate(
-            state.model_dump() if isinstance(state, pydantic.BaseModel) else state)
+            state.model_dump() if isinstance(state, pydantic.BaseModel) else state
+        )
         return self._run(thread_id, state, self.graph.entry, 0, skip_interrupt=False)
 
-    def resume(self, thread_id: str = "main", *, approve: bool = True,
-               edit: Mapping[str, Any] | None = None) -> GraphRun[S]:
+    def resume(
+        self,
+        thread_id: str = "main",
+        *,
+        approve: bool = True,
+        edit: Mapping[str, Any] | None = None,
+    ) -> GraphRun[S]:
         """Continues an interrupted run: ``edit`` updates the state first; ``approve=False``
         ends the run as ``rejected`` without running the pending node."""
         last = self.checkpointer.latest(thread_id)
@@ -246,8 +282,9 @@ class CompiledGraph(Generic[S]):
     def get_state(self, thread_id: str = "main") -> Checkpoint | None:
         return self.checkpointer.latest(thread_id)
 
-    def _run(self, thread_id: str, state: S, node: str, step: int, *,
-             skip_interrupt: bool) -> GraphRun[S]:
+    def _run(
+        self, thread_id: str, state: S, node: str, step: int, *, skip_interrupt: bool
+    ) -> GraphRun[S]:
         path = []
         while node != END:
             if node in self.interrupt_before and not skip_interrupt:
@@ -255,8 +292,9 @@ class CompiledGraph(Generic[S]):
                 return GraphRun(state, "interrupted", node, tuple(path))
             skip_interrupt = False
             if step >= self.max_steps:
-                raise GraphError(f"more than max_steps={self.max_steps} node runs: a cycle "
-                                 f"without exit?")
+                raise GraphError(
+                    f"more than max_steps={self.max_steps} node runs: a cycle without exit?"
+                )
             state = self._apply(f"node {node!r}", state, self.graph.nodes[node](state))
             path.append(node)
             step += 1

@@ -9,22 +9,27 @@ when its sub-loop ends without an answer (loop detected, no progress, policy err
 times.  Running out of budget ends the whole run.  A final call turns the step results into the
 answer.
 """
+
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
 
-from agentic_jax.agents.loops.agent import BUDGET_STOPS, AgentResult, BudgetExceeded, Outcome, Run
-from agentic_jax.agents.tools.budget import Budget, BudgetTracker, Pricing, StopReason
-from agentic_jax.agents.policies.base import PolicyError
-from agentic_jax.agents.loops.react import ReActAgent
 from agentic_jax.agents.context.tracing import Tracer
+from agentic_jax.agents.loops.agent import BUDGET_STOPS, AgentResult, BudgetExceeded, Outcome, Run
+from agentic_jax.agents.loops.react import ReActAgent
+from agentic_jax.agents.policies.base import PolicyError
+from agentic_jax.agents.tools.budget import Budget, BudgetTracker, Pricing, StopReason
 from agentic_jax.data.chat import Message
 
-PLANNER_PROMPT = ("You plan how to solve tasks. Reply with a short numbered list of steps, one per "
-                  "line, each doable with the available tools. No other text.")
-STEP_PROMPT = ("Carry out one step of a plan. Reply with the step's result and no tool call when "
-               "it is done; if it cannot be done, reply 'FAILED: <why>'.")
+PLANNER_PROMPT = (
+    "You plan how to solve tasks. Reply with a short numbered list of steps, one per "
+    "line, each doable with the available tools. No other text."
+)
+STEP_PROMPT = (
+    "Carry out one step of a plan. Reply with the step's result and no tool call when "
+    "it is done; if it cannot be done, reply 'FAILED: <why>'."
+)
 FINAL_PROMPT = "Answer the task from the results of the plan's steps. Reply with the answer only."
 _STEP_LINE = re.compile(r"^\s*(?:\d+[.)]|[-*])\s+(.*\S)")
 _FAILED = re.compile(r"^\s*FAILED:")  # STEP_PROMPT's marker; not "Failed logins: 3"
@@ -46,9 +51,16 @@ class PlanAndExecute:
     """Plan, execute with ``executor`` (a :class:`ReActAgent` whose policy and tools run the
     steps), re-plan on failure; ``policy`` plans and writes the final answer."""
 
-    def __init__(self, policy, executor: ReActAgent, *, max_replans: int = 2,
-                 budget: Budget = Budget(max_steps=30), pricing: Pricing = Pricing(),
-                 tracer: Tracer | None = None):
+    def __init__(
+        self,
+        policy,
+        executor: ReActAgent,
+        *,
+        max_replans: int = 2,
+        budget: Budget = Budget(max_steps=30),
+        pricing: Pricing = Pricing(),
+        tracer: Tracer | None = None,
+    ):
         self.policy, self.executor, self.max_replans = policy, executor, max_replans
         self.budget, self.pricing, self.tracer = budget, pricing, tracer
 
@@ -59,8 +71,9 @@ class PlanAndExecute:
         tools = self.executor.executor.available()
         if tools:
             request += "\nTools: " + ", ".join(f"{t.name} ({t.description})" for t in tools)
-        reply = run.model(self.policy, [Message("system", PLANNER_PROMPT),
-                                        Message("user", request)])
+        reply = run.model(
+            self.policy, [Message("system", PLANNER_PROMPT), Message("user", request)]
+        )
         steps = parse_plan(reply.text)
         run.decide("replan" if failure else "plan", "; ".join(steps), steps=steps)
         return steps
@@ -78,8 +91,10 @@ class PlanAndExecute:
             plan = self._plan(run, task, done, None)
             while plan:
                 step, plan = plan[0], plan[1:]
-                request = (f"Task: {task}\nPlan: {'; '.join([s for s, _ in done] + [step] + plan)}"
-                           f"\nResults so far:\n{_results(done)}\nNow do this step: {step}")
+                request = (
+                    f"Task: {task}\nPlan: {'; '.join([s for s, _ in done] + [step] + plan)}"
+                    f"\nResults so far:\n{_results(done)}\nNow do this step: {step}"
+                )
                 sub = self.executor.loop(run, request, system_prompt=STEP_PROMPT)
                 messages += sub.messages
                 if sub.reason in BUDGET_STOPS:
@@ -90,17 +105,30 @@ class PlanAndExecute:
                     continue
                 failure = f"{step}: {sub.answer or sub.detail}"
                 if replans >= self.max_replans:
-                    return Outcome(None, StopReason.MAX_ATTEMPTS,
-                                   f"step failed after {replans} re-plans: {failure}", messages)
+                    return Outcome(
+                        None,
+                        StopReason.MAX_ATTEMPTS,
+                        f"step failed after {replans} re-plans: {failure}",
+                        messages,
+                    )
                 replans += 1
                 plan = self._plan(run, task, done, failure)
-            final = run.model(self.policy, [Message("system", FINAL_PROMPT), Message(
-                "user", f"Task: {task}\nResults:\n{_results(done)}")])
+            final = run.model(
+                self.policy,
+                [
+                    Message("system", FINAL_PROMPT),
+                    Message("user", f"Task: {task}\nResults:\n{_results(done)}"),
+                ],
+            )
         except BudgetExceeded as e:
             return Outcome(None, e.reason, e.detail, messages)
         except PolicyError as e:
             run.decide("stop", str(e), reason=StopReason.POLICY_ERROR.value)
             return Outcome(None, StopReason.POLICY_ERROR, str(e), messages)
         run.decide("answer", f"{len(done)} steps done, {replans} re-plans")
-        return Outcome(final.text, StopReason.ANSWER, f"plan finished after {replans} re-plans",
-                       messages + [final.to_message()])
+        return Outcome(
+            final.text,
+            StopReason.ANSWER,
+            f"plan finished after {replans} re-plans",
+            messages + [final.to_message()],
+        )

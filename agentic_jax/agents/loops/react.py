@@ -11,38 +11,52 @@ goes on).  Around that core the loop enforces
 * context management (``context.py``), when given a :class:`ContextManager`: the prompt is built
   within the window, and the model may compact its own history with the ``compact_context`` tool.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import json
 from collections.abc import Sequence
 
-from agentic_jax.agents.loops.agent import DATA_RULE, AgentResult, BudgetExceeded, Outcome, Run
-from agentic_jax.agents.tools.budget import Budget, BudgetTracker, Pricing, StopReason
 from agentic_jax.agents.context.manager import ContextManager, compaction_tool
-from agentic_jax.agents.tools.executor import ToolExecutor, ToolResult, as_executor
-from agentic_jax.agents.tools.loop_detection import REDIRECT, STOP, LoopDetector
+from agentic_jax.agents.context.tracing import Tracer
+from agentic_jax.agents.loops.agent import DATA_RULE, AgentResult, BudgetExceeded, Outcome, Run
 from agentic_jax.agents.policies.base import Policy, PolicyError
 from agentic_jax.agents.tools.base import Tool
-from agentic_jax.agents.context.tracing import Tracer
+from agentic_jax.agents.tools.budget import Budget, BudgetTracker, Pricing, StopReason
+from agentic_jax.agents.tools.executor import ToolExecutor, ToolResult, as_executor
+from agentic_jax.agents.tools.loop_detection import REDIRECT, STOP, LoopDetector
 from agentic_jax.data.chat import Message
 
-SYSTEM_PROMPT = ("You are a careful assistant that solves tasks step by step. Call a tool whenever "
-                 "it helps; when you know the answer, reply with it and call no tool. " + DATA_RULE)
+SYSTEM_PROMPT = (
+    "You are a careful assistant that solves tasks step by step. Call a tool whenever "
+    "it helps; when you know the answer, reply with it and call no tool. " + DATA_RULE
+)
 HARNESS_NOTE = "Note from the agent harness: "
-CUT_OFF = ("your last reply was cut off at the token limit, so it is not taken as your answer; "
-           "give the final answer more briefly, or call a tool")
+CUT_OFF = (
+    "your last reply was cut off at the token limit, so it is not taken as your answer; "
+    "give the final answer more briefly, or call a tool"
+)
 
 
 class ReActAgent:
     """A ReAct loop over ``policy`` and ``tools`` (a list of :class:`Tool` or a configured
     :class:`ToolExecutor`); ``sampling`` keywords go to every model call."""
 
-    def __init__(self, policy: Policy, tools: ToolExecutor | Sequence[Tool] = (), *,
-                 system_prompt: str = SYSTEM_PROMPT, budget: Budget = Budget(),
-                 pricing: Pricing = Pricing(), context: ContextManager | None = None,
-                 compaction: bool = True, loop_detector: LoopDetector = LoopDetector(),
-                 tracer: Tracer | None = None, sampling: dict | None = None):
+    def __init__(
+        self,
+        policy: Policy,
+        tools: ToolExecutor | Sequence[Tool] = (),
+        *,
+        system_prompt: str = SYSTEM_PROMPT,
+        budget: Budget = Budget(),
+        pricing: Pricing = Pricing(),
+        context: ContextManager | None = None,
+        compaction: bool = True,
+        loop_detector: LoopDetector = LoopDetector(),
+        tracer: Tracer | None = None,
+        sampling: dict | None = None,
+    ):
         self.policy, self.executor = policy, as_executor(tools)
         self.system_prompt, self.budget, self.pricing = system_prompt, budget, pricing
         self.context, self.tracer = context, tracer
@@ -59,22 +73,28 @@ class ReActAgent:
     def _tools(self) -> list[Tool]:
         return self.executor.available() + self.harness.available()
 
-    def _prompt(self, system: str, history: list[Message], retrieved: Sequence[str],
-                tools: list[Tool]) -> list[Message]:
+    def _prompt(
+        self, system: str, history: list[Message], retrieved: Sequence[str], tools: list[Tool]
+    ) -> list[Message]:
         if self.context is None:
             if retrieved:
                 system += "\n\n# Retrieved context\n" + "\n\n".join(retrieved)
             return [Message("system", system), *history]
         schemas = json.dumps([t.spec.openai() for t in tools])
-        return self.context.build(system, history, retrieved,
-                                  reserved=self.context.count(schemas))
+        return self.context.build(system, history, retrieved, reserved=self.context.count(schemas))
 
     def _execute(self, call) -> ToolResult:
         executor = self.harness if call.name in self.harness.tools else self.executor
         return executor.execute(call)
 
-    def loop(self, run: Run, task: str, *, system_prompt: str | None = None,
-             retrieved: Sequence[str] = ()) -> Outcome:
+    def loop(
+        self,
+        run: Run,
+        task: str,
+        *,
+        system_prompt: str | None = None,
+        retrieved: Sequence[str] = (),
+    ) -> Outcome:
         """The ReAct loop inside ``run`` (whose budget and trace it shares)."""
         system = self.system_prompt if system_prompt is None else system_prompt
         detector = dataclasses.replace(self.loop_detector)  # fresh counts
@@ -107,8 +127,9 @@ class ReActAgent:
                     run.decide("stop", verdict.message, reason=verdict.reason.value)
                     # Every call gets a result, so that the history stays valid to continue from
                     # (chat APIs reject a call without one).
-                    history += [Message("tool", "error: not run, the run stopped: "
-                                        + verdict.message)] * (len(reply.tool_calls) - i)
+                    history += [
+                        Message("tool", "error: not run, the run stopped: " + verdict.message)
+                    ] * (len(reply.tool_calls) - i)
                     return Outcome(None, verdict.reason, verdict.message, history)
                 if verdict.action == REDIRECT:
                     run.decide("redirect", verdict.message, reason=verdict.reason.value)
@@ -126,4 +147,3 @@ class ReActAgent:
             if verdict.action == REDIRECT:
                 run.decide("redirect", verdict.message, reason=verdict.reason.value)
                 history.append(Message("user", HARNESS_NOTE + verdict.message))
-

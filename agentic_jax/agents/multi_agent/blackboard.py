@@ -13,6 +13,7 @@ member's name or ``FINISH``, in any case, is its choice) or a function ``(task, 
 excluded member, or ``FINISH`` on an empty board), the chosen member fails, or its post repeats
 an entry already on the board; ``patience`` such rounds in a row stop the run (``no_progress``).
 """
+
 from __future__ import annotations
 
 import re
@@ -21,17 +22,21 @@ from typing import Any, NamedTuple
 
 import gin
 
-from agentic_jax.agents.tools.budget import Pricing, StopReason
 from agentic_jax.agents.multi_agent.team import Pattern, Team, TeamLimits, TeamMember
 from agentic_jax.agents.multi_agent.voting import normalize
+from agentic_jax.agents.tools.budget import Pricing, StopReason
 
 FINISH = "FINISH"
 BOARD = "blackboard"
-WORK_PROMPT = ("Team task: {task}\n\nThe blackboard so far:\n{board}\n\nAdd your contribution: "
-               "reply with one entry for the board.")
-CONTROL_PROMPT = ("Team task: {task}\n\nThe blackboard so far:\n{board}\n\nWho should act next? "
-                  "Agents: {names}. Reply with one name, or FINISH if the latest entry answers "
-                  "the task.")
+WORK_PROMPT = (
+    "Team task: {task}\n\nThe blackboard so far:\n{board}\n\nAdd your contribution: "
+    "reply with one entry for the board."
+)
+CONTROL_PROMPT = (
+    "Team task: {task}\n\nThe blackboard so far:\n{board}\n\nWho should act next? "
+    "Agents: {names}. Reply with one name, or FINISH if the latest entry answers "
+    "the task."
+)
 
 
 class Entry(NamedTuple):
@@ -59,10 +64,17 @@ def parse_choice(reply: str, names: Sequence[str]) -> str | None:
 @gin.configurable(module="multi_agent")
 class Blackboard(Pattern):
     """``experts`` post to a shared board in the order ``controller`` decides."""
+
     name = "blackboard"
 
-    def __init__(self, experts: Sequence[TeamMember], controller: TeamMember | Controller, *,
-                 limits: TeamLimits | None = None, pricing: Pricing | None = None):
+    def __init__(
+        self,
+        experts: Sequence[TeamMember],
+        controller: TeamMember | Controller,
+        *,
+        limits: TeamLimits | None = None,
+        pricing: Pricing | None = None,
+    ):
         super().__init__(limits=limits, pricing=pricing)
         self.experts, self.controller = list(experts), controller
 
@@ -74,8 +86,10 @@ class Blackboard(Pattern):
         names = team.available([e.name for e in self.experts])
         if not isinstance(self.controller, TeamMember):
             return self.controller(task, tuple(board), names)
-        reply = team.turn(self.controller.name, CONTROL_PROMPT.format(
-            task=task, board=render_board(board), names=", ".join(names)))
+        reply = team.turn(
+            self.controller.name,
+            CONTROL_PROMPT.format(task=task, board=render_board(board), names=", ".join(names)),
+        )
         return None if reply is None else parse_choice(reply, names)
 
     def body(self, team: Team, task: str, artifacts: dict[str, Any]):
@@ -90,8 +104,11 @@ class Blackboard(Pattern):
                 return None, StopReason.AGENTS_FAILED, "the controller failed"
             if choice == FINISH and board:
                 team.decide("finish", f"the controller finished after {len(board)} entries")
-                return board[-1].content, StopReason.ANSWER, (
-                    f"the controller accepted {board[-1].author}'s entry")
+                return (
+                    board[-1].content,
+                    StopReason.ANSWER,
+                    (f"the controller accepted {board[-1].author}'s entry"),
+                )
             progress = False
             if choice in team.available(experts):
                 team.decide("next", f"{choice} acts", chosen=choice)
@@ -101,10 +118,19 @@ class Blackboard(Pattern):
                     team.send(choice, BOARD, "post", reply)
                     board.append(Entry(choice, reply, team.round))
             else:
-                team.decide("invalid_choice", f"the controller chose {choice!r}; experts: "
-                                              f"{', '.join(team.available(experts))}")
+                team.decide(
+                    "invalid_choice",
+                    f"the controller chose {choice!r}; experts: "
+                    f"{', '.join(team.available(experts))}",
+                )
             if team.progress(progress):
-                return None, StopReason.NO_PROGRESS, (f"{team.limits.patience} rounds in a row "
-                                                      f"added nothing new to the board")
-        return None, StopReason.MAX_ROUNDS, (f"the controller did not finish within "
-                                             f"max_rounds={team.limits.max_rounds}")
+                return (
+                    None,
+                    StopReason.NO_PROGRESS,
+                    (f"{team.limits.patience} rounds in a row added nothing new to the board"),
+                )
+        return (
+            None,
+            StopReason.MAX_ROUNDS,
+            (f"the controller did not finish within max_rounds={team.limits.max_rounds}"),
+        )

@@ -19,6 +19,7 @@ the task itself is the one task.  Without a manager the pattern announces and aw
 the answer lists the reports.  All bids are collected before the first award, so a contractor's
 bid never depends on what it has won.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,16 +29,20 @@ from typing import Any, NamedTuple
 
 import gin
 
-from agentic_jax.agents.tools.budget import Pricing, StopReason
-from agentic_jax.agents.multi_agent.team import Pattern, Team, TeamLimits, TeamMember
 from agentic_jax.agents.loops.plan_execute import parse_plan
+from agentic_jax.agents.multi_agent.team import Pattern, Team, TeamLimits, TeamMember
+from agentic_jax.agents.tools.budget import Pricing, StopReason
 
 MANAGER = "(manager)"
-ANNOUNCE_PROMPT = ("Call for bids. Task: {task}\n\nIf you can do it, reply 'BID: <your estimated "
-                   "cost>' (a number; the lowest bid wins). Otherwise reply 'NO BID'.")
+ANNOUNCE_PROMPT = (
+    "Call for bids. Task: {task}\n\nIf you can do it, reply 'BID: <your estimated "
+    "cost>' (a number; the lowest bid wins). Otherwise reply 'NO BID'."
+)
 EXECUTE_PROMPT = "You won the contract for this task: {task}\n\nDo it and reply with the result."
-SPLIT_PROMPT = ("Task: {task}\n\nSplit the task into independent subtasks to put out to tender: "
-                "a numbered list, one per line, nothing else.")
+SPLIT_PROMPT = (
+    "Task: {task}\n\nSplit the task into independent subtasks to put out to tender: "
+    "a numbered list, one per line, nothing else."
+)
 COMBINE_PROMPT = "Task: {task}\n\nThe contractors' reports:\n{reports}\n\nWrite the answer."
 
 _BID = re.compile(r"(?i)\bbid\s*[:=]\s*([-+]?\d*\.?\d+(?:e[-+]?\d+)?)")
@@ -62,18 +67,26 @@ def parse_bid(reply: str) -> float | None:
 def rank_bids(bids: Sequence[Bid], order: Sequence[str]) -> list[Bid]:
     """Valid bids best first: lowest cost, then the contractor's place in ``order``."""
     place = {name: i for i, name in enumerate(order)}
-    return sorted((b for b in bids if b.cost is not None),
-                  key=lambda b: (b.cost, place[b.contractor]))
+    return sorted(
+        (b for b in bids if b.cost is not None), key=lambda b: (b.cost, place[b.contractor])
+    )
 
 
 @gin.configurable(module="multi_agent")
 class ContractNet(Pattern):
     """Tasks allocated to ``contractors`` by bidding; see the module docstring."""
+
     name = "contract_net"
 
-    def __init__(self, contractors: Sequence[TeamMember], *, manager: TeamMember | None = None,
-                 subtasks: Sequence[str] | None = None, limits: TeamLimits | None = None,
-                 pricing: Pricing | None = None):
+    def __init__(
+        self,
+        contractors: Sequence[TeamMember],
+        *,
+        manager: TeamMember | None = None,
+        subtasks: Sequence[str] | None = None,
+        limits: TeamLimits | None = None,
+        pricing: Pricing | None = None,
+    ):
         super().__init__(limits=limits, pricing=pricing)
         if not contractors:
             raise ValueError("ContractNet needs at least one contractor")
@@ -126,8 +139,9 @@ class ContractNet(Pattern):
                 team.decide("unallocated", f"no contractor could do task {i + 1}: {subtask!r}")
         if not reports:
             return None, StopReason.AGENTS_FAILED, "no task was done"
-        lines = "\n".join(f"{i + 1}. {t}: {reports.get(i, 'UNALLOCATED')}"
-                          for i, t in enumerate(tasks))
+        lines = "\n".join(
+            f"{i + 1}. {t}: {reports.get(i, 'UNALLOCATED')}" for i, t in enumerate(tasks)
+        )
         detail = f"{len(reports)} of {len(tasks)} tasks done"
         if self.manager is None:
             return lines, StopReason.ANSWER, detail

@@ -15,6 +15,7 @@ team); every team in the tree sends its own task/result messages.
 is left.  Subtasks nobody could do are reported to the orchestrator as failed, and it answers
 from the rest; when no subtask succeeded the run stops with ``agents_failed``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -22,15 +23,19 @@ from typing import Any
 
 import gin
 
-from agentic_jax.agents.tools.budget import Pricing, StopReason
-from agentic_jax.agents.multi_agent.team import Pattern, Team, TeamLimits, TeamMember
 from agentic_jax.agents.loops.plan_execute import parse_plan
+from agentic_jax.agents.multi_agent.team import Pattern, Team, TeamLimits, TeamMember
+from agentic_jax.agents.tools.budget import Pricing, StopReason
 
-DECOMPOSE = ("Task: {task}\n\nSplit the task into independent subtasks for your workers "
-             "({workers}): a numbered list, one subtask per line, nothing else.")
+DECOMPOSE = (
+    "Task: {task}\n\nSplit the task into independent subtasks for your workers "
+    "({workers}): a numbered list, one subtask per line, nothing else."
+)
 WORK = "Overall task: {task}\nYour subtask: {subtask}\n\nSolve the subtask; reply with its result."
-SYNTHESIZE = ("Task: {task}\n\nResults of the subtasks:\n{results}\n\nCombine them into the "
-              "answer to the task.")
+SYNTHESIZE = (
+    "Task: {task}\n\nResults of the subtasks:\n{results}\n\nCombine them into the "
+    "answer to the task."
+)
 FAILED = "FAILED (no worker could do it)"
 
 
@@ -38,8 +43,14 @@ FAILED = "FAILED (no worker could do it)"
 class OrchestratorWorkers(Pattern):
     """``orchestrator`` leads ``workers`` (members or sub-teams); see the module docstring."""
 
-    def __init__(self, orchestrator: TeamMember, workers: Sequence[TeamMember | OrchestratorWorkers],
-                 *, limits: TeamLimits | None = None, pricing: Pricing | None = None):
+    def __init__(
+        self,
+        orchestrator: TeamMember,
+        workers: Sequence[TeamMember | OrchestratorWorkers],
+        *,
+        limits: TeamLimits | None = None,
+        pricing: Pricing | None = None,
+    ):
         super().__init__(limits=limits, pricing=pricing)
         if not workers:
             raise ValueError("OrchestratorWorkers needs at least one worker")
@@ -62,25 +73,36 @@ class OrchestratorWorkers(Pattern):
         answer = self.solve(team, task, artifacts)
         if answer is None:
             why = team.failures.get(self.lead)
-            return None, StopReason.AGENTS_FAILED, (
-                f"the orchestrator {self.lead} failed: {why.detail}" if why is not None
-                else "no worker completed any subtask")
+            return (
+                None,
+                StopReason.AGENTS_FAILED,
+                (
+                    f"the orchestrator {self.lead} failed: {why.detail}"
+                    if why is not None
+                    else "no worker completed any subtask"
+                ),
+            )
         done = artifacts[self.lead]
         failed = sum(r["worker"] is None for r in done)
-        return answer, StopReason.ANSWER, (f"{self.lead} combined {len(done) - failed} of "
-                                           f"{len(done)} subtask results")
+        return (
+            answer,
+            StopReason.ANSWER,
+            (f"{self.lead} combined {len(done) - failed} of {len(done)} subtask results"),
+        )
 
     # ------------------------------------------------------------------------------ the tree
     def available(self, team: Team) -> bool:
         """Can this team still take work: its lead and at least one worker are in."""
         return bool(team.available([self.lead])) and any(
-            _unit_available(team, w) for w in self.workers)
+            _unit_available(team, w) for w in self.workers
+        )
 
     def solve(self, team: Team, task: str, artifacts: dict[str, Any]) -> str | None:
         """Decompose, delegate, synthesise; ``None`` if the lead failed or no subtask was done.
         Appends ``{subtask, worker, result}`` per subtask under the lead's name in ``artifacts``."""
-        names = ", ".join(w.lead if isinstance(w, OrchestratorWorkers) else w.name
-                          for w in self.workers)
+        names = ", ".join(
+            w.lead if isinstance(w, OrchestratorWorkers) else w.name for w in self.workers
+        )
         plan = team.turn(self.lead, DECOMPOSE.format(task=task, workers=names))
         if plan is None:
             return None
@@ -92,12 +114,15 @@ class OrchestratorWorkers(Pattern):
             log.append(records[-1])
         if all(r["worker"] is None for r in records):
             return None
-        results = "\n".join(f"{i}. {r['subtask']}: {r['result'] if r['worker'] else FAILED}"
-                            for i, r in enumerate(records, 1))
+        results = "\n".join(
+            f"{i}. {r['subtask']}: {r['result'] if r['worker'] else FAILED}"
+            for i, r in enumerate(records, 1)
+        )
         return team.turn(self.lead, SYNTHESIZE.format(task=task, results=results))
 
-    def _delegate(self, team: Team, task: str, subtask: str, index: int,
-                  artifacts: dict[str, Any]) -> tuple[str | None, str | None]:
+    def _delegate(
+        self, team: Team, task: str, subtask: str, index: int, artifacts: dict[str, Any]
+    ) -> tuple[str | None, str | None]:
         """(worker, result) of the first available worker, from the ``index``-th on, that solves
         ``subtask``; ``(None, None)`` if none can."""
         units = [w for w in self.workers if _unit_available(team, w)]
@@ -116,8 +141,9 @@ class OrchestratorWorkers(Pattern):
             if result is not None:
                 team.send(name, self.lead, "result", result)
                 return name, result
-            team.decide("retry", f"{name} could not do {subtask!r}; the next worker tries",
-                        subtask=subtask)
+            team.decide(
+                "retry", f"{name} could not do {subtask!r}; the next worker tries", subtask=subtask
+            )
         team.decide("give_up", f"no worker could do {subtask!r}", subtask=subtask)
         return None, None
 

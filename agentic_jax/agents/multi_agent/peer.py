@@ -12,6 +12,7 @@ answer, when no message is in flight (``no_progress``: nobody can act again), or
 ``max_rounds`` / ``max_messages``.  A final answer stands even if the same turn then hits a
 limit: it was given within them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -19,24 +20,40 @@ from typing import Any, Literal
 
 import gin
 
-from agentic_jax.agents.tools.budget import Pricing, StopReason
-from agentic_jax.agents.multi_agent.team import (AgentMessage, Pattern, Team, TeamLimits,
-                                                 TeamMember, TeamStop, inbox)
+from agentic_jax.agents.multi_agent.team import (
+    AgentMessage,
+    Pattern,
+    Team,
+    TeamLimits,
+    TeamMember,
+    TeamStop,
+    inbox,
+)
 from agentic_jax.agents.tools.base import Tool, ToolError, tool
+from agentic_jax.agents.tools.budget import Pricing, StopReason
 
 USER = "(user)"  # no member name has parentheses, so no peer can be mistaken for the user
-PEER_PROMPT = ("Team task: {task}\nYour peers: {peers}.\n\nYour messages:\n{inbox}\n\nAct on them: "
-               "use send_message to ask or tell a peer something, final_answer when the team's "
-               "answer is ready; then end your turn with a short note.")
+PEER_PROMPT = (
+    "Team task: {task}\nYour peers: {peers}.\n\nYour messages:\n{inbox}\n\nAct on them: "
+    "use send_message to ask or tell a peer something, final_answer when the team's "
+    "answer is ready; then end your turn with a short note."
+)
 
 
 @gin.configurable(module="multi_agent")
 class PeerNetwork(Pattern):
     """Members message each other through mailboxes; see the module docstring."""
+
     name = "peer_network"
 
-    def __init__(self, peers: Sequence[TeamMember], *, entry: str | None = None,
-                 limits: TeamLimits | None = None, pricing: Pricing | None = None):
+    def __init__(
+        self,
+        peers: Sequence[TeamMember],
+        *,
+        entry: str | None = None,
+        limits: TeamLimits | None = None,
+        pricing: Pricing | None = None,
+    ):
         super().__init__(limits=limits, pricing=pricing)
         self.peers = list(peers)
         names = [p.name for p in self.peers]
@@ -58,8 +75,9 @@ class PeerNetwork(Pattern):
                 return None, StopReason.NO_PROGRESS, "no message is in flight and nobody answered"
             for name in team.available(delivered):
                 peers = [p for p in team.members if p != name]
-                prompt = PEER_PROMPT.format(task=task, peers=", ".join(peers) or "none",
-                                            inbox=inbox(delivered[name]))
+                prompt = PEER_PROMPT.format(
+                    task=task, peers=", ".join(peers) or "none", inbox=inbox(delivered[name])
+                )
                 try:
                     team.turn(name, prompt, _peer_tools(team, name, peers, mailboxes, final))
                     team.check()  # a message limit hit inside a tool
@@ -69,12 +87,20 @@ class PeerNetwork(Pattern):
                 if final:  # given within the limits, so it stands even if the turn then hit one
                     artifacts["final_answer_by"] = final["agent"]
                     return final["answer"], StopReason.ANSWER, f"{final['agent']} gave the answer"
-        return None, StopReason.MAX_ROUNDS, (f"no final answer within "
-                                             f"max_rounds={team.limits.max_rounds}")
+        return (
+            None,
+            StopReason.MAX_ROUNDS,
+            (f"no final answer within max_rounds={team.limits.max_rounds}"),
+        )
 
 
-def _peer_tools(team: Team, sender: str, peers: list[str],
-                mailboxes: dict[str, list[AgentMessage]], final: dict[str, str]) -> list[Tool]:
+def _peer_tools(
+    team: Team,
+    sender: str,
+    peers: list[str],
+    mailboxes: dict[str, list[AgentMessage]],
+    final: dict[str, str],
+) -> list[Tool]:
     def send_message(to: str, content: str) -> str:
         """Send a message to a peer; it reads it in the next round.
 

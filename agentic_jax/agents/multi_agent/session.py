@@ -4,6 +4,7 @@ A config binds ``multi_agent.TeamConfig.team`` to a gin-built pattern (any of th
 this package, with its members, their policies and the limits) and optionally a default task;
 see ``configs/research_scripted.gin``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,8 +13,8 @@ from typing import Any
 
 import gin
 
-from agentic_jax.agents.multi_agent.team import Pattern, TeamResult
 from agentic_jax.agents.context.tracing import Tracer, console_sink
+from agentic_jax.agents.multi_agent.team import Pattern, TeamResult
 
 
 @gin.configurable(module="multi_agent")
@@ -28,17 +29,27 @@ def summary(result: TeamResult) -> list[str]:
     acts: dict[str, int] = {}
     for m in result.messages:
         acts[m.act] = acts.get(m.act, 0) + 1
-    lines = [f"messages: {len(result.messages)} ("
-             + ", ".join(f"{n} {act}" for act, n in acts.items()) + f"), {result.rounds} rounds"]
+    lines = [
+        f"messages: {len(result.messages)} ("
+        + ", ".join(f"{n} {act}" for act, n in acts.items())
+        + f"), {result.rounds} rounds"
+    ]
     for name, s in result.agents.items():
-        lines.append(f"  {name}: turns {s.turns}, model calls {s.model_calls}, "
-                     f"tokens {s.usage.total_tokens}, sent {s.sent}, received {s.received}"
-                     + (f", failed: {s.failure.reason.value}" if s.failure else ""))
+        lines.append(
+            f"  {name}: turns {s.turns}, model calls {s.model_calls}, "
+            f"tokens {s.usage.total_tokens}, sent {s.sent}, received {s.received}"
+            + (f", failed: {s.failure.reason.value}" if s.failure else "")
+        )
     return lines
 
 
-def run_team(config: TeamConfig, task: str | None = None, *, trace_path: str | None = None,
-             write: Callable[[str], Any] = print) -> TeamResult:
+def run_team(
+    config: TeamConfig,
+    task: str | None = None,
+    *,
+    trace_path: str | None = None,
+    write: Callable[[str], Any] = print,
+) -> TeamResult:
     """Runs the configured team on ``task`` (default: the config's), streaming its events to
     ``write`` and appending them to ``trace_path``."""
     if config.team is None:

@@ -24,6 +24,7 @@ Every run returns a :class:`TeamResult`: the answer, the stop reason and why, th
 per-agent and total counts, failures, and the trace events, which name the agent they belong
 to (``agentic-jax trace show`` renders them).
 """
+
 from __future__ import annotations
 
 import collections
@@ -35,12 +36,12 @@ from typing import Any, NamedTuple
 
 import gin
 
-from agentic_jax.agents.loops.agent import DATA_RULE, Outcome, Run
-from agentic_jax.agents.tools.budget import Budget, BudgetTracker, Pricing, StopReason
-from agentic_jax.agents.policies.base import Policy, Usage
-from agentic_jax.agents.loops.react import ReActAgent
-from agentic_jax.agents.tools.base import Tool
 from agentic_jax.agents.context.tracing import Tracer
+from agentic_jax.agents.loops.agent import DATA_RULE, Outcome, Run
+from agentic_jax.agents.loops.react import ReActAgent
+from agentic_jax.agents.policies.base import Policy, Usage
+from agentic_jax.agents.tools.base import Tool
+from agentic_jax.agents.tools.budget import Budget, BudgetTracker, Pricing, StopReason
 
 NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 
@@ -50,6 +51,7 @@ NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
 class TeamMember:
     """One agent of a team: a policy, the tools it may call, its role (said in its system prompt)
     and its own budget over all its turns.  ``name`` is how others address it."""
+
     name: str
     policy: Policy
     tools: Sequence[Tool] = ()
@@ -59,14 +61,17 @@ class TeamMember:
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not NAME.match(self.name):
-            raise ValueError(f"member name {self.name!r} must start with a letter and hold only "
-                             f"letters, digits, _ and -")
+            raise ValueError(
+                f"member name {self.name!r} must start with a letter and hold only "
+                f"letters, digits, _ and -"
+            )
         object.__setattr__(self, "tools", tuple(self.tools))
 
     @property
     def system_prompt(self) -> str:
-        return " ".join(filter(None, [f"You are {self.name}, one agent of a team.", self.role,
-                                      DATA_RULE]))
+        return " ".join(
+            filter(None, [f"You are {self.name}, one agent of a team.", self.role, DATA_RULE])
+        )
 
 
 @gin.configurable(module="multi_agent")
@@ -75,6 +80,7 @@ class TeamLimits:
     """Limits of one team run.  ``budget`` bounds the whole team (``max_steps`` counts every
     member's model calls); ``patience`` is the number of rounds in a row without progress after
     which an iterative pattern stops."""
+
     max_rounds: int = 5
     max_messages: int = 200
     budget: Budget = dataclasses.field(default_factory=lambda: Budget(max_steps=100))
@@ -83,13 +89,15 @@ class TeamLimits:
     def __post_init__(self):
         for field in ("max_rounds", "max_messages", "patience"):
             if getattr(self, field) < 1:
-                raise ValueError(f"TeamLimits.{field} must be at least 1, got "
-                                 f"{getattr(self, field)}")
+                raise ValueError(
+                    f"TeamLimits.{field} must be at least 1, got {getattr(self, field)}"
+                )
 
 
 @dataclasses.dataclass(frozen=True)
 class AgentMessage:
     """One message: ``act`` says what it does (task, result, answer, bid, award, post, ...)."""
+
     sender: str
     recipients: tuple[str, ...]
     act: str
@@ -99,6 +107,7 @@ class AgentMessage:
 
 class Failure(NamedTuple):
     """A member's turn that ended without an answer."""
+
     agent: str
     reason: StopReason
     detail: str
@@ -187,8 +196,9 @@ class MemberTracker(BudgetTracker):
         self.team.charge(usage)
 
     def remaining_tokens(self) -> int | None:
-        left = [r for r in (super().remaining_tokens(), self.team.remaining_tokens())
-                if r is not None]
+        left = [
+            r for r in (super().remaining_tokens(), self.team.remaining_tokens()) if r is not None
+        ]
         return min(left) if left else None
 
     def exceeded(self) -> tuple[StopReason, str] | None:
@@ -212,13 +222,21 @@ def members_by_name(members: Iterable[TeamMember]) -> dict[str, TeamMember]:
 class Team:
     """The runtime of one pattern run (see the module docstring)."""
 
-    def __init__(self, pattern: str, members: Iterable[TeamMember], limits: TeamLimits,
-                 pricing: Pricing | None = None, tracer: Tracer | None = None):
+    def __init__(
+        self,
+        pattern: str,
+        members: Iterable[TeamMember],
+        limits: TeamLimits,
+        pricing: Pricing | None = None,
+        tracer: Tracer | None = None,
+    ):
         self.pattern, self.limits, self.pricing = pattern, limits, pricing or Pricing()
         self.members = members_by_name(members)
         self.tracker = BudgetTracker(limits.budget, self.pricing)
-        self.trackers = {name: MemberTracker(m.budget, self.pricing, self.tracker)
-                         for name, m in self.members.items()}
+        self.trackers = {
+            name: MemberTracker(m.budget, self.pricing, self.tracker)
+            for name, m in self.members.items()
+        }
         self.tracer = tracer or Tracer(otel=False)
         self.log = self.tracer.scoped(agent=pattern)  # the pattern's own decisions
         self.messages: list[AgentMessage] = []
@@ -248,24 +266,29 @@ class Team:
         try:
             with self.trackers[name].timing():
                 outcome = agent.loop(run, prompt, system_prompt=member.system_prompt)
-        except Exception as e:  # noqa: BLE001 - a broken member must not bring the team down
+        except Exception as e:
             outcome = Outcome(None, StopReason.POLICY_ERROR, f"{type(e).__name__}: {e}", [])
         if outcome.reason is StopReason.ANSWER:
             return outcome.answer
         self.check()  # a team-wide limit, not the member, may have ended the turn
         failure = Failure(name, outcome.reason, outcome.detail, self.round)
         self.failures[name] = failure
-        self.decide("exclude", f"{name} failed ({outcome.reason.value}: {outcome.detail}) and "
-                               f"takes no further part", agent_failed=name)
+        self.decide(
+            "exclude",
+            f"{name} failed ({outcome.reason.value}: {outcome.detail}) and takes no further part",
+            agent_failed=name,
+        )
         return None
 
     # ------------------------------------------------------------------------------- messages
-    def send(self, sender: str, recipients: Sequence[str] | str, act: str,
-             content: str) -> AgentMessage:
+    def send(
+        self, sender: str, recipients: Sequence[str] | str, act: str, content: str
+    ) -> AgentMessage:
         """Logs and traces one message; :class:`TeamStop` past ``max_messages``."""
         if len(self.messages) >= self.limits.max_messages:
-            raise TeamStop(StopReason.MAX_MESSAGES,
-                           f"reached max_messages={self.limits.max_messages}")
+            raise TeamStop(
+                StopReason.MAX_MESSAGES, f"reached max_messages={self.limits.max_messages}"
+            )
         recipients = (recipients,) if isinstance(recipients, str) else tuple(recipients)
         message = AgentMessage(sender, recipients, act, content, self.round)
         self.messages.append(message)
@@ -299,29 +322,66 @@ class Team:
 
     # ------------------------------------------------------------------------------- the run
     def start(self, task: str) -> None:
-        self.tracer.emit("run_start", task=task, agent=self.pattern,
-                         members=list(self.members))
+        self.tracer.emit("run_start", task=task, agent=self.pattern, members=list(self.members))
 
-    def finish(self, task: str, answer: str | None, reason: StopReason, detail: str,
-               artifacts: Mapping[str, Any] | None = None) -> TeamResult:
+    def finish(
+        self,
+        task: str,
+        answer: str | None,
+        reason: StopReason,
+        detail: str,
+        artifacts: Mapping[str, Any] | None = None,
+    ) -> TeamResult:
         t = self.tracker
-        self.tracer.emit("run_end", answer=answer, stop_reason=reason.value, detail=detail,
-                         steps=t.steps, total_tokens=t.usage.total_tokens, cost=t.cost,
-                         wall_s=t.elapsed, messages=len(self.messages), rounds=self.round)
+        self.tracer.emit(
+            "run_end",
+            answer=answer,
+            stop_reason=reason.value,
+            detail=detail,
+            steps=t.steps,
+            total_tokens=t.usage.total_tokens,
+            cost=t.cost,
+            wall_s=t.elapsed,
+            messages=len(self.messages),
+            rounds=self.round,
+        )
         received = collections.Counter(r for m in self.messages for r in m.recipients)
         sent = collections.Counter(m.sender for m in self.messages)
-        agents = {name: AgentStats(self.turns[name], tr.steps, tr.usage, tr.cost, sent[name],
-                                   received[name], self.failures.get(name))
-                  for name, tr in self.trackers.items()}
-        return TeamResult(task, self.pattern, answer, reason, detail, tuple(self.messages),
-                          self.round, agents, t.steps, t.usage, t.cost, t.elapsed,
-                          tuple(self.failures.values()), dict(artifacts or {}),
-                          tuple(self.tracer.events[self._first_event:]))
+        agents = {
+            name: AgentStats(
+                self.turns[name],
+                tr.steps,
+                tr.usage,
+                tr.cost,
+                sent[name],
+                received[name],
+                self.failures.get(name),
+            )
+            for name, tr in self.trackers.items()
+        }
+        return TeamResult(
+            task,
+            self.pattern,
+            answer,
+            reason,
+            detail,
+            tuple(self.messages),
+            self.round,
+            agents,
+            t.steps,
+            t.usage,
+            t.cost,
+            t.elapsed,
+            tuple(self.failures.values()),
+            dict(artifacts or {}),
+            tuple(self.tracer.events[self._first_event :]),
+        )
 
 
 class Pattern:
     """A multi-agent pattern: ``members()`` take part; ``body`` is the protocol, returning
     ``(answer, stop reason, detail)`` and filling ``artifacts`` as it goes."""
+
     name = "pattern"
 
     def __init__(self, *, limits: TeamLimits | None = None, pricing: Pricing | None = None):
@@ -330,8 +390,9 @@ class Pattern:
     def members(self) -> list[TeamMember]:
         raise NotImplementedError
 
-    def body(self, team: Team, task: str,
-             artifacts: dict[str, Any]) -> tuple[str | None, StopReason, str]:
+    def body(
+        self, team: Team, task: str, artifacts: dict[str, Any]
+    ) -> tuple[str | None, StopReason, str]:
         raise NotImplementedError
 
     def run(self, task: str, *, tracer: Tracer | None = None) -> TeamResult:
@@ -351,4 +412,3 @@ class Pattern:
 def inbox(messages: Iterable[AgentMessage]) -> str:
     """Messages as the text a member reads."""
     return "\n\n".join(f"From {m.sender} ({m.act}): {m.content}" for m in messages)
-

@@ -12,6 +12,7 @@ depends on hashing, timing or the order in which a pattern happened to collect r
 are equal up to float round-off (relative 1e-9): confidences such as 0.1 + 0.2 and 0.3 tie,
 though their float sums differ in the last bit.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,11 +22,13 @@ from typing import NamedTuple
 
 import gin
 
-from agentic_jax.agents.tools.budget import Pricing, StopReason
 from agentic_jax.agents.multi_agent.team import Pattern, Team, TeamLimits, TeamMember
+from agentic_jax.agents.tools.budget import Pricing, StopReason
 
-ANSWER_FORMAT = ("Reply with your answer on a line 'ANSWER: <answer>' and, on another line, "
-                 "'CONFIDENCE: <a number from 0 to 1>'.")
+ANSWER_FORMAT = (
+    "Reply with your answer on a line 'ANSWER: <answer>' and, on another line, "
+    "'CONFIDENCE: <a number from 0 to 1>'."
+)
 VOTE_PROMPT = "{task}\n\n" + ANSWER_FORMAT
 
 # A closing punctuation mark ("CONFIDENCE: 0.8.") is common in model output.
@@ -76,8 +79,11 @@ def tally(answers: Sequence[str], weights: Sequence[float] | None = None) -> Tal
         totals[key] = totals.get(key, 0.0) + weight
         first.setdefault(key, answer)
     best = max(totals.values())
-    key = next(k for k, w in totals.items()  # dicts keep first-appearance order
-               if math.isclose(w, best, rel_tol=1e-9))
+    key = next(
+        k
+        for k, w in totals.items()  # dicts keep first-appearance order
+        if math.isclose(w, best, rel_tol=1e-9)
+    )
     return Tally(first[key], totals[key], sum(weights), totals)
 
 
@@ -85,10 +91,17 @@ def tally(answers: Sequence[str], weights: Sequence[float] | None = None) -> Tal
 class Vote(Pattern):
     """Each member answers the task on its own; the tally of their answers (a majority, or with
     ``weighted`` their confidences) is the team's answer.  Members that fail are left out."""
+
     name = "vote"
 
-    def __init__(self, voters: Sequence[TeamMember], *, weighted: bool = False,
-                 limits: TeamLimits | None = None, pricing: Pricing | None = None):
+    def __init__(
+        self,
+        voters: Sequence[TeamMember],
+        *,
+        weighted: bool = False,
+        limits: TeamLimits | None = None,
+        pricing: Pricing | None = None,
+    ):
         super().__init__(limits=limits, pricing=pricing)
         self.voters, self.weighted = list(voters), weighted
 

@@ -6,6 +6,7 @@ fixed script (:class:`ScriptedPolicy`, which makes loops testable without a mode
 settings travel as keywords with the OpenAI API's names (``temperature``, ``top_p``,
 ``max_tokens``, ``seed``, ``stop``, ``tool_choice``); a backend ignores those it cannot honour.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,8 +15,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import gin
 
-from agentic_jax.agents.tools.base import tool_specs
 from agentic_jax.agents.context.tokens import TokenCounter, approx_tokens, messages_tokens
+from agentic_jax.agents.tools.base import tool_specs
 from agentic_jax.data.chat import Message, ToolCall, as_tool_call
 
 
@@ -32,15 +33,18 @@ class Usage:
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
 
-    def __add__(self, other: "Usage") -> "Usage":
-        return Usage(self.prompt_tokens + other.prompt_tokens,
-                     self.completion_tokens + other.completion_tokens)
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
 class AssistantMessage:
     """One assistant turn: text and tool calls.  ``finish_reason``: ``stop``, ``tool_calls`` or
     ``length`` (cut off by ``max_tokens``)."""
+
     text: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     usage: Usage = Usage()
@@ -55,8 +59,9 @@ class AssistantMessage:
 
 @runtime_checkable
 class Policy(Protocol):
-    def respond(self, messages: Sequence[Message], tools: Sequence = (),
-                **sampling: Any) -> AssistantMessage:
+    def respond(
+        self, messages: Sequence[Message], tools: Sequence = (), **sampling: Any
+    ) -> AssistantMessage:
         """The next assistant turn after ``messages``; ``tools`` are ``Tool``s, ``ToolSpec``s or
         OpenAI tool dicts the turn may call."""
 
@@ -68,8 +73,9 @@ def as_assistant_message(response: AssistantMessage | str | Mapping[str, Any]) -
     if isinstance(response, str):
         return AssistantMessage(response)
     calls = tuple(map(as_tool_call, response.get("tool_calls") or ()))
-    return AssistantMessage(response.get("text") or "", calls,
-                            finish_reason="tool_calls" if calls else "stop")
+    return AssistantMessage(
+        response.get("text") or "", calls, finish_reason="tool_calls" if calls else "stop"
+    )
 
 
 @gin.configurable(module="agents")
@@ -81,8 +87,11 @@ class ScriptedPolicy:
     raises :class:`PolicyError`.
     """
 
-    def __init__(self, responses: Sequence[AssistantMessage | str | Mapping[str, Any]],
-                 count_tokens: TokenCounter = approx_tokens):
+    def __init__(
+        self,
+        responses: Sequence[AssistantMessage | str | Mapping[str, Any]],
+        count_tokens: TokenCounter = approx_tokens,
+    ):
         self.responses = [as_assistant_message(r) for r in responses]
         self.count_tokens = count_tokens
         self.calls: list[tuple[list[Message], list[str], dict]] = []
@@ -93,6 +102,8 @@ class ScriptedPolicy:
         if index >= len(self.responses):
             raise PolicyError(f"ScriptedPolicy has only {len(self.responses)} responses")
         turn = self.responses[index]
-        usage = Usage(messages_tokens(messages, self.count_tokens),
-                      messages_tokens([turn.to_message()], self.count_tokens))
+        usage = Usage(
+            messages_tokens(messages, self.count_tokens),
+            messages_tokens([turn.to_message()], self.count_tokens),
+        )
         return dataclasses.replace(turn, usage=usage)

@@ -6,6 +6,7 @@ by position and each tool message answers the next unanswered call, which is how
 orders them anyway.  Transient HTTP failures (429, 5xx, connection errors) are retried with the
 executor's backoff; anything else is a :class:`PolicyError`.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,9 @@ from collections.abc import Sequence
 
 import gin
 
-from agentic_jax.agents.tools.executor import RetryPolicy
 from agentic_jax.agents.policies.base import AssistantMessage, PolicyError, Usage
 from agentic_jax.agents.tools.base import tool_specs
+from agentic_jax.agents.tools.executor import RetryPolicy
 from agentic_jax.data.chat import Message, ToolCall
 
 RETRY_STATUS = (408, 429, 500, 502, 503, 504)
@@ -39,9 +40,13 @@ def openai_messages(messages: Sequence[Message]) -> list[dict]:
             pending = list(ids)
             entry["content"] = m.content or None
             entry["tool_calls"] = [
-                {"id": i, "type": "function",
-                 "function": {"name": c.name, "arguments": c.arguments_text()}}
-                for i, c in zip(ids, m.tool_calls)]
+                {
+                    "id": i,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments_text()},
+                }
+                for i, c in zip(ids, m.tool_calls)
+            ]
         out.append(entry)
     return out
 
@@ -50,9 +55,16 @@ def openai_messages(messages: Sequence[Message]) -> list[dict]:
 class HTTPPolicy:
     """``base_url`` ends in ``/v1``; ``defaults`` are sampling keywords every request gets."""
 
-    def __init__(self, base_url: str, model: str, *, api_key: str | None = None,
-                 timeout_s: float = 120.0, retry: RetryPolicy = RetryPolicy(),
-                 defaults: dict | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        retry: RetryPolicy = RetryPolicy(),
+        defaults: dict | None = None,
+    ):
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model, self.api_key, self.timeout_s, self.retry = model, api_key, timeout_s, retry
         self.defaults = dict(defaults or {})
@@ -79,8 +91,12 @@ class HTTPPolicy:
         raise AssertionError("unreachable")
 
     def respond(self, messages, tools=(), **sampling) -> AssistantMessage:
-        body = {"model": self.model, "messages": openai_messages(messages),
-                **self.defaults, **{k: v for k, v in sampling.items() if v is not None}}
+        body = {
+            "model": self.model,
+            "messages": openai_messages(messages),
+            **self.defaults,
+            **{k: v for k, v in sampling.items() if v is not None},
+        }
         specs = tool_specs(tools)
         if specs:
             body["tools"] = [s.openai() for s in specs]
@@ -91,12 +107,16 @@ class HTTPPolicy:
             choice = reply["choices"][0]
             message = choice["message"]
             # Arguments that are not a JSON object stay text for the executor to report.
-            calls = tuple(ToolCall(c["function"]["name"], c["function"].get("arguments") or "{}")
-                          for c in message.get("tool_calls") or ())
+            calls = tuple(
+                ToolCall(c["function"]["name"], c["function"].get("arguments") or "{}")
+                for c in message.get("tool_calls") or ()
+            )
         except (KeyError, IndexError, TypeError, AttributeError) as e:
             raise PolicyError(f"unexpected response from {self.url}: {e}: {reply}") from None
         usage = reply.get("usage") or {}
-        return AssistantMessage(message.get("content") or "", calls,
-                                Usage(usage.get("prompt_tokens", 0),
-                                      usage.get("completion_tokens", 0)),
-                                choice.get("finish_reason") or "stop")
+        return AssistantMessage(
+            message.get("content") or "",
+            calls,
+            Usage(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)),
+            choice.get("finish_reason") or "stop",
+        )

@@ -19,6 +19,7 @@ Two adapters put a remote agent into agentic-jax:
   field and writing the answer (and optionally the final state and the task id, to continue an
   input-required task on a later pass) to others.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -33,15 +34,30 @@ from typing import Any, Self
 import httpx
 from a2a.client import A2ACardResolver, ClientConfig, ClientFactory
 from a2a.helpers import get_artifact_text, get_message_text
-from a2a.types import (AgentCard, CancelTaskRequest, GetTaskRequest, Message, Part, Role,
-                       SendMessageRequest, StreamResponse, Task, TaskState)
+from a2a.types import (
+    AgentCard,
+    CancelTaskRequest,
+    GetTaskRequest,
+    Message,
+    Part,
+    Role,
+    SendMessageRequest,
+    StreamResponse,
+    Task,
+    TaskState,
+)
 from a2a.utils.errors import A2AError
 
 from agentic_jax.agents.tools.base import Tool, ToolError, TransientToolError, tool
 
-SETTLED = {TaskState.TASK_STATE_COMPLETED, TaskState.TASK_STATE_FAILED,
-           TaskState.TASK_STATE_REJECTED, TaskState.TASK_STATE_CANCELED,
-           TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_AUTH_REQUIRED}
+SETTLED = {
+    TaskState.TASK_STATE_COMPLETED,
+    TaskState.TASK_STATE_FAILED,
+    TaskState.TASK_STATE_REJECTED,
+    TaskState.TASK_STATE_CANCELED,
+    TaskState.TASK_STATE_INPUT_REQUIRED,
+    TaskState.TASK_STATE_AUTH_REQUIRED,
+}
 
 
 def state_name(state: TaskState) -> str:
@@ -53,6 +69,7 @@ def state_name(state: TaskState) -> str:
 class RemoteResult:
     """Where a remote task settled.  ``text``: the artifacts' text when completed, else the
     status message (the error, the reason for rejection, the question)."""
+
     state: str
     text: str
     task_id: str
@@ -67,8 +84,9 @@ class DelegationError(RuntimeError):
     """A remote task that did not complete (``result`` says how it ended), or a remote agent
     that could not be reached (``transient``: a network failure worth retrying)."""
 
-    def __init__(self, message: str, result: RemoteResult | None = None, *,
-                 transient: bool = False):
+    def __init__(
+        self, message: str, result: RemoteResult | None = None, *, transient: bool = False
+    ):
         super().__init__(message)
         self.result, self.transient = result, transient
 
@@ -85,8 +103,9 @@ def _result(task: Task) -> RemoteResult:
 def _network_failure(error: Exception) -> bool:
     """Whether ``error`` is a network failure (refused, reset, timed out).  The SDK raises its own
     errors for httpx's, which it keeps as the cause."""
-    return isinstance(error, httpx.TransportError) or isinstance(error.__cause__,
-                                                                 httpx.TransportError)
+    return isinstance(error, httpx.TransportError) or isinstance(
+        error.__cause__, httpx.TransportError
+    )
 
 
 def _task_id(response: StreamResponse) -> str:
@@ -105,15 +124,23 @@ class RemoteAgent:
     (an ``httpx.ASGITransport`` serves an in-process app).
     """
 
-    def __init__(self, url: str, *, headers: Mapping[str, str] | None = None,
-                 timeout_s: float = 300.0, poll_interval_s: float = 0.5, streaming: bool = True,
-                 transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float = 300.0,
+        poll_interval_s: float = 0.5,
+        streaming: bool = True,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
         self.url, self.timeout_s, self.poll_interval_s = url, timeout_s, poll_interval_s
         self.streaming = streaming
         self._headers, self._transport = dict(headers or {}), transport
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="a2a-client",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="a2a-client", daemon=True
+        )
         self._thread.start()
         self._http: httpx.AsyncClient | None = None
         self._client = None
@@ -127,12 +154,15 @@ class RemoteAgent:
     async def _connect(self):
         if self._client is None:
             self._http = self._http or httpx.AsyncClient(
-                headers=self._headers, transport=self._transport, timeout=self.timeout_s)
+                headers=self._headers, transport=self._transport, timeout=self.timeout_s
+            )
             try:
                 self._card = await A2ACardResolver(self._http, self.url).get_agent_card()
             except A2AError as e:
-                raise DelegationError(f"could not resolve the agent card of {self.url}: {e}",
-                                      transient=_network_failure(e)) from e
+                raise DelegationError(
+                    f"could not resolve the agent card of {self.url}: {e}",
+                    transient=_network_failure(e),
+                ) from e
             streams = self.streaming and self._card.capabilities.streaming
             config = ClientConfig(streaming=streams, polling=not streams, httpx_client=self._http)
             self._client = ClientFactory(config).create(self._card)
@@ -144,8 +174,14 @@ class RemoteAgent:
         self._run(self._connect())
         return self._card
 
-    def send(self, text: str, *, task_id: str | None = None, context_id: str | None = None,
-             on_event: Callable[[StreamResponse], None] | None = None) -> RemoteResult:
+    def send(
+        self,
+        text: str,
+        *,
+        task_id: str | None = None,
+        context_id: str | None = None,
+        on_event: Callable[[StreamResponse], None] | None = None,
+    ) -> RemoteResult:
         """Sends ``text`` as a new task, or as the next message of ``task_id`` (answering an
         input-required task), and waits until the task settles; ``on_event`` sees each streamed
         event.  :class:`DelegationError` if the agent cannot be reached or ``timeout_s`` runs
@@ -160,29 +196,38 @@ class RemoteAgent:
         try:
             return _result(await client.cancel_task(CancelTaskRequest(id=task_id)))
         except (A2AError, httpx.HTTPError) as e:
-            raise DelegationError(f"could not cancel task {task_id} of {self.url}: "
-                                  f"{type(e).__name__}: {e}") from e
+            raise DelegationError(
+                f"could not cancel task {task_id} of {self.url}: {type(e).__name__}: {e}"
+            ) from e
 
     async def _send(self, text, task_id, context_id, on_event) -> RemoteResult:
         client = await self._connect()
-        message = Message(role=Role.ROLE_USER, message_id=uuid.uuid4().hex, parts=[Part(text=text)],
-                          task_id=task_id or "", context_id=context_id or "")
+        message = Message(
+            role=Role.ROLE_USER,
+            message_id=uuid.uuid4().hex,
+            parts=[Part(text=text)],
+            task_id=task_id or "",
+            context_id=context_id or "",
+        )
         started: list[str] = [task_id or ""]
         try:
-            return await asyncio.wait_for(self._follow(client, message, started, on_event),
-                                          self.timeout_s)
+            return await asyncio.wait_for(
+                self._follow(client, message, started, on_event), self.timeout_s
+            )
         except TimeoutError:
             if started[0]:
                 await self._cancel_quietly(client, started[0])
-            raise DelegationError(f"{self._card.name!r} did not settle the task within "
-                                  f"{self.timeout_s}s; it was canceled") from None
+            raise DelegationError(
+                f"{self._card.name!r} did not settle the task within "
+                f"{self.timeout_s}s; it was canceled"
+            ) from None
         except (A2AError, httpx.HTTPError) as e:
-            raise DelegationError(f"the request to {self._card.name!r} at {self.url} failed: "
-                                  f"{type(e).__name__}: {e}",
-                                  transient=_network_failure(e)) from e
+            raise DelegationError(
+                f"the request to {self._card.name!r} at {self.url} failed: {type(e).__name__}: {e}",
+                transient=_network_failure(e),
+            ) from e
 
-    async def _follow(self, client, message: Message, started: list[str],
-                      on_event) -> RemoteResult:
+    async def _follow(self, client, message: Message, started: list[str], on_event) -> RemoteResult:
         """Streams (or sends once), then polls until the task settles."""
         async for response in client.send_message(SendMessageRequest(message=message)):
             if on_event is not None:
@@ -244,15 +289,18 @@ def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or "agent"
 
 
-def delegate_tool(remote: RemoteAgent, *, name: str | None = None,
-                  description: str | None = None) -> Tool:
+def delegate_tool(
+    remote: RemoteAgent, *, name: str | None = None, description: str | None = None
+) -> Tool:
     """A tool sending a task to ``remote``; its name and description come from the remote
     agent's card (resolved now) unless given."""
     card = remote.card
     tool_name = name or f"ask_{_slug(card.name)}"
     skills = "; ".join(f"{s.name}: {s.description}" for s in card.skills)
-    summary = description or (f"Delegate a task to the remote agent {card.name!r} "
-                              f"({card.description}) and return its answer. Its skills: {skills}")
+    summary = description or (
+        f"Delegate a task to the remote agent {card.name!r} "
+        f"({card.description}) and return its answer. Its skills: {skills}"
+    )
 
     def delegate(task: str, task_id: str = "") -> str:
         """Sends a task to the remote agent and returns its answer.
@@ -268,23 +316,37 @@ def delegate_tool(remote: RemoteAgent, *, name: str | None = None,
         if result.ok:
             return result.text
         if result.state == "input-required":
-            return (f"The remote agent {card.name!r} needs more input: {result.text}\n"
-                    f"To answer, call {tool_name} again with your reply as task and "
-                    f"task_id={result.task_id!r}.")
-        verb = {"rejected": "declined the task", "canceled": "canceled the task",
-                "auth-required": "needs authentication"}.get(result.state, "failed")
-        raise ToolError(f"the remote agent {card.name!r} {verb}: {result.text or 'no reason given'}")
+            return (
+                f"The remote agent {card.name!r} needs more input: {result.text}\n"
+                f"To answer, call {tool_name} again with your reply as task and "
+                f"task_id={result.task_id!r}."
+            )
+        verb = {
+            "rejected": "declined the task",
+            "canceled": "canceled the task",
+            "auth-required": "needs authentication",
+        }.get(result.state, "failed")
+        raise ToolError(
+            f"the remote agent {card.name!r} {verb}: {result.text or 'no reason given'}"
+        )
 
     return tool(delegate, name=tool_name, description=summary, timeout_s=None)
 
 
-def delegate_node(remote: RemoteAgent, *, input_key: str = "input", output_key: str = "output",
-                  state_key: str | None = None, task_key: str | None = None):
+def delegate_node(
+    remote: RemoteAgent,
+    *,
+    input_key: str = "input",
+    output_key: str = "output",
+    state_key: str | None = None,
+    task_key: str | None = None,
+):
     """A graph node sending the state's ``input_key`` to ``remote`` and writing the answer to
     ``output_key``.  With ``state_key`` the final state (``completed``, ``failed``,
     ``input-required``, ...) is written there for a router to branch on; without it, a task that
     does not complete raises :class:`DelegationError`.  With ``task_key`` a non-empty task id in
     that field continues that task, and the result's task id is written back."""
+
     def node(state) -> dict:
         task_id = getattr(state, task_key) if task_key else None
         result = remote.send(str(getattr(state, input_key)), task_id=task_id or None)
@@ -296,4 +358,5 @@ def delegate_node(remote: RemoteAgent, *, input_key: str = "input", output_key: 
         if task_key is not None:
             update[task_key] = result.task_id
         return update
+
     return node

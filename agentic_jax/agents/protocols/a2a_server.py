@@ -37,6 +37,7 @@ a gin config); with ``bearer_token`` every route but the card requires ``Authori
 and the card declares that scheme.  The client side, delegating to remote agents, is
 ``a2a_client.py``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -53,34 +54,57 @@ import gin
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
-from a2a.server.routes import (create_agent_card_routes, create_jsonrpc_routes,
-                               create_rest_routes)
+from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, create_rest_routes
 from a2a.server.tasks import InMemoryTaskStore, TaskStore, TaskUpdater
-from a2a.types import (AgentCapabilities, AgentCard, AgentInterface, AgentSkill,
-                       HTTPAuthSecurityScheme, Message, Part, SecurityRequirement, SecurityScheme,
-                       StringList, Task, TaskState, TaskStatus)
-from a2a.utils.constants import (AGENT_CARD_WELL_KNOWN_PATH, PROTOCOL_VERSION_CURRENT,
-                                 TransportProtocol)
+from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    AgentSkill,
+    HTTPAuthSecurityScheme,
+    Message,
+    Part,
+    SecurityRequirement,
+    SecurityScheme,
+    StringList,
+    Task,
+    TaskState,
+    TaskStatus,
+)
+from a2a.utils.constants import (
+    AGENT_CARD_WELL_KNOWN_PATH,
+    PROTOCOL_VERSION_CURRENT,
+    TransportProtocol,
+)
 from starlette.applications import Starlette
-from starlette.authentication import (AuthCredentials, AuthenticationBackend, AuthenticationError,
-                                      SimpleUser)
+from starlette.authentication import (
+    AuthCredentials,
+    AuthenticationBackend,
+    AuthenticationError,
+    SimpleUser,
+)
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse
 
+from agentic_jax.agents.context.tracing import Event, Tracer, format_event
 from agentic_jax.agents.loops.agent import Agent, AgentResult
+from agentic_jax.agents.policies.base import Policy
+from agentic_jax.agents.protocols.skills import (
+    SKILLS_DIR,
+    Skill,
+    SkillRegistry,
+    skill_tools,
+    with_skills,
+)
+from agentic_jax.agents.session import AgentConfig, make_agent
+from agentic_jax.agents.tools.base import Tool, ToolError, tool
 from agentic_jax.agents.tools.budget import StopReason
 from agentic_jax.agents.tools.builtin import builtin_tool
 from agentic_jax.agents.tools.executor import Approver
-from agentic_jax.agents.policies.base import Policy
-from agentic_jax.inference.serving.request_body import BodyError, parse_json_body
-from agentic_jax.agents.session import AgentConfig, make_agent
-from agentic_jax.agents.protocols.skills import (SKILLS_DIR, Skill, SkillRegistry, skill_tools,
-                                       with_skills)
-from agentic_jax.agents.tools.base import Tool, ToolError, tool
-from agentic_jax.agents.context.tracing import Event, Tracer, format_event
 from agentic_jax.data.chat import ToolCall
+from agentic_jax.inference.serving.request_body import BodyError, parse_json_body
 
 ASK_USER = "ask_user"
 DECLINE = "decline_task"
@@ -98,6 +122,7 @@ class TaskSetup:
     """What the server hands an :data:`AgentFactory` for one task: the user's ``task`` text, the
     harness ``tools`` (``ask_user``, ``decline_task``) to offer the model, the ``tracer`` that
     streams the run's steps, and the ``approver`` for dangerous tools."""
+
     task: str
     tools: tuple[Tool, ...]
     tracer: Tracer
@@ -154,8 +179,9 @@ class _TaskRun:
 
     def approve(self, tool_: Tool, call: ToolCall) -> bool:
         try:
-            answer = self.ask(f"Approve running {call.name}({call.arguments_text()})?"
-                              f" Reply yes or no.")
+            answer = self.ask(
+                f"Approve running {call.name}({call.arguments_text()})? Reply yes or no."
+            )
         except ToolError:
             return False
         return answer.strip().lower() in ("y", "yes")
@@ -197,7 +223,7 @@ class _TaskRun:
                 outcome = ("done", make_agent(setup).run(task))
             except TaskCanceled:
                 outcome = None
-            except Exception as e:  # noqa: BLE001  (reported to the client as a failed task)
+            except Exception as e:
                 outcome = ("error", e)
             self.finished = True
             if outcome is not None and not self.canceled:
@@ -223,13 +249,18 @@ class AgentTaskExecutor(AgentExecutor):
         updater = TaskUpdater(event_queue, task_id, context_id)
         text = context.get_user_input().strip()
         if current is None:
-            await event_queue.enqueue_event(Task(
-                id=task_id, context_id=context_id,
-                status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
-                history=[context.message]))
+            await event_queue.enqueue_event(
+                Task(
+                    id=task_id,
+                    context_id=context_id,
+                    status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+                    history=[context.message],
+                )
+            )
             if not text:
-                await updater.reject(_text_message(updater, "This agent reads text: the message "
-                                                            "had no text part."))
+                await updater.reject(
+                    _text_message(updater, "This agent reads text: the message had no text part.")
+                )
                 return
             self._runs = {k: r for k, r in self._runs.items() if not r.finished}
             run = self._runs[task_id] = _TaskRun(asyncio.get_running_loop(), self.input_timeout_s)
@@ -238,9 +269,13 @@ class AgentTaskExecutor(AgentExecutor):
             run = self._runs.get(task_id)
             if run is None or run.canceled or not run.waiting:
                 self._runs.pop(task_id, None)
-                await updater.failed(_text_message(
-                    updater, "No run of this task is waiting for input (it timed out or the "
-                             "server restarted); send the task again."))
+                await updater.failed(
+                    _text_message(
+                        updater,
+                        "No run of this task is waiting for input (it timed out or the "
+                        "server restarted); send the task again.",
+                    )
+                )
                 return
             if not text:
                 await updater.requires_input(_text_message(updater, "Please answer in text."))
@@ -259,9 +294,11 @@ class AgentTaskExecutor(AgentExecutor):
             if kind == "step":
                 line = format_event(payload)
                 if line is not None:
-                    await updater.update_status(TaskState.TASK_STATE_WORKING,
-                                                _text_message(updater, line),
-                                                metadata={"event": _jsonable(payload)})
+                    await updater.update_status(
+                        TaskState.TASK_STATE_WORKING,
+                        _text_message(updater, line),
+                        metadata={"event": _jsonable(payload)},
+                    )
             elif kind == "input":
                 run.waiting = True
                 await updater.requires_input(_text_message(updater, payload))
@@ -274,23 +311,32 @@ class AgentTaskExecutor(AgentExecutor):
     @staticmethod
     async def _finish(run: _TaskRun, updater: TaskUpdater, kind: str, payload: Any) -> None:
         if kind == "error":
-            await updater.failed(_text_message(
-                updater, f"the agent crashed: {type(payload).__name__}: {payload}"))
+            await updater.failed(
+                _text_message(updater, f"the agent crashed: {type(payload).__name__}: {payload}")
+            )
             return
         result: AgentResult = payload
-        metadata = {"stop_reason": result.stop_reason.value, "steps": result.steps,
-                    "prompt_tokens": result.usage.prompt_tokens,
-                    "completion_tokens": result.usage.completion_tokens,
-                    "cost": result.cost, "wall_s": result.wall_s}
+        metadata = {
+            "stop_reason": result.stop_reason.value,
+            "steps": result.steps,
+            "prompt_tokens": result.usage.prompt_tokens,
+            "completion_tokens": result.usage.completion_tokens,
+            "cost": result.cost,
+            "wall_s": result.wall_s,
+        }
         if run.declined is not None or result.stop_reason is StopReason.REJECTED:
             reason = run.declined if run.declined is not None else result.detail
             state, text = TaskState.TASK_STATE_REJECTED, reason
         elif result.ok:
-            await updater.add_artifact([Part(text=result.answer or "")], name="answer",
-                                       last_chunk=True)
+            await updater.add_artifact(
+                [Part(text=result.answer or "")], name="answer", last_chunk=True
+            )
             state, text = TaskState.TASK_STATE_COMPLETED, result.answer or ""
         else:
-            state, text = TaskState.TASK_STATE_FAILED, f"{result.stop_reason.value}: {result.detail}"
+            state, text = (
+                TaskState.TASK_STATE_FAILED,
+                f"{result.stop_reason.value}: {result.detail}",
+            )
         await updater.update_status(state, _text_message(updater, text), metadata=metadata)
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
@@ -308,33 +354,59 @@ class AgentTaskExecutor(AgentExecutor):
 
 
 def card_skill(skill: Skill) -> AgentSkill:
-    return AgentSkill(id=skill.name, name=skill.name, description=skill.description,
-                      tags=["skill", *skill.tools], examples=list(skill.examples))
+    return AgentSkill(
+        id=skill.name,
+        name=skill.name,
+        description=skill.description,
+        tags=["skill", *skill.tools],
+        examples=list(skill.examples),
+    )
 
 
 def tool_skill(tool_: Tool) -> AgentSkill:
-    return AgentSkill(id=tool_.name, name=tool_.name, description=tool_.description,
-                      tags=["tool"])
+    return AgentSkill(id=tool_.name, name=tool_.name, description=tool_.description, tags=["tool"])
 
 
-def agent_card(name: str, description: str, url: str, *, skills: Sequence[Skill] = (),
-               tools: Sequence[Tool] = (), version: str = "0.1.0") -> AgentCard:
+def agent_card(
+    name: str,
+    description: str,
+    url: str,
+    *,
+    skills: Sequence[Skill] = (),
+    tools: Sequence[Tool] = (),
+    version: str = "0.1.0",
+) -> AgentCard:
     """The card of an agent served at ``url`` (JSON-RPC at ``url``, HTTP+JSON at
     ``url + REST_PATH``).  Its skills are ``skills``, or else one per tool in ``tools``, or else
     one general skill with the agent's description."""
-    card_skills = ([card_skill(s) for s in skills] or [tool_skill(t) for t in tools]
-                   or [AgentSkill(id="general", name=name, description=description,
-                                  tags=["general"])])
+    card_skills = (
+        [card_skill(s) for s in skills]
+        or [tool_skill(t) for t in tools]
+        or [AgentSkill(id="general", name=name, description=description, tags=["general"])]
+    )
     base = url.rstrip("/")
-    interfaces = [AgentInterface(url=base + JSONRPC_PATH, protocol_binding=TransportProtocol.JSONRPC,
-                                 protocol_version=PROTOCOL_VERSION_CURRENT),
-                  AgentInterface(url=base + REST_PATH, protocol_binding=TransportProtocol.HTTP_JSON,
-                                 protocol_version=PROTOCOL_VERSION_CURRENT)]
-    return AgentCard(name=name, description=description, version=version,
-                     supported_interfaces=interfaces,
-                     capabilities=AgentCapabilities(streaming=True),
-                     default_input_modes=["text/plain"], default_output_modes=["text/plain"],
-                     skills=card_skills)
+    interfaces = [
+        AgentInterface(
+            url=base + JSONRPC_PATH,
+            protocol_binding=TransportProtocol.JSONRPC,
+            protocol_version=PROTOCOL_VERSION_CURRENT,
+        ),
+        AgentInterface(
+            url=base + REST_PATH,
+            protocol_binding=TransportProtocol.HTTP_JSON,
+            protocol_version=PROTOCOL_VERSION_CURRENT,
+        ),
+    ]
+    return AgentCard(
+        name=name,
+        description=description,
+        version=version,
+        supported_interfaces=interfaces,
+        capabilities=AgentCapabilities(streaming=True),
+        default_input_modes=["text/plain"],
+        default_output_modes=["text/plain"],
+        skills=card_skills,
+    )
 
 
 class _BearerTokens(AuthenticationBackend):
@@ -353,18 +425,19 @@ class _BearerTokens(AuthenticationBackend):
 
 
 def _unauthorized(conn: HTTPConnection, error: Exception) -> JSONResponse:
-    return JSONResponse({"error": str(error)}, status_code=401,
-                        headers={"WWW-Authenticate": "Bearer"})
+    return JSONResponse(
+        {"error": str(error)}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
+    )
 
 
 def with_bearer_auth(card: AgentCard) -> AgentCard:
     """A copy of ``card`` declaring HTTP bearer authentication for every call."""
     secured = AgentCard()
     secured.CopyFrom(card)
-    secured.security_schemes[BEARER_SCHEME].CopyFrom(SecurityScheme(
-        http_auth_security_scheme=HTTPAuthSecurityScheme(scheme="Bearer")))
-    secured.security_requirements.append(
-        SecurityRequirement(schemes={BEARER_SCHEME: StringList()}))
+    secured.security_schemes[BEARER_SCHEME].CopyFrom(
+        SecurityScheme(http_auth_security_scheme=HTTPAuthSecurityScheme(scheme="Bearer"))
+    )
+    secured.security_requirements.append(SecurityRequirement(schemes={BEARER_SCHEME: StringList()}))
     return secured
 
 
@@ -394,11 +467,13 @@ class _BodyGuard:
             parse_json_body(body, max_bytes=self.max_bytes, max_depth=self.max_depth)
         except BodyError as e:
             if scope["path"] == JSONRPC_PATH:
-                error = JSONResponse({"jsonrpc": "2.0", "id": None,
-                                      "error": {"code": -32700, "message": str(e)}})
+                error = JSONResponse(
+                    {"jsonrpc": "2.0", "id": None, "error": {"code": -32700, "message": str(e)}}
+                )
             else:
-                error = JSONResponse({"error": {"code": e.status, "message": str(e)}},
-                                     status_code=e.status)
+                error = JSONResponse(
+                    {"error": {"code": e.status, "message": str(e)}}, status_code=e.status
+                )
             return await error(scope, receive, send)
         replayed = False
 
@@ -408,19 +483,29 @@ class _BodyGuard:
                 return await receive()
             replayed = True
             return {"type": "http.request", "body": body, "more_body": False}
+
         await self.app(scope, replay, send)
 
 
-def a2a_app(agent: AgentFactory | AgentExecutor, card: AgentCard, *,
-            bearer_token: str | None = None, task_store: TaskStore | None = None,
-            input_timeout_s: float | None = 3600.0, max_request_bytes: int = 4 * 2**20,
-            max_json_depth: int = 64) -> Starlette:
+def a2a_app(
+    agent: AgentFactory | AgentExecutor,
+    card: AgentCard,
+    *,
+    bearer_token: str | None = None,
+    task_store: TaskStore | None = None,
+    input_timeout_s: float | None = 3600.0,
+    max_request_bytes: int = 4 * 2**20,
+    max_json_depth: int = 64,
+) -> Starlette:
     """An ASGI app serving ``agent`` (a factory, or an executor of your own) under ``card``;
     ``bearer_token`` requires that token on every call (the card then says so).  A POST body
     over ``max_request_bytes``, nested deeper than ``max_json_depth`` or not JSON at all is
     refused before the SDK reads it."""
-    executor = (agent if isinstance(agent, AgentExecutor)
-                else AgentTaskExecutor(agent, input_timeout_s=input_timeout_s))
+    executor = (
+        agent
+        if isinstance(agent, AgentExecutor)
+        else AgentTaskExecutor(agent, input_timeout_s=input_timeout_s)
+    )
     if bearer_token is not None:
         card = with_bearer_auth(card)
     handler = DefaultRequestHandler(executor, task_store or InMemoryTaskStore(), card)
@@ -432,13 +517,23 @@ def a2a_app(agent: AgentFactory | AgentExecutor, card: AgentCard, *,
             executor.close()
         await handler.aclose()
 
-    routes = [*create_agent_card_routes(card), *create_jsonrpc_routes(handler, JSONRPC_PATH),
-              *create_rest_routes(handler, path_prefix=REST_PATH)]
-    middleware = [] if bearer_token is None else [
-        Middleware(AuthenticationMiddleware, backend=_BearerTokens(bearer_token),
-                   on_error=_unauthorized)]
-    middleware.append(Middleware(_BodyGuard, max_bytes=max_request_bytes,
-                                 max_depth=max_json_depth))
+    routes = [
+        *create_agent_card_routes(card),
+        *create_jsonrpc_routes(handler, JSONRPC_PATH),
+        *create_rest_routes(handler, path_prefix=REST_PATH),
+    ]
+    middleware = (
+        []
+        if bearer_token is None
+        else [
+            Middleware(
+                AuthenticationMiddleware,
+                backend=_BearerTokens(bearer_token),
+                on_error=_unauthorized,
+            )
+        ]
+    )
+    middleware.append(Middleware(_BodyGuard, max_bytes=max_request_bytes, max_depth=max_json_depth))
     return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
 
 
@@ -449,6 +544,7 @@ class A2AServerConfig:
     the card's name, description and version, and ``skills``: a directory of skill files
     (``"builtin"``: the shipped ones; ``None``: none, the card lists the tools).  Per task the
     ``skills_k`` skills most relevant to it join the system prompt, with their tools."""
+
     name: str = "agentic-jax agent"
     description: str = "A tool-using agent built with agentic-jax."
     version: str = "0.1.0"
@@ -464,28 +560,59 @@ class A2AServerConfig:
         return registry
 
 
-def config_factory(config: AgentConfig, policy: Policy, skills: SkillRegistry | None = None,
-                   k: int = 3, mcp_tools: Sequence[Tool] = ()) -> AgentFactory:
+def config_factory(
+    config: AgentConfig,
+    policy: Policy,
+    skills: SkillRegistry | None = None,
+    k: int = 3,
+    mcp_tools: Sequence[Tool] = (),
+) -> AgentFactory:
     """Builds the agent ``config`` describes for each task, with the ``k`` skills of ``skills``
     most relevant to the task in its system prompt and their tools added, and ``mcp_tools``
     (those of ``config.mcp_servers``, listed once by the host)."""
+
     def make(setup: TaskSetup) -> Agent:
         selected = skills.select(setup.task, k) if skills is not None else []
         tools = dict.fromkeys([*config.tools, *(t for s in selected for t in s.tools)])
-        equipped = dataclasses.replace(config, tools=list(tools),
-                                       system_prompt=with_skills(config.system_prompt, selected))
-        return make_agent(equipped, policy, tracer=setup.tracer, approver=setup.approver,
-                          extra_tools=setup.tools, mcp_tools=mcp_tools)
+        equipped = dataclasses.replace(
+            config, tools=list(tools), system_prompt=with_skills(config.system_prompt, selected)
+        )
+        return make_agent(
+            equipped,
+            policy,
+            tracer=setup.tracer,
+            approver=setup.approver,
+            extra_tools=setup.tools,
+            mcp_tools=mcp_tools,
+        )
+
     return make
 
 
-def config_app(url: str, config: AgentConfig, server: A2AServerConfig, policy: Policy, *,
-               bearer_token: str | None = None, mcp_tools: Sequence[Tool] = ()) -> Starlette:
+def config_app(
+    url: str,
+    config: AgentConfig,
+    server: A2AServerConfig,
+    policy: Policy,
+    *,
+    bearer_token: str | None = None,
+    mcp_tools: Sequence[Tool] = (),
+) -> Starlette:
     """The app ``agentic-jax a2a-server`` serves at ``url``; ``mcp_tools`` are the tools of
     ``config.mcp_servers``, which the caller lists and closes (see ``session.open_mcp_client``)."""
     registry = server.registry()
     tools = [*(builtin_tool(name) for name in config.tools), *mcp_tools]
-    card = agent_card(server.name, server.description, url, skills=registry.skills(),
-                      tools=tools, version=server.version)
-    return a2a_app(config_factory(config, policy, registry, server.skills_k, mcp_tools), card,
-                   bearer_token=bearer_token, input_timeout_s=server.input_timeout_s)
+    card = agent_card(
+        server.name,
+        server.description,
+        url,
+        skills=registry.skills(),
+        tools=tools,
+        version=server.version,
+    )
+    return a2a_app(
+        config_factory(config, policy, registry, server.skills_k, mcp_tools),
+        card,
+        bearer_token=bearer_token,
+        input_timeout_s=server.input_timeout_s,
+    )

@@ -29,6 +29,7 @@ This module drives the official SDK (``mcp``, 2.x) from the synchronous harness:
 * **Several servers.**  :class:`MCPClient` names each tool ``<server>__<tool>``, so tools of
   different servers never collide.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -56,8 +57,8 @@ from mcp import Client, StdioServerParameters
 from mcp.server import MCPServer, Server
 from mcp.shared.exceptions import MCPError
 
-from agentic_jax.agents.tools.executor import RetryPolicy
 from agentic_jax.agents.tools.base import Tool, ToolArgumentError, ToolError
+from agentic_jax.agents.tools.executor import RetryPolicy
 from agentic_jax.data.chat import Message
 
 logger = logging.getLogger(__name__)
@@ -95,13 +96,18 @@ def as_target(target: Any) -> Any:
         target = shlex.split(target)
     if isinstance(target, list | tuple):
         if not target or not all(isinstance(part, str) for part in target):
-            raise ValueError(f"an MCP server command is a non-empty list of strings, got {target!r}")
+            raise ValueError(
+                f"an MCP server command is a non-empty list of strings, got {target!r}"
+            )
         return StdioServerParameters(command=target[0], args=list(target[1:]))
-    if isinstance(target, StdioServerParameters | MCPServer | Server) or hasattr(target,
-                                                                                 "__aenter__"):
+    if isinstance(target, StdioServerParameters | MCPServer | Server) or hasattr(
+        target, "__aenter__"
+    ):
         return target
-    raise TypeError(f"cannot connect to {target!r}: expected a command line, an http(s) URL, an "
-                    f"MCP server object, StdioServerParameters or an MCP transport")
+    raise TypeError(
+        f"cannot connect to {target!r}: expected a command line, an http(s) URL, an "
+        f"MCP server object, StdioServerParameters or an MCP transport"
+    )
 
 
 def _is_drop(error: BaseException) -> bool:
@@ -137,6 +143,7 @@ def result_text(result: mcp_types.CallToolResult) -> str:
 class JSONArguments(pydantic.BaseModel):
     """Any JSON object: the ``arguments`` model of a tool whose schema is given as JSON schema
     (:class:`MCPTool` advertises and validates against that schema instead)."""
+
     model_config = pydantic.ConfigDict(extra="allow")
 
 
@@ -145,6 +152,7 @@ class MCPTool(Tool):
     """An MCP server's tool as an agentic-jax :class:`Tool`.  ``input_schema`` is the server's,
     advertised verbatim and enforced by :meth:`validate`; ``server`` and ``remote_name`` say
     where calls go."""
+
     input_schema: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     server: str = ""
     remote_name: str = ""
@@ -155,19 +163,23 @@ class MCPTool(Tool):
 
     @functools.cached_property
     def _validator(self) -> jsonschema.protocols.Validator:
-        cls = jsonschema.validators.validator_for(self.input_schema,
-                                                  default=jsonschema.Draft202012Validator)
+        cls = jsonschema.validators.validator_for(
+            self.input_schema, default=jsonschema.Draft202012Validator
+        )
         cls.check_schema(self.input_schema)
         return cls(self.input_schema)
 
     def validate(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(arguments, Mapping):
             raise ToolArgumentError(f"arguments must be a JSON object, got {arguments!r}")
-        errors = sorted(self._validator.iter_errors(dict(arguments)),
-                        key=lambda e: [str(p) for p in e.absolute_path])
+        errors = sorted(
+            self._validator.iter_errors(dict(arguments)),
+            key=lambda e: [str(p) for p in e.absolute_path],
+        )
         if errors:
-            reasons = "; ".join(f"{'.'.join(map(str, e.absolute_path)) or 'arguments'}: "
-                                f"{e.message}" for e in errors)
+            reasons = "; ".join(
+                f"{'.'.join(map(str, e.absolute_path)) or 'arguments'}: {e.message}" for e in errors
+            )
             raise ToolArgumentError(f"invalid arguments for {self.name}: {reasons}")
         return dict(arguments)
 
@@ -200,16 +212,25 @@ class MCPSession:
     connections made so far, so reconnections show.
     """
 
-    def __init__(self, target: Any, *, name: str = "server", timeout_s: float | None = 30.0,
-                 reconnect: RetryPolicy = RECONNECT, portal: BlockingPortal | None = None,
-                 sleep: Callable[[float], None] = time.sleep, seed: int | None = None):
+    def __init__(
+        self,
+        target: Any,
+        *,
+        name: str = "server",
+        timeout_s: float | None = 30.0,
+        reconnect: RetryPolicy = RECONNECT,
+        portal: BlockingPortal | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        seed: int | None = None,
+    ):
         self.target, self.name = as_target(target), name
         self.timeout_s, self.reconnect = timeout_s, reconnect
         self.sleep, self.rng = sleep, random.Random(seed)
         self.connects = 0
         self._stack = contextlib.ExitStack()
         self._portal = portal or self._stack.enter_context(
-            start_blocking_portal(name=f"mcp-{name}"))
+            start_blocking_portal(name=f"mcp-{name}")
+        )
         self._lock = threading.Lock()
         self._client: Client | None = None
         self._context: contextlib.AbstractContextManager | None = None
@@ -233,13 +254,18 @@ class MCPSession:
             for attempt in range(self.reconnect.max_attempts):
                 if attempt:
                     self.sleep(self.reconnect.delay(attempt - 1, self.rng))
-                context = self._portal.wrap_async_context_manager(Client(
-                    self.target, read_timeout_seconds=self.timeout_s,
-                    client_info=mcp_types.Implementation(name="agentic-jax",
-                                                         version=package_version())))
+                context = self._portal.wrap_async_context_manager(
+                    Client(
+                        self.target,
+                        read_timeout_seconds=self.timeout_s,
+                        client_info=mcp_types.Implementation(
+                            name="agentic-jax", version=package_version()
+                        ),
+                    )
+                )
                 try:
                     client = context.__enter__()
-                except Exception as e:  # noqa: BLE001 - a failed start, handshake or timeout: retry
+                except Exception as e:
                     error = e
                     logger.info("connecting to MCP server %r failed: %r", self.name, e)
                     continue
@@ -248,14 +274,15 @@ class MCPSession:
                 return client
             raise MCPConnectionError(
                 f"could not connect to MCP server {self.name!r} in {self.reconnect.max_attempts} "
-                f"attempts: {type(error).__name__}: {error}") from error
+                f"attempts: {type(error).__name__}: {error}"
+            ) from error
 
     def _disconnect(self) -> None:
         context, self._client, self._context = self._context, None, None
         if context is not None:
             try:
                 context.__exit__(None, None, None)
-            except Exception as e:  # noqa: BLE001 - a broken connection may fail to close; it is gone
+            except Exception as e:
                 logger.info("closing the connection to MCP server %r: %r", self.name, e)
 
     def close(self) -> None:
@@ -281,11 +308,14 @@ class MCPSession:
         except Exception as e:
             if _is_drop(e):
                 self._dropped = client
-                raise MCPConnectionError(f"lost the connection to MCP server {self.name!r}: "
-                                         f"{type(e).__name__}: {e}") from e
+                raise MCPConnectionError(
+                    f"lost the connection to MCP server {self.name!r}: {type(e).__name__}: {e}"
+                ) from e
             if isinstance(e, MCPError) and e.code == mcp_types.REQUEST_TIMEOUT:
-                raise TimeoutError(f"MCP server {self.name!r}: {e.message} (no answer within "
-                                   f"the timeout; the request was cancelled)") from e
+                raise TimeoutError(
+                    f"MCP server {self.name!r}: {e.message} (no answer within "
+                    f"the timeout; the request was cancelled)"
+                ) from e
             raise
 
     def _request(self, request: Callable, *args) -> Any:
@@ -314,38 +344,61 @@ class MCPSession:
         parts = self.read_resource(uri)
         binary = [p for p in parts if not isinstance(p, mcp_types.TextResourceContents)]
         if binary:
-            raise ValueError(f"resource {uri} of MCP server {self.name!r} is binary "
-                             f"({binary[0].mime_type}); use read_resource")
+            raise ValueError(
+                f"resource {uri} of MCP server {self.name!r} is binary "
+                f"({binary[0].mime_type}); use read_resource"
+            )
         return "".join(p.text for p in parts)
 
-    def get_prompt(self, name: str,
-                   arguments: Mapping[str, str] | None = None) -> mcp_types.GetPromptResult:
+    def get_prompt(
+        self, name: str, arguments: Mapping[str, str] | None = None
+    ) -> mcp_types.GetPromptResult:
         return self._request(lambda c: c.get_prompt(name, dict(arguments or {})))
 
-    def prompt_messages(self, name: str,
-                        arguments: Mapping[str, str] | None = None) -> list[Message]:
+    def prompt_messages(
+        self, name: str, arguments: Mapping[str, str] | None = None
+    ) -> list[Message]:
         """A prompt as agentic-jax chat messages, ready to start a conversation with."""
-        return [Message(m.role, _block_text(m.content))
-                for m in self.get_prompt(name, arguments).messages]
+        return [
+            Message(m.role, _block_text(m.content))
+            for m in self.get_prompt(name, arguments).messages
+        ]
 
-    def start_call(self, name: str, arguments: Mapping[str, Any] | None = None, *,
-                   timeout_s: float | None = None,
-                   progress: ProgressFn | None = None) -> concurrent.futures.Future:
+    def start_call(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+        progress: ProgressFn | None = None,
+    ) -> concurrent.futures.Future:
         """Starts a tool call; ``cancel()`` on the returned future cancels it on the server.
         ``timeout_s`` defaults to the session's; ``progress(progress, total, message)`` is
         called (on the event-loop thread: keep it quick) for each progress notification."""
         timeout = self.timeout_s if timeout_s is None else timeout_s
         on_progress = None
         if progress is not None:
+
             async def on_progress(value: float, total: float | None, message: str | None):
                 progress(value, total, message)
-        return self._submit(lambda c: c.call_tool(name, dict(arguments or {}),
-                                                  read_timeout_seconds=timeout,
-                                                  progress_callback=on_progress))
 
-    def call_tool(self, name: str, arguments: Mapping[str, Any] | None = None, *,
-                  timeout_s: float | None = None,
-                  progress: ProgressFn | None = None) -> mcp_types.CallToolResult:
+        return self._submit(
+            lambda c: c.call_tool(
+                name,
+                dict(arguments or {}),
+                read_timeout_seconds=timeout,
+                progress_callback=on_progress,
+            )
+        )
+
+    def call_tool(
+        self,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+        progress: ProgressFn | None = None,
+    ) -> mcp_types.CallToolResult:
         """The tool's result, errors included (``result.is_error``); see :meth:`start_call`."""
         return _wait(self.start_call(name, arguments, timeout_s=timeout_s, progress=progress))
 
@@ -361,9 +414,11 @@ class MCPSession:
             raise ToolError(text or f"{remote_name} failed on MCP server {self.name!r}")
         return text
 
-    def tools(self, prefix: str = "",
-              on_progress: Callable[[str, float, float | None, str | None], None] | None = None
-              ) -> list[MCPTool]:
+    def tools(
+        self,
+        prefix: str = "",
+        on_progress: Callable[[str, float, float | None, str | None], None] | None = None,
+    ) -> list[MCPTool]:
         """The server's tools as agentic-jax tools named ``prefix + name`` (characters other than
         letters, digits, ``_`` and ``-`` become ``_``).  A tool whose schema is not a valid JSON
         schema is left out with a warning.  ``on_progress(tool name, progress, total, message)``
@@ -373,20 +428,32 @@ class MCPSession:
         for spec in self.list_tools():
             name = prefix + _UNSAFE.sub("_", spec.name)
             if name in out:
-                raise ValueError(f"MCP server {self.name!r} has tools {out[name].remote_name!r} "
-                                 f"and {spec.name!r}, both named {name!r} here")
+                raise ValueError(
+                    f"MCP server {self.name!r} has tools {out[name].remote_name!r} "
+                    f"and {spec.name!r}, both named {name!r} here"
+                )
             hints = spec.annotations
             progress = None if on_progress is None else functools.partial(on_progress, name)
             tool = MCPTool(
-                name, spec.description or spec.title or spec.name,
-                functools.partial(self._run_tool, spec.name, progress), JSONArguments, timeout,
+                name,
+                spec.description or spec.title or spec.name,
+                functools.partial(self._run_tool, spec.name, progress),
+                JSONArguments,
+                timeout,
                 dangerous=bool(hints and hints.destructive_hint and not hints.read_only_hint),
-                input_schema=spec.input_schema, server=self.name, remote_name=spec.name)
+                input_schema=spec.input_schema,
+                server=self.name,
+                remote_name=spec.name,
+            )
             try:
                 tool._validator  # noqa: B018  (compiles the schema, checking it)
             except jsonschema.SchemaError as e:
-                logger.warning("MCP server %r: tool %r has an invalid input schema (%s); "
-                               "leaving it out", self.name, spec.name, e.message)
+                logger.warning(
+                    "MCP server %r: tool %r has an invalid input schema (%s); leaving it out",
+                    self.name,
+                    spec.name,
+                    e.message,
+                )
                 continue
             out[name] = tool
         return list(out.values())
@@ -401,23 +468,32 @@ class MCPClient:
             agent = ReActAgent(policy, mcp.tools())
     """
 
-    def __init__(self, servers: Mapping[str, Any], *, timeout_s: float | None = 30.0,
-                 reconnect: RetryPolicy = RECONNECT,
-                 on_progress: Callable[[str, float, float | None, str | None], None] | None = None):
+    def __init__(
+        self,
+        servers: Mapping[str, Any],
+        *,
+        timeout_s: float | None = 30.0,
+        reconnect: RetryPolicy = RECONNECT,
+        on_progress: Callable[[str, float, float | None, str | None], None] | None = None,
+    ):
         for name in servers:
             if not isinstance(name, str) or not _SERVER_NAME.match(name):
-                raise ValueError(f"MCP server name {name!r} must be letters, digits, '-' and "
-                                 f"single '_' (the name joins its tools' names with "
-                                 f"{SEPARATOR!r})")
+                raise ValueError(
+                    f"MCP server name {name!r} must be letters, digits, '-' and "
+                    f"single '_' (the name joins its tools' names with "
+                    f"{SEPARATOR!r})"
+                )
         self.on_progress = on_progress
         self._stack = contextlib.ExitStack()
-        portal = self._stack.enter_context(start_blocking_portal(name="mcp-client")) \
-            if servers else None
+        portal = (
+            self._stack.enter_context(start_blocking_portal(name="mcp-client")) if servers else None
+        )
         self.sessions: dict[str, MCPSession] = {}
         try:
             for name, target in servers.items():
-                self.sessions[name] = MCPSession(target, name=name, timeout_s=timeout_s,
-                                                 reconnect=reconnect, portal=portal)
+                self.sessions[name] = MCPSession(
+                    target, name=name, timeout_s=timeout_s, reconnect=reconnect, portal=portal
+                )
         except BaseException:
             self._stack.close()
             raise
@@ -429,11 +505,15 @@ class MCPClient:
 
     def tools(self) -> list[MCPTool]:
         """Every server's tools, named ``<server>__<tool>``, server by server."""
-        return [t for name, session in self.sessions.items()
-                for t in session.tools(name + SEPARATOR, self.on_progress)]
+        return [
+            t
+            for name, session in self.sessions.items()
+            for t in session.tools(name + SEPARATOR, self.on_progress)
+        ]
 
-    def call_tool(self, name: str, arguments: Mapping[str, Any] | None = None,
-                  **options) -> mcp_types.CallToolResult:
+    def call_tool(
+        self, name: str, arguments: Mapping[str, Any] | None = None, **options
+    ) -> mcp_types.CallToolResult:
         """Calls ``<server>__<tool>`` (``options`` as for :meth:`MCPSession.call_tool`)."""
         server, sep, tool = name.partition(SEPARATOR)
         if not sep:

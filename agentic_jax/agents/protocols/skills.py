@@ -29,6 +29,7 @@ and Beyond*) by a :class:`~agentic_jax.agents.tools.retrieval.Retriever`, whose 
 formula and tokenisation: whole lowercased words without stemming, English stop words removed.
 Skills that share no word with the task are never selected.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,9 +39,9 @@ from pathlib import Path
 
 import yaml
 
+from agentic_jax.agents.tools.base import Tool
 from agentic_jax.agents.tools.builtin import builtin_tool
 from agentic_jax.agents.tools.retrieval import Retriever
-from agentic_jax.agents.tools.base import Tool
 
 SKILLS_DIR = Path(__file__).resolve().parents[2] / "skills"  # the skills shipped with the package
 SKILL_FILE = "SKILL.md"
@@ -57,6 +58,7 @@ class SkillError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Skill:
     """``tools`` are agentic-jax tool names; ``examples`` are tasks the skill is meant for."""
+
     name: str
     description: str
     instructions: str
@@ -65,8 +67,10 @@ class Skill:
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not _NAME.match(self.name):
-            raise SkillError(f"skill name {self.name!r} must be 1-64 letters, digits, '_', '-' "
-                             f"or '.', starting with a letter or digit")
+            raise SkillError(
+                f"skill name {self.name!r} must be 1-64 letters, digits, '_', '-' "
+                f"or '.', starting with a letter or digit"
+            )
         for field in ("description", "instructions"):
             if not isinstance(getattr(self, field), str):
                 raise SkillError(f"skill {self.name!r}: {field} must be a string")
@@ -75,8 +79,9 @@ class Skill:
         for field in ("tools", "examples"):
             value = getattr(self, field)
             if isinstance(value, str) or not all(isinstance(v, str) for v in value):
-                raise SkillError(f"skill {self.name!r}: {field} must be a list of strings, "
-                                 f"got {value!r}")
+                raise SkillError(
+                    f"skill {self.name!r}: {field} must be a list of strings, got {value!r}"
+                )
             object.__setattr__(self, field, tuple(value))
 
     def prompt(self) -> str:
@@ -92,8 +97,14 @@ class Skill:
 
     def search_text(self) -> str:
         """The text selection matches a task against."""
-        return "\n".join([self.name.replace("-", " ").replace("_", " "), self.description,
-                          *self.examples, self.instructions])
+        return "\n".join(
+            [
+                self.name.replace("-", " ").replace("_", " "),
+                self.description,
+                *self.examples,
+                self.instructions,
+            ]
+        )
 
 
 def parse_skill(text: str, source: str = "<string>") -> Skill:
@@ -102,8 +113,9 @@ def parse_skill(text: str, source: str = "<string>") -> Skill:
     text = text.removeprefix("\ufeff")
     match = _FRONT_MATTER.match(text)
     if match is None:
-        raise SkillError(f"{source}: a skill file starts with a '---' front-matter block "
-                         f"closed by a '---' line")
+        raise SkillError(
+            f"{source}: a skill file starts with a '---' front-matter block closed by a '---' line"
+        )
     try:
         fields = yaml.safe_load(match.group(1))
     except yaml.YAMLError as e:
@@ -112,14 +124,21 @@ def parse_skill(text: str, source: str = "<string>") -> Skill:
         raise SkillError(f"{source}: front matter must be a mapping of fields, got {fields!r}")
     unknown = set(fields) - _FIELDS - _FOREIGN_FIELDS
     if unknown:  # YAML keys need not be strings (``1:``, ``yes:``), nor sort together
-        raise SkillError(f"{source}: unknown front-matter field(s) "
-                         f"{sorted(map(str, unknown))}; expected {sorted(_FIELDS)}")
+        raise SkillError(
+            f"{source}: unknown front-matter field(s) "
+            f"{sorted(map(str, unknown))}; expected {sorted(_FIELDS)}"
+        )
     missing = {"name", "description"} - set(fields)
     if missing:
         raise SkillError(f"{source}: missing front-matter field(s) {sorted(missing)}")
     try:
-        return Skill(fields["name"], fields["description"], text[match.end():].strip(),
-                     _string_list(fields.get("tools")), _string_list(fields.get("examples")))
+        return Skill(
+            fields["name"],
+            fields["description"],
+            text[match.end() :].strip(),
+            _string_list(fields.get("tools")),
+            _string_list(fields.get("examples")),
+        )
     except SkillError as e:
         raise SkillError(f"{source}: {e}") from None
 
@@ -185,8 +204,9 @@ class SkillRegistry:
         for file in skill_files(path):
             skill = parse_skill(file.read_text(encoding="utf-8"), str(file))
             if file.name == SKILL_FILE and skill.name != file.parent.name:
-                raise SkillError(f"{file}: name {skill.name!r} differs from its directory "
-                                 f"{file.parent.name!r}")
+                raise SkillError(
+                    f"{file}: name {skill.name!r} differs from its directory {file.parent.name!r}"
+                )
             try:
                 registry.register(skill)
             except SkillError as e:
@@ -214,10 +234,16 @@ def compose(*skills: Skill, name: str, description: str | None = None) -> Skill:
     names = [s.name for s in skills]
     if len(set(names)) != len(names):
         raise SkillError(f"compose got a skill twice: {names}")
-    instructions = "\n\n".join(f"## {s.name}\n\n{s.instructions.strip()}" for s in skills
-                               if s.instructions.strip())
-    return Skill(name, description or " ".join(s.description.strip() for s in skills),
-                 instructions, _union(s.tools for s in skills), _union(s.examples for s in skills))
+    instructions = "\n\n".join(
+        f"## {s.name}\n\n{s.instructions.strip()}" for s in skills if s.instructions.strip()
+    )
+    return Skill(
+        name,
+        description or " ".join(s.description.strip() for s in skills),
+        instructions,
+        _union(s.tools for s in skills),
+        _union(s.examples for s in skills),
+    )
 
 
 def _union(groups: Iterable[Sequence[str]]) -> tuple[str, ...]:
@@ -228,12 +254,14 @@ def skills_prompt(skills: Sequence[Skill]) -> str:
     """A system-prompt fragment presenting ``skills`` (empty when there are none)."""
     if not skills:
         return ""
-    return ("# Skills\n\nFollow the instructions of the skills that fit the task.\n\n"
-            + "\n\n".join(s.prompt() for s in skills))
+    return "# Skills\n\nFollow the instructions of the skills that fit the task.\n\n" + "\n\n".join(
+        s.prompt() for s in skills
+    )
 
 
-def skill_tools(skills: Sequence[Skill],
-                tools: Mapping[str, Tool] | Sequence[Tool] = ()) -> list[Tool]:
+def skill_tools(
+    skills: Sequence[Skill], tools: Mapping[str, Tool] | Sequence[Tool] = ()
+) -> list[Tool]:
     """The tools ``skills`` name, each once, looked up in ``tools`` (a name -> tool mapping or a
     list of tools) and then among the built-in tools; an unknown name is a :class:`SkillError`
     naming the skills that need it."""
@@ -248,8 +276,10 @@ def skill_tools(skills: Sequence[Skill],
             out.append(builtin_tool(name))
         except KeyError:
             users = [s.name for s in skills if name in s.tools]
-            raise SkillError(f"skill(s) {users} need tool {name!r}, which is neither among the "
-                             f"given tools {sorted(tools)} nor built in") from None
+            raise SkillError(
+                f"skill(s) {users} need tool {name!r}, which is neither among the "
+                f"given tools {sorted(tools)} nor built in"
+            ) from None
     return out
 
 

@@ -18,6 +18,7 @@ Executing calls (timeouts, retries, approval gates) is ``executor.py``'s job; th
 describes and validates.  Tool output is *data*: :func:`as_data` makes sure no output can forge a
 chat-template token and so pose as an instruction turn.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,7 +54,7 @@ def _docstring_parts(doc: str | None) -> tuple[str, dict[str, str]]:
     """(description, {parameter: description}) from a Google-style docstring."""
     doc = inspect.cleandoc(doc or "")
     header = _ARGS_HEADER.search(doc)
-    head, args = (doc[:header.start()], doc[header.end():]) if header else (doc, "")
+    head, args = (doc[: header.start()], doc[header.end() :]) if header else (doc, "")
     description = " ".join(head.strip().split("\n\n")[0].split())
     params, current, indent = {}, None, None
     for line in args.splitlines():
@@ -68,8 +69,9 @@ def _docstring_parts(doc: str | None) -> tuple[str, dict[str, str]]:
     return description, params
 
 
-def _arguments_model(fn: Callable, name: str,
-                     param_docs: Mapping[str, str]) -> type[pydantic.BaseModel]:
+def _arguments_model(
+    fn: Callable, name: str, param_docs: Mapping[str, str]
+) -> type[pydantic.BaseModel]:
     hints = typing.get_type_hints(fn, include_extras=True)
     fields = {}
     for p in inspect.signature(fn).parameters.values():
@@ -127,6 +129,7 @@ def to_text(value: Any) -> str:
 class Tool:
     """A callable with a schema.  ``dangerous`` tools run only after an approval gate says yes;
     ``timeout_s`` bounds one attempt (``None``: no bound)."""
+
     name: str
     description: str
     fn: Callable[..., Any]
@@ -150,21 +153,36 @@ class Tool:
             model = self.arguments.model_validate(dict(arguments))
         except pydantic.ValidationError as e:
             raise ToolArgumentError(
-                f"invalid arguments for {self.name}: {_error_text(e)}") from None
+                f"invalid arguments for {self.name}: {_error_text(e)}"
+            ) from None
         return {field: getattr(model, field) for field in type(model).model_fields}
 
     def __call__(self, /, **arguments) -> Any:  # a tool may have a parameter called self
         return self.fn(**self.validate(arguments))
 
 
-def tool(fn: Callable | None = None, *, name: str | None = None, description: str | None = None,
-         timeout_s: float | None = 30.0, dangerous: bool = False):
+def tool(
+    fn: Callable | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout_s: float | None = 30.0,
+    dangerous: bool = False,
+):
     """Makes a :class:`Tool` of a typed function; use as ``@tool`` or ``@tool(...)``."""
+
     def wrap(f: Callable) -> Tool:
         tool_name = name or f.__name__
         doc_description, param_docs = _docstring_parts(f.__doc__)
-        return Tool(tool_name, description or doc_description, f,
-                    _arguments_model(f, tool_name, param_docs), timeout_s, dangerous)
+        return Tool(
+            tool_name,
+            description or doc_description,
+            f,
+            _arguments_model(f, tool_name, param_docs),
+            timeout_s,
+            dangerous,
+        )
+
     return wrap if fn is None else wrap(fn)
 
 

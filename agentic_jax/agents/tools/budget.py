@@ -5,6 +5,7 @@ carries a :class:`Budget` (steps, tokens, cost, wall time) and checks it before 
 Cost is tokens times a :class:`Pricing`; with a local model it is zero unless priced, but the same
 accounting then tells what a run would cost against a hosted API.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,18 +39,22 @@ class StopReason(str, enum.Enum):
 @dataclasses.dataclass(frozen=True)
 class Pricing:
     """US dollars per 1000 prompt / completion tokens."""
+
     prompt_per_1k: float = 0.0
     completion_per_1k: float = 0.0
 
     def cost(self, usage: Usage) -> float:
-        return (usage.prompt_tokens * self.prompt_per_1k
-                + usage.completion_tokens * self.completion_per_1k) / 1000
+        return (
+            usage.prompt_tokens * self.prompt_per_1k
+            + usage.completion_tokens * self.completion_per_1k
+        ) / 1000
 
 
 @gin.configurable(module="agents")
 @dataclasses.dataclass(frozen=True)
 class Budget:
     """Limits of one run; ``None`` switches a limit off.  ``max_steps`` counts model calls."""
+
     max_steps: int | None = 10
     max_tokens: int | None = None
     max_cost: float | None = None
@@ -59,8 +64,12 @@ class Budget:
 class BudgetTracker:
     """What a run has spent; shared by the sub-runs of a plan so the limits hold for the whole."""
 
-    def __init__(self, budget: Budget = Budget(), pricing: Pricing = Pricing(),
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        budget: Budget = Budget(),
+        pricing: Pricing = Pricing(),
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.budget, self.pricing, self.clock = budget, pricing, clock
         self.start = clock()
         self.steps = 0
@@ -90,11 +99,11 @@ class BudgetTracker:
         if b.max_steps is not None and self.steps >= b.max_steps:
             return StopReason.MAX_STEPS, f"reached max_steps={b.max_steps} model calls"
         if b.max_tokens is not None and self.usage.total_tokens >= b.max_tokens:
-            return StopReason.TOKEN_BUDGET, (f"used {self.usage.total_tokens} tokens of "
-                                             f"max_tokens={b.max_tokens}")
+            return StopReason.TOKEN_BUDGET, (
+                f"used {self.usage.total_tokens} tokens of max_tokens={b.max_tokens}"
+            )
         if b.max_cost is not None and self.cost >= b.max_cost:
             return StopReason.COST_BUDGET, f"spent ${self.cost:.4f} of max_cost=${b.max_cost}"
         if b.max_wall_s is not None and self.elapsed >= b.max_wall_s:
-            return StopReason.WALL_TIME, (f"ran {self.elapsed:.1f}s of "
-                                          f"max_wall_s={b.max_wall_s}")
+            return StopReason.WALL_TIME, (f"ran {self.elapsed:.1f}s of max_wall_s={b.max_wall_s}")
         return None

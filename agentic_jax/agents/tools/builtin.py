@@ -3,22 +3,24 @@
 ``calculator`` is the integer calculator of the text environments (``envs/text/tools.py``), with
 the same name, argument and output, so a model post-trained there calls it here unchanged.
 """
+
 from __future__ import annotations
 
 from typing import Annotated
 
 import pydantic
 
-from agentic_jax.sandbox import run_python
 from agentic_jax.agents.tools.base import Tool, tool
 from agentic_jax.envs.text.tools import Calculator
+from agentic_jax.sandbox import run_python
 
 _CALCULATOR = Calculator()
 
 
 @tool(timeout_s=5)
-def calculator(expression: Annotated[str, pydantic.Field(max_length=_CALCULATOR.argument_bytes)]
-               ) -> str:
+def calculator(
+    expression: Annotated[str, pydantic.Field(max_length=_CALCULATOR.argument_bytes)],
+) -> str:
     """Evaluate integer arithmetic with + - * / and parentheses (/ is floor division).
 
     Args:
@@ -30,6 +32,7 @@ def calculator(expression: Annotated[str, pydantic.Field(max_length=_CALCULATOR.
 def python_tool(timeout_s: float = 5.0, memory_mb: int = 512) -> Tool:
     """A ``python`` tool running code in the sandbox (its own kill timer replaces the executor's
     thread timeout, with a margin)."""
+
     def python(code: str) -> str:
         """Run a Python 3 program and return what it prints (stdout, then stderr). The program runs
         in an empty scratch directory with no network access and limited time and memory; print
@@ -39,6 +42,7 @@ def python_tool(timeout_s: float = 5.0, memory_mb: int = 512) -> Tool:
             code: the complete program.
         """
         return run_python(code, timeout_s=timeout_s, memory_mb=memory_mb).text()
+
     return tool(python, timeout_s=timeout_s + 5.0)
 
 

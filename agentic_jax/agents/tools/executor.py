@@ -19,6 +19,7 @@ arguments" or "tool unavailable", a crashed loop cannot.
   message telling the model to carry on without it.  A :class:`ToolError` (the tool refusing on
   purpose, e.g. "not compacted") is an answer, not a failure: it never opens the circuit.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,9 +30,14 @@ from collections.abc import Callable, Iterable, Sequence
 
 import gin
 
-from agentic_jax.agents.tools.base import (Tool, ToolArgumentError, ToolError, TransientToolError,
-                                      as_data, to_text)
-from agentic_jax.data.chat import Message, ToolCall
+from agentic_jax.agents.tools.base import (
+    Tool,
+    ToolArgumentError,
+    ToolError,
+    TransientToolError,
+    to_text,
+)
+from agentic_jax.data.chat import Message, ToolCall, as_data
 
 Approver = Callable[[Tool, ToolCall], bool]
 TRANSIENT = (TransientToolError, TimeoutError, ConnectionError)
@@ -46,13 +52,14 @@ class RetryPolicy:
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         """Full-jitter backoff before retry number ``attempt`` (0-based)."""
-        return rng.uniform(0.0, min(self.max_delay_s, self.base_delay_s * 2 ** attempt))
+        return rng.uniform(0.0, min(self.max_delay_s, self.base_delay_s * 2**attempt))
 
 
 @dataclasses.dataclass(frozen=True)
 class ToolResult:
     """The outcome of one call.  ``status``: ok, invalid_arguments, unknown_tool, denied,
     unavailable, timeout or failed."""
+
     call: ToolCall
     content: str
     status: str = "ok"
@@ -100,11 +107,19 @@ class _Circuit:
 class ToolExecutor:
     """Runs calls against ``tools``; see the module docstring."""
 
-    def __init__(self, tools: Iterable[Tool], *, allow: Iterable[str] | None = None,
-                 approver: Approver | None = None, retry: RetryPolicy = RetryPolicy(),
-                 failure_threshold: int = 3, cooldown_s: float = 60.0,
-                 sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic, seed: int | None = None):
+    def __init__(
+        self,
+        tools: Iterable[Tool],
+        *,
+        allow: Iterable[str] | None = None,
+        approver: Approver | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+        failure_threshold: int = 3,
+        cooldown_s: float = 60.0,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+        seed: int | None = None,
+    ):
         self.tools = {t.name: t for t in tools}
         self.allow = None if allow is None else set(allow)
         self.approver, self.retry = approver, retry
@@ -120,8 +135,9 @@ class ToolExecutor:
 
     def available(self) -> list[Tool]:
         """The tools to advertise now: allowed and not cut off by an open circuit."""
-        return [t for name, t in self.tools.items()
-                if self.allowed(name) and not self.is_down(name)]
+        return [
+            t for name, t in self.tools.items() if self.allowed(name) and not self.is_down(name)
+        ]
 
     def execute(self, call: ToolCall) -> ToolResult:
         start = self.clock()
@@ -136,8 +152,11 @@ class ToolExecutor:
         if not self.allowed(call.name):
             return "denied", f"error: tool {call.name!r} is not on the allow-list", 0
         if self.is_down(call.name):
-            return "unavailable", (f"error: tool {call.name!r} is unavailable right now; "
-                                   f"continue without it"), 0
+            return (
+                "unavailable",
+                (f"error: tool {call.name!r} is unavailable right now; continue without it"),
+                0,
+            )
         try:
             kwargs = tool.validate(call.arguments)
         except ToolArgumentError as e:
@@ -163,12 +182,20 @@ class ToolExecutor:
             # A bug or a permanent failure: retrying will not help.  SystemExit too (a wrapped
             # command-line tool's argparse exits on bad input): it must not end the agent.
             except (Exception, SystemExit) as e:
-                return ("failed", f"error: {tool.name} failed: {type(e).__name__}: {e}",
-                        attempt + 1, False)
+                return (
+                    "failed",
+                    f"error: {tool.name} failed: {type(e).__name__}: {e}",
+                    attempt + 1,
+                    False,
+                )
             if attempt + 1 < self.retry.max_attempts:
                 self.sleep(self.retry.delay(attempt, self.rng))
-        return status, (f"error: {tool.name} failed after {self.retry.max_attempts} attempts: "
-                        f"{error}"), self.retry.max_attempts, False
+        return (
+            status,
+            (f"error: {tool.name} failed after {self.retry.max_attempts} attempts: {error}"),
+            self.retry.max_attempts,
+            False,
+        )
 
     def _record(self, name: str, answered: bool) -> None:
         circuit = self._circuits[name]

@@ -11,6 +11,7 @@ between does not.  A loop of several calls is caught on its second lap, when non
 is new any more.  A step makes no progress when every tool result it got was an error or had been
 seen before.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,6 +50,7 @@ def call_key(call: ToolCall) -> str:
 class LoopDetector:
     """``max_repeats``: identical calls allowed before a redirect; ``patience``: steps without
     progress before a redirect; ``redirects``: redirects before stopping."""
+
     max_repeats: int = 1
     patience: int = 3
     redirects: int = 1
@@ -76,18 +78,21 @@ class LoopDetector:
         self._pending.append(key)
         if count <= self.max_repeats:
             return Verdict(CONTINUE)
-        return self._escalate(StopReason.REPEATED_CALL,
-                              f"repeated call: {call.name} was already called with these "
-                              f"arguments {count - 1} time(s) and nothing new has come back "
-                              f"since; use the earlier result, try a different approach, or "
-                              f"give the final answer")
+        return self._escalate(
+            StopReason.REPEATED_CALL,
+            f"repeated call: {call.name} was already called with these "
+            f"arguments {count - 1} time(s) and nothing new has come back "
+            f"since; use the earlier result, try a different approach, or "
+            f"give the final answer",
+        )
 
     def check_step(self, results: list[tuple[bool, str]]) -> Verdict:
         """After a step's tool results ``(ok, content)``: one per call checked since the last
         step, in the same order (a redirected call's result is ``(False, message)``)."""
         if len(results) != len(self._pending):
-            raise ValueError(f"check_step got {len(results)} results for "
-                             f"{len(self._pending)} checked calls")
+            raise ValueError(
+                f"check_step got {len(results)} results for {len(self._pending)} checked calls"
+            )
         progress = False
         for key, (ok, content) in zip(self._pending, results):
             if ok and content not in self._results:
@@ -100,6 +105,8 @@ class LoopDetector:
         if self._stalled < self.patience:
             return Verdict(CONTINUE)
         self._stalled = 0
-        return self._escalate(StopReason.NO_PROGRESS,
-                              f"no progress: the last {self.patience} steps brought no new tool "
-                              f"results; change approach or give the final answer")
+        return self._escalate(
+            StopReason.NO_PROGRESS,
+            f"no progress: the last {self.patience} steps brought no new tool "
+            f"results; change approach or give the final answer",
+        )

@@ -16,6 +16,7 @@ shipped inside ``bm25s``) removed, no stemming.
 A hit is a document sharing at least one query token (score > 0); hits come best first, ties in
 the order the documents were given, so a search is deterministic.
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,6 +38,7 @@ def bm25s():
     """The ``bm25s`` module, imported on first use: importing it initialises JAX's backend, which
     a multi-process job must leave to ``jax.distributed.initialize``."""
     import bm25s as module
+
     return module
 
 
@@ -52,8 +54,12 @@ class Hit(NamedTuple):
 
 
 def _tokens(texts: list[str]) -> list[list[str]]:
-    return bm25s().tokenize([unicodedata.normalize("NFKC", t) for t in texts], stopwords="en",
-                            return_ids=False, show_progress=False)
+    return bm25s().tokenize(
+        [unicodedata.normalize("NFKC", t) for t in texts],
+        stopwords="en",
+        return_ids=False,
+        show_progress=False,
+    )
 
 
 def _paragraphs(text: str) -> list[str]:
@@ -75,8 +81,14 @@ class Retriever:
     (default: ``"0"``, ``"1"``, ...).  ``k1`` saturates term frequency, ``b`` normalises for
     document length."""
 
-    def __init__(self, texts: Sequence[str], ids: Sequence[str] | None = None, *,
-                 k1: float = 1.5, b: float = 0.75):
+    def __init__(
+        self,
+        texts: Sequence[str],
+        ids: Sequence[str] | None = None,
+        *,
+        k1: float = 1.5,
+        b: float = 0.75,
+    ):
         texts = list(texts)
         if not texts:
             raise ValueError("Retriever needs at least one document")
@@ -95,8 +107,9 @@ class Retriever:
             self._index.index(tokens, show_progress=False)
 
     @classmethod
-    def from_documents(cls, texts: Sequence[str], ids: Sequence[str] | None = None,
-                       **bm25) -> Retriever:
+    def from_documents(
+        cls, texts: Sequence[str], ids: Sequence[str] | None = None, **bm25
+    ) -> Retriever:
         return cls(texts, ids, **bm25)
 
     @classmethod
@@ -109,15 +122,17 @@ class Retriever:
             files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in SUFFIXES)
             if not files:
                 raise ValueError(f"no {'/'.join(SUFFIXES)} files under {path}")
-            return cls([p.read_text(encoding="utf-8") for p in files],
-                       [p.relative_to(path).as_posix() for p in files], **bm25)
+            return cls(
+                [p.read_text(encoding="utf-8") for p in files],
+                [p.relative_to(path).as_posix() for p in files],
+                **bm25,
+            )
         if not path.is_file():
             raise FileNotFoundError(f"no file or directory at {path}")
         paragraphs = _paragraphs(path.read_text(encoding="utf-8"))
         if not paragraphs:
             raise ValueError(f"{path} has no text")
-        return cls(paragraphs, [f"{path.name}#{n}" for n in range(1, len(paragraphs) + 1)],
-                   **bm25)
+        return cls(paragraphs, [f"{path.name}#{n}" for n in range(1, len(paragraphs) + 1)], **bm25)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -151,8 +166,7 @@ def retrieval_tool(retriever: Retriever, name: str = "search", default_k: int = 
     if not 1 <= default_k <= MAX_K:
         raise ValueError(f"default_k must be in [1, {MAX_K}], got {default_k}")
 
-    def search(query: str,
-               k: Annotated[int, pydantic.Field(ge=1, le=MAX_K)] = default_k) -> str:
+    def search(query: str, k: Annotated[int, pydantic.Field(ge=1, le=MAX_K)] = default_k) -> str:
         """Search the local document collection by keywords; returns the best matching passages.
 
         Args:
@@ -161,4 +175,5 @@ def retrieval_tool(retriever: Retriever, name: str = "search", default_k: int = 
         """
         hits = retriever.search(query, k)
         return format_hits(hits) if hits else f"no passage matches {query!r}"
+
     return tool(search, name=name, timeout_s=10)

@@ -3,6 +3,7 @@
 It lets the quickstart train a tokenizer and a small language model with no download; see
 README.md here for its provenance and licences and ``build.py`` for how it was made.
 """
+
 from __future__ import annotations
 
 import json

@@ -13,6 +13,7 @@ is byte-reproducible for the same Python and NumPy versions::
 
     python -m agentic_jax.data.corpus.build [--out DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,15 @@ from agentic_jax.data.documents import write_documents
 HELDOUT_MODULUS = 20  # 1 in 20 documents, i.e. ~5 %, goes to the held-out split.
 MIN_DOC_CHARS = 200
 MIN_DOCSTRING_CHARS = 40
-_SKIPPED_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "_bundled",
-                 "_pyinstaller"}
+_SKIPPED_DIRS = {
+    "test",
+    "tests",
+    "idle_test",
+    "site-packages",
+    "__pycache__",
+    "_bundled",
+    "_pyinstaller",
+}
 _BLANK_RUNS = re.compile(r"\n{3,}")
 
 
@@ -89,8 +97,9 @@ def _module_documents(tree: ast.Module, module: str, docstrings: _Docstrings) ->
     yield from class_docs
 
 
-def _source_tree_documents(root: pathlib.Path, package: str | None,
-                           docstrings: _Docstrings) -> Iterator[str]:
+def _source_tree_documents(
+    root: pathlib.Path, package: str | None, docstrings: _Docstrings
+) -> Iterator[str]:
     """Documents of every ``*.py`` file under ``root`` (sorted, test directories skipped)."""
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
@@ -109,6 +118,7 @@ def _source_tree_documents(root: pathlib.Path, package: str | None,
 
 def _pydoc_topic_documents() -> Iterator[str]:
     from pydoc_data.topics import topics
+
     for name in sorted(topics):
         yield _clean(topics[name])
 
@@ -118,9 +128,11 @@ def corpus_documents() -> Iterator[str]:
     docstrings = _Docstrings()
     stdlib = pathlib.Path(sysconfig.get_paths()["stdlib"])
     numpy_root = pathlib.Path(np.__file__).parent
-    sources = (_pydoc_topic_documents(),
-               _source_tree_documents(stdlib, None, docstrings),
-               _source_tree_documents(numpy_root, "numpy", docstrings))
+    sources = (
+        _pydoc_topic_documents(),
+        _source_tree_documents(stdlib, None, docstrings),
+        _source_tree_documents(numpy_root, "numpy", docstrings),
+    )
     seen = set()
     for source in sources:
         for doc in source:
@@ -144,9 +156,12 @@ def _write_licences(out_dir: pathlib.Path) -> None:
     def numpy_licence(suffix: str) -> str:
         path = next(f for f in numpy_dist.files if str(f).endswith(suffix))
         return numpy_dist.locate_file(path).read_text().strip()
+
     # LICENSE.txt's first section is NumPy's BSD licence; the rest covers bundled binaries.
-    texts = [numpy_licence("licenses/LICENSE.txt").split("\n----\n")[0].strip(),
-             numpy_licence("licenses/numpy/ma/LICENSE")]
+    texts = [
+        numpy_licence("licenses/LICENSE.txt").split("\n----\n")[0].strip(),
+        numpy_licence("licenses/numpy/ma/LICENSE"),
+    ]
     (out_dir / "LICENSE-numpy.txt").write_text("\n\n".join(texts) + "\n")
 
 

@@ -36,7 +36,14 @@ class BernoulliBandit(Env):
 
     def step_env(self, key, state, action, params):
         reward = jax.random.bernoulli(key, params.probs[action]).astype(jnp.float32)
-        return jnp.zeros((1,), jnp.float32), EnvState(state.time + 1), reward, jnp.bool_(True), jnp.bool_(False), {}
+        return (
+            jnp.zeros((1,), jnp.float32),
+            EnvState(state.time + 1),
+            reward,
+            jnp.bool_(True),
+            jnp.bool_(False),
+            {},
+        )
 
     def observation_space(self, params=None):
         return spaces.Box(0.0, 0.0, (1,))

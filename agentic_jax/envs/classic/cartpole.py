@@ -57,14 +57,18 @@ class CartPole(Env):
             params.half_length * (4.0 / 3.0 - params.mass_pole * cos**2 / total_mass)
         )
         x_acc = temp - pole_moment * theta_acc * cos / total_mass
-        physics = jnp.stack([
-            x + params.tau * x_dot,
-            x_dot + params.tau * x_acc,
-            theta + params.tau * theta_dot,
-            theta_dot + params.tau * theta_acc,
-        ])
+        physics = jnp.stack(
+            [
+                x + params.tau * x_dot,
+                x_dot + params.tau * x_acc,
+                theta + params.tau * theta_dot,
+                theta_dot + params.tau * theta_acc,
+            ]
+        )
         time = state.time + 1
-        terminated = (jnp.abs(physics[0]) > params.x_limit) | (jnp.abs(physics[2]) > params.theta_limit)
+        terminated = (jnp.abs(physics[0]) > params.x_limit) | (
+            jnp.abs(physics[2]) > params.theta_limit
+        )
         truncated = (time >= params.max_steps) & ~terminated
         return physics, CartPoleState(physics, time), jnp.float32(1.0), terminated, truncated, {}
 

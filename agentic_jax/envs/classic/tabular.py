@@ -53,9 +53,18 @@ class TabularMDP(Env):
 
     def step_env(self, key, state, action, params):
         s = state.state
-        next_s = jax.random.categorical(key, jnp.log(params.transitions[s, action])).astype(jnp.int32)
+        next_s = jax.random.categorical(key, jnp.log(params.transitions[s, action])).astype(
+            jnp.int32
+        )
         reward = params.rewards[s, action, next_s]
-        return next_s, TabularState(next_s, state.time + 1), reward, params.terminal[next_s], jnp.bool_(False), {}
+        return (
+            next_s,
+            TabularState(next_s, state.time + 1),
+            reward,
+            params.terminal[next_s],
+            jnp.bool_(False),
+            {},
+        )
 
     def observation_space(self, params=None):
         return spaces.Discrete(self.num_states)
@@ -67,10 +76,14 @@ class TabularMDP(Env):
 def _expected(params: TabularParams, gamma: float, v: jax.Array) -> jax.Array:
     """Q[s, a] = Σ_s' P(s'|s, a)·(R(s, a, s') + γ·(1 − terminal[s'])·V[s'])."""
     continuation = jnp.where(params.terminal, 0.0, v)
-    return jnp.einsum("sat,sat->sa", params.transitions, params.rewards + gamma * continuation[None, None, :])
+    return jnp.einsum(
+        "sat,sat->sa", params.transitions, params.rewards + gamma * continuation[None, None, :]
+    )
 
 
-def value_iteration(params: TabularParams, gamma: float, tol: float = 1e-6, max_iters: int = 10_000):
+def value_iteration(
+    params: TabularParams, gamma: float, tol: float = 1e-6, max_iters: int = 10_000
+):
     """Optimal (V*, Q*) by V ← max_a Q(V) until the sup-norm change is below `tol`.
 
     Values of terminal states are never used (the episode has ended) and are
@@ -110,7 +123,9 @@ def _params(transitions, rewards, terminal, initial) -> TabularParams:
     )
 
 
-def chain_mdp(num_states: int = 8, slip: float = 0.1, goal_reward: float = 1.0, wall_reward: float = 0.01):
+def chain_mdp(
+    num_states: int = 8, slip: float = 0.1, goal_reward: float = 1.0, wall_reward: float = 0.01
+):
     """A corridor: LEFT / RIGHT move one cell (flipped with probability `slip`).
 
     Entering the right end pays `goal_reward` and terminates; bumping into the
@@ -130,7 +145,14 @@ def chain_mdp(num_states: int = 8, slip: float = 0.1, goal_reward: float = 1.0, 
     return TabularMDP(_params(transitions, rewards, terminal, (~terminal).astype(float)))
 
 
-def grid_mdp(height: int = 4, width: int = 4, slip: float = 0.1, goal=None, pits=((1, 1),), step_reward: float = 0.0):
+def grid_mdp(
+    height: int = 4,
+    width: int = 4,
+    slip: float = 0.1,
+    goal=None,
+    pits=((1, 1),),
+    step_reward: float = 0.0,
+):
     """A gridworld: four moves (a random move with probability `slip`), walls keep you in place.
 
     Reaching `goal` (default: bottom-right) pays +1, a pit −1; both terminate.

@@ -16,14 +16,35 @@ host-side twin for tools that cannot run in jnp.  A trainer's loop::
 
 Supervised warm-start data: ``Task.render`` / `demonstration_batch`.
 """
+
 from agentic_jax.envs.text import calculator
 from agentic_jax.envs.text.env import TextEnv, TextEnvParams, TextEnvState, tool_message_template
 from agentic_jax.envs.text.generators import Arithmetic, Countdown, Generator, MultiHop, task_env
-from agentic_jax.envs.text.rewards import (ByFamily, CountdownAnswer, ExactAnswer, NumericCloseness,
-                                           Reward, ThinkAnswerFormat, Weighted)
+from agentic_jax.envs.text.rewards import (
+    ByFamily,
+    CountdownAnswer,
+    ExactAnswer,
+    NumericCloseness,
+    Reward,
+    ThinkAnswerFormat,
+    Weighted,
+)
 from agentic_jax.envs.text.strings import Text
-from agentic_jax.envs.text.tasks import Task, TaskBank, build_bank, demonstration_actions, demonstration_batch
-from agentic_jax.envs.text.tools import Calculator, Lookup, Search, Tool, parse_call, parse_call_host
+from agentic_jax.envs.text.tasks import (
+    Task,
+    TaskBank,
+    build_bank,
+    demonstration_actions,
+    demonstration_batch,
+)
+from agentic_jax.envs.text.tools import (
+    Calculator,
+    Lookup,
+    Search,
+    Tool,
+    parse_call,
+    parse_call_host,
+)
 from agentic_jax.envs.text.vocab import Vocab, detokenize, encode_int
 
 __all__ = [

@@ -26,6 +26,7 @@ either consumes a byte, finishes a number or applies one operator, so
 Applying operators as they are popped is exactly postfix order, i.e.
 Python's evaluation order.
 """
+
 from __future__ import annotations
 
 import ast
@@ -37,9 +38,14 @@ import jax.numpy as jnp
 import numpy as np
 
 OK, SYNTAX, DIV_ZERO, OVERFLOW, TOO_LONG = range(5)
-ERROR_MESSAGES = ("", "error: invalid expression", "error: division by zero", "error: integer overflow",
-                  "error: expression too long")
-INT_MAX = 2 ** 31 - 1
+ERROR_MESSAGES = (
+    "",
+    "error: invalid expression",
+    "error: division by zero",
+    "error: integer overflow",
+    "error: expression too long",
+)
+INT_MAX = 2**31 - 1
 ALLOWED = frozenset("0123456789+-*/() ")
 
 # Operator codes on the operator stack; precedence is indexed by code.
@@ -54,7 +60,9 @@ class Evaluation(NamedTuple):
     value: jax.Array | int  # 0 unless error == OK
     error: jax.Array | int  # OK, SYNTAX, DIV_ZERO, OVERFLOW or TOO_LONG
     inexact: jax.Array | bool  # some division had a remainder
-    literals: jax.Array | tuple[int, ...]  # the literals in order, none on error ([max_bytes], -1 padded in jnp)
+    literals: (
+        jax.Array | tuple[int, ...]
+    )  # the literals in order, none on error ([max_bytes], -1 padded in jnp)
 
 
 class _State(NamedTuple):
@@ -81,12 +89,20 @@ def _arith(op, a, b):
     total, difference, product = a + b, a - b, a * b
     quotient = a // jnp.where(b == 0, 1, b)
     results = jnp.stack([jnp.int32(0), total, difference, product, quotient, a, -a])
-    overflow = jnp.stack([
-        False,
-        ((a ^ total) & (b ^ total)) < 0,  # the sign flipped away from both operands
-        ((a ^ b) & (a ^ difference)) < 0,
-        (a != 0) & (product // jnp.where(a == 0, 1, a) != b),  # floor-div check is exact (no false positives)
-        False, False, False])
+    overflow = jnp.stack(
+        [
+            False,
+            ((a ^ total) & (b ^ total)) < 0,  # the sign flipped away from both operands
+            ((a ^ b) & (a ^ difference)) < 0,
+            (a != 0)
+            & (
+                product // jnp.where(a == 0, 1, a) != b
+            ),  # floor-div check is exact (no false positives)
+            False,
+            False,
+            False,
+        ]
+    )
     result = results[op]
     error = jnp.where(overflow[op] | (result == int_min), OVERFLOW, OK)
     error = jnp.where((op == _DIV) & (b == 0), DIV_ZERO, error)
@@ -105,12 +121,19 @@ def _step(expression, length, s: _State, _) -> tuple[_State, None]:
     byte = expression[jnp.minimum(s.pos, expression.shape[0] - 1)].astype(jnp.int32)
     char = jnp.where(s.pos < length, byte, _END)
     is_digit = (char >= ord("0")) & (char <= ord("9"))
-    binary = jnp.select([char == ord("+"), char == ord("-"), char == ord("*"), char == ord("/")],
-                        [_ADD, _SUB, _MUL, _DIV], _NONE)
+    binary = jnp.select(
+        [char == ord("+"), char == ord("-"), char == ord("*"), char == ord("/")],
+        [_ADD, _SUB, _MUL, _DIV],
+        _NONE,
+    )
     top = s.ops[jnp.maximum(s.num_ops - 1, 0)]
     closing, at_end = (char == ord(")")) | (char == _END), char == _END
     precedence = jnp.asarray(_PRECEDENCE)
-    outranks = (s.num_ops > 0) & (top != _OPEN) & (closing | ((binary != _NONE) & (precedence[top] >= precedence[binary])))
+    outranks = (
+        (s.num_ops > 0)
+        & (top != _OPEN)
+        & (closing | ((binary != _NONE) & (precedence[top] >= precedence[binary])))
+    )
 
     live = ~(s.done | s.syntax)
     finish = live & s.in_number & ~is_digit
@@ -128,7 +151,9 @@ def _step(expression, length, s: _State, _) -> tuple[_State, None]:
     # A digit extends (or starts) the literal.
     value = char - ord("0")
     number = jnp.where(s.in_number, s.number, 0)
-    digit_syntax = (~s.expect_operand & ~s.in_number) | (s.in_number & s.leading_zero & (value != 0))  # "1 2", "07"
+    digit_syntax = (~s.expect_operand & ~s.in_number) | (
+        s.in_number & s.leading_zero & (value != 0)
+    )  # "1 2", "07"
     digit_overflow = number > (INT_MAX - value) // 10
     # Applying the top operator pops its operands and pushes the result.
     unary_op = top >= _POS
@@ -139,12 +164,16 @@ def _step(expression, length, s: _State, _) -> tuple[_State, None]:
     has_open = (s.num_ops > 0) & (top == _OPEN)
 
     slot = jnp.where(finish, s.num_values, s.num_values - 1 - ~unary_op)
-    pushed = jnp.where(opening, _OPEN, jnp.where(sign, jnp.where(binary == _ADD, _POS, _NEG), binary))
+    pushed = jnp.where(
+        opening, _OPEN, jnp.where(sign, jnp.where(binary == _ADD, _POS, _NEG), binary)
+    )
     push = opening | sign | push_binary
     error = jnp.where(digit & digit_overflow, OVERFLOW, jnp.where(apply, arith_error, OK))
     new = _State(
         pos=s.pos + (digit | space | opening | sign | push_binary | close),
-        values=s.values.at[slot].set(jnp.where(finish, s.number, jnp.where(apply, result, s.values[slot]))),
+        values=s.values.at[slot].set(
+            jnp.where(finish, s.number, jnp.where(apply, result, s.values[slot]))
+        ),
         num_values=s.num_values + finish - (apply & ~unary_op),
         ops=s.ops.at[s.num_ops].set(jnp.where(push, pushed, s.ops[s.num_ops])),
         num_ops=s.num_ops + push - apply - (close & has_open & ~at_end),
@@ -152,12 +181,18 @@ def _step(expression, length, s: _State, _) -> tuple[_State, None]:
         in_number=(s.in_number | digit) & ~finish,
         leading_zero=jnp.where(digit & ~s.in_number, value == 0, s.leading_zero),
         expect_operand=(s.expect_operand | push) & ~finish,
-        syntax=s.syntax | (digit & digit_syntax) | (opening & ~s.expect_operand) | missing | stray
+        syntax=s.syntax
+        | (digit & digit_syntax)
+        | (opening & ~s.expect_operand)
+        | missing
+        | stray
         | (close & (has_open == at_end)),
         error=jnp.where(s.error == OK, error, s.error),
         done=s.done | (close & at_end),
         inexact=s.inexact | (apply & inexact),
-        literals=s.literals.at[s.num_literals].set(jnp.where(finish, s.number, s.literals[s.num_literals])),
+        literals=s.literals.at[s.num_literals].set(
+            jnp.where(finish, s.number, s.literals[s.num_literals])
+        ),
         num_literals=s.num_literals + finish,
     )
     return new, None
@@ -170,15 +205,37 @@ def evaluate(expression: jax.Array, length: jax.Array) -> Evaluation:
     """
     size = expression.shape[0]
     zero, no, stack = jnp.int32(0), jnp.bool_(False), jnp.zeros((size + 1,), jnp.int32)
-    state = _State(pos=zero, values=stack, num_values=zero, ops=stack, num_ops=zero, number=zero, in_number=no,
-                   leading_zero=no, expect_operand=jnp.bool_(True), syntax=no, error=jnp.int32(OK), done=no,
-                   inexact=no, literals=stack - 1, num_literals=zero)
-    state, _ = jax.lax.scan(functools.partial(_step, expression, jnp.minimum(length, size)), state, None,
-                            length=3 * size + 2)
+    state = _State(
+        pos=zero,
+        values=stack,
+        num_values=zero,
+        ops=stack,
+        num_ops=zero,
+        number=zero,
+        in_number=no,
+        leading_zero=no,
+        expect_operand=jnp.bool_(True),
+        syntax=no,
+        error=jnp.int32(OK),
+        done=no,
+        inexact=no,
+        literals=stack - 1,
+        num_literals=zero,
+    )
+    state, _ = jax.lax.scan(
+        functools.partial(_step, expression, jnp.minimum(length, size)),
+        state,
+        None,
+        length=3 * size + 2,
+    )
     error = jnp.where(length > size, TOO_LONG, jnp.where(state.syntax, SYNTAX, state.error))
     ok = error == OK
-    return Evaluation(jnp.where(ok, state.values[0], 0), error, state.inexact & ok,
-                      jnp.where(ok, state.literals[:size], -1))
+    return Evaluation(
+        jnp.where(ok, state.values[0], 0),
+        error,
+        state.inexact & ok,
+        jnp.where(ok, state.literals[:size], -1),
+    )
 
 
 class _HostError(Exception):
@@ -211,7 +268,9 @@ def evaluate_text(expression: str, max_bytes: int) -> Evaluation:
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
             value = walk(node.operand)
             return -value if isinstance(node.op, ast.USub) else value
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)):
+        if isinstance(node, ast.BinOp) and isinstance(
+            node.op, (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv)
+        ):
             a, b = walk(node.left), walk(node.right)
             if isinstance(node.op, ast.FloorDiv):
                 if b == 0:

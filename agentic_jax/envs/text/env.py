@@ -32,6 +32,7 @@ episode ``info["final_observation"]`` is a ready-made training row for
 a `Task`'s demonstration reproduces ``chat.render_ids`` of it token for
 token, with ``loss_mask`` equal to its assistant mask.
 """
+
 from __future__ import annotations
 
 import functools
@@ -58,8 +59,12 @@ class TextEnvParams:
 
     tasks: TaskBank
     vocab: Vocab
-    task_weights: jax.Array  # float32 [N]: unnormalised sampling weights of the tasks (curricula set them)
-    max_turns: jax.Array  # int32 []: assistant turns per episode; a tool call in the last one truncates
+    task_weights: (
+        jax.Array
+    )  # float32 [N]: unnormalised sampling weights of the tasks (curricula set them)
+    max_turns: (
+        jax.Array
+    )  # int32 []: assistant turns per episode; a tool call in the last one truncates
 
 
 @struct.dataclass
@@ -75,13 +80,25 @@ class TextEnvState(EnvState):
 
 def tool_message_template(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
     """Token ids around a tool message's content, as ``chat.render_ids`` spells them, and the reply prompt."""
+
     def special(token):
         return [tokenizer.token_id(token)]
 
-    head = tokenizer.encode("\n") + special(IM_START) + tokenizer.encode("tool\n") + special(TOOL_RESULT) + \
+    head = (
         tokenizer.encode("\n")
-    tail = tokenizer.encode("\n") + special(TOOL_RESULT_END) + special(IM_END) + tokenizer.encode("\n") + \
-        special(IM_START) + tokenizer.encode("assistant\n")
+        + special(IM_START)
+        + tokenizer.encode("tool\n")
+        + special(TOOL_RESULT)
+        + tokenizer.encode("\n")
+    )
+    tail = (
+        tokenizer.encode("\n")
+        + special(TOOL_RESULT_END)
+        + special(IM_END)
+        + tokenizer.encode("\n")
+        + special(IM_START)
+        + tokenizer.encode("assistant\n")
+    )
     return head, tail
 
 
@@ -101,15 +118,28 @@ def turn_extent(action, stop_ids: Sequence[int], pad_id: int):
 def _write(buffer, start, values, count):
     """``buffer[start:start + count] = values[:count]`` with static shapes."""
     index = jnp.arange(values.shape[0])
-    return buffer.at[jnp.where(index < count, start + index, buffer.shape[0])].set(values, mode="drop")
+    return buffer.at[jnp.where(index < count, start + index, buffer.shape[0])].set(
+        values, mode="drop"
+    )
 
 
 class TextEnv(Env):
     """Multi-turn tool use (or single-turn answers) over a bank of `Task`s; see the module docstring."""
 
-    def __init__(self, tokenizer: Tokenizer, tasks: Sequence[Task] | TaskBank, reward: Reward, *,
-                 tools: Sequence[Tool] = (), max_length: int = 512, action_length: int = 96, max_turns: int = 4,
-                 payload_bytes: int | None = None, answer_bytes: int | None = None, bank_sizes: dict | None = None):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        tasks: Sequence[Task] | TaskBank,
+        reward: Reward,
+        *,
+        tools: Sequence[Tool] = (),
+        max_length: int = 512,
+        action_length: int = 96,
+        max_turns: int = 4,
+        payload_bytes: int | None = None,
+        answer_bytes: int | None = None,
+        bank_sizes: dict | None = None,
+    ):
         if len({t.name for t in tools}) != len(tools):
             raise ValueError("tool names must be unique")
         self.tokenizer, self.reward, self.tools = tokenizer, reward, tuple(tools)
@@ -139,14 +169,22 @@ class TextEnv(Env):
         """A bank with this env's sizes (fix them in ``bank_sizes`` to swap banks without recompiling)."""
         return build_bank(tasks, self.tokenizer, **self.bank_sizes)
 
-    def make_params(self, bank: TaskBank, task_weights=None, max_turns: int | None = None) -> TextEnvParams:
+    def make_params(
+        self, bank: TaskBank, task_weights=None, max_turns: int | None = None
+    ) -> TextEnvParams:
         """Params over ``bank`` (uniform task weights and this env's turn limit unless given)."""
         if bank.prompt.shape[1] + self.action_length > self.max_length:
-            raise ValueError(f"prompts of {bank.prompt.shape[1]} tokens leave no room for a "
-                             f"{self.action_length}-token turn in max_length={self.max_length}")
+            raise ValueError(
+                f"prompts of {bank.prompt.shape[1]} tokens leave no room for a "
+                f"{self.action_length}-token turn in max_length={self.max_length}"
+            )
         weights = np.ones(bank.size, np.float32) if task_weights is None else task_weights
-        return TextEnvParams(jax.tree.map(jnp.asarray, bank), self.vocab, jnp.asarray(weights, jnp.float32),
-                             jnp.int32(self.max_turns if max_turns is None else max_turns))
+        return TextEnvParams(
+            jax.tree.map(jnp.asarray, bank),
+            self.vocab,
+            jnp.asarray(weights, jnp.float32),
+            jnp.int32(self.max_turns if max_turns is None else max_turns),
+        )
 
     @property
     def default_params(self) -> TextEnvParams:
@@ -156,15 +194,21 @@ class TextEnv(Env):
     def batched(self):
         """``(reset_task, step_env)`` vmapped over a batch of episodes and jitted, once per env
         (trainers play many batches of one env)."""
-        return (jax.jit(jax.vmap(self.reset_task, in_axes=(0, None))),
-                jax.jit(jax.vmap(self.step_env, in_axes=(0, 0, 0, None))))
+        return (
+            jax.jit(jax.vmap(self.reset_task, in_axes=(0, None))),
+            jax.jit(jax.vmap(self.step_env, in_axes=(0, 0, 0, None))),
+        )
 
     def observation_space(self, params=None):
-        return spaces.Dict({
-            "tokens": spaces.Tokens(self.tokenizer.vocab_size, self.max_length, self.vocab.pad_id),
-            "loss_mask": spaces.Box(0, 1, (self.max_length,), jnp.int32),
-            "length": spaces.Discrete(self.max_length + 1),
-        })
+        return spaces.Dict(
+            {
+                "tokens": spaces.Tokens(
+                    self.tokenizer.vocab_size, self.max_length, self.vocab.pad_id
+                ),
+                "loss_mask": spaces.Box(0, 1, (self.max_length,), jnp.int32),
+                "length": spaces.Discrete(self.max_length + 1),
+            }
+        )
 
     def action_space(self, params=None):
         return spaces.Tokens(self.tokenizer.vocab_size, self.action_length, self.vocab.pad_id)
@@ -181,7 +225,9 @@ class TextEnv(Env):
         choose their prompts, e.g. G samples of one task for a group baseline, start here)."""
         task = jnp.asarray(task, jnp.int32)
         prompt, prompt_length = params.tasks.prompt[task], params.tasks.prompt_length[task]
-        tokens = _write(jnp.full((self.max_length,), self.vocab.pad_id, jnp.int32), 0, prompt, prompt_length)
+        tokens = _write(
+            jnp.full((self.max_length,), self.vocab.pad_id, jnp.int32), 0, prompt, prompt_length
+        )
         zero = jnp.int32(0)
         state = TextEnvState(zero, task, tokens, jnp.zeros_like(tokens), prompt_length, zero)
         return self.observation(state), state
@@ -189,14 +235,24 @@ class TextEnv(Env):
     def _tool_result(self, payload: Text, task: TaskBank, vocab: Vocab):
         """Content ids of the tool message for a call payload (an error message if malformed)."""
         index, value = parse_call(payload, self.tools)
-        results = [tool.run(substring(value, 0, value.length, tool.argument_bytes), task, vocab,
-                            jax.tree.map(jnp.asarray, messages))
-                   for tool, messages in zip(self.tools, self.tool_messages)]
+        results = [
+            tool.run(
+                substring(value, 0, value.length, tool.argument_bytes),
+                task,
+                vocab,
+                jax.tree.map(jnp.asarray, messages),
+            )
+            for tool, messages in zip(self.tools, self.tool_messages)
+        ]
         results.append((jnp.asarray(self.malformed), len(self.malformed)))
         width = max(ids.shape[0] for ids, _ in results)
         padded = [pack([r], width, vocab.pad_id) for r in results]
         choice = jnp.where(index < 0, len(self.tools), index)
-        return jnp.stack([ids for ids, _ in padded])[choice], jnp.stack([n for _, n in padded])[choice], index < 0
+        return (
+            jnp.stack([ids for ids, _ in padded])[choice],
+            jnp.stack([n for _, n in padded])[choice],
+            index < 0,
+        )
 
     def _tool_message(self, action, turn_length, task: TaskBank, vocab: Vocab):
         """Whether the turn calls a tool, whether the call is malformed, and the tool message to append."""
@@ -206,34 +262,64 @@ class TextEnv(Env):
         call_start = jnp.where(jnp.any(opens), jnp.argmax(opens), self.action_length)
         closes = in_turn & (action == vocab.tool_call_end_id) & (position > call_start)
         call_end = jnp.where(jnp.any(closes), jnp.argmax(closes), -1)
-        payload = Text(*detokenize(vocab, action, (position > call_start) & (position < call_end), self.payload_bytes))
+        payload = Text(
+            *detokenize(
+                vocab, action, (position > call_start) & (position < call_end), self.payload_bytes
+            )
+        )
         result, result_length, malformed = self._tool_result(payload, task, vocab)
         closed = action[jnp.maximum(turn_length - 1, 0)] == self.im_end_id
         message = pack(
-            [(jnp.asarray([self.im_end_id]), jnp.where(closed, 0, 1)), (jnp.asarray(self.head), len(self.head)),
-             (result, result_length), (jnp.asarray(self.tail), len(self.tail))],
-            1 + len(self.head) + result.shape[0] + len(self.tail), vocab.pad_id)
+            [
+                (jnp.asarray([self.im_end_id]), jnp.where(closed, 0, 1)),
+                (jnp.asarray(self.head), len(self.head)),
+                (result, result_length),
+                (jnp.asarray(self.tail), len(self.tail)),
+            ],
+            1 + len(self.head) + result.shape[0] + len(self.tail),
+            vocab.pad_id,
+        )
         return call_end > call_start, malformed, message
 
     def step_env(self, key, state, action, params):
         vocab, task = params.vocab, params.tasks.row(state.task)
         action = jnp.asarray(action, jnp.int32)
         turn_length = turn_extent(action, vocab.stop_ids, vocab.pad_id)
-        content = Text(*detokenize(vocab, action, (jnp.arange(self.action_length) < turn_length) & ~jnp.isin(
-            action, jnp.asarray(vocab.stop_ids)), self.answer_bytes))
+        content = Text(
+            *detokenize(
+                vocab,
+                action,
+                (jnp.arange(self.action_length) < turn_length)
+                & ~jnp.isin(action, jnp.asarray(vocab.stop_ids)),
+                self.answer_bytes,
+            )
+        )
         if self.tools:
-            tool_turn, malformed, (message, message_length) = self._tool_message(action, turn_length, task, vocab)
+            tool_turn, malformed, (message, message_length) = self._tool_message(
+                action, turn_length, task, vocab
+            )
         else:  # single-turn: every turn answers
-            tool_turn, malformed, (message, message_length) = jnp.bool_(False), jnp.bool_(False), (action, 0)
+            tool_turn, malformed, (message, message_length) = (
+                jnp.bool_(False),
+                jnp.bool_(False),
+                (action, 0),
+            )
 
         length = state.length + turn_length
         fits = length + message_length + self.action_length <= self.max_length
         shown = jnp.where(tool_turn & fits, message_length, 0)
-        tokens = _write(_write(state.tokens, state.length, action, turn_length), length, message, shown)
+        tokens = _write(
+            _write(state.tokens, state.length, action, turn_length), length, message, shown
+        )
         loss_mask = _write(state.loss_mask, state.length, jnp.ones_like(action), turn_length)
         turn = state.turn + 1
-        next_state = state.replace(time=state.time + 1, tokens=tokens, loss_mask=loss_mask, length=length + shown,
-                                   turn=turn)
+        next_state = state.replace(
+            time=state.time + 1,
+            tokens=tokens,
+            loss_mask=loss_mask,
+            length=length + shown,
+            turn=turn,
+        )
         reward = jnp.where(tool_turn, 0.0, self.reward(content, task))
         truncated = tool_turn & (~fits | (turn >= params.max_turns))
         info = {"task": state.task, "tool_call": tool_turn, "malformed_call": tool_turn & malformed}

@@ -17,6 +17,7 @@ Families: `Arithmetic` (multi-step integer arithmetic; difficulty = number
 of operators), `Countdown` (reach a target from given numbers; difficulty =
 how many numbers), `MultiHop` (chained fact lookups; difficulty = hops).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,8 +54,10 @@ def tool_turns(tool: Tool, arguments: Iterable[str], task: Task) -> tuple[Messag
     """One call per argument, each followed by the tool message the tool returns for ``task``."""
     turns = []
     for argument in arguments:
-        turns += [Message("assistant", "", (ToolCall(tool.name, {tool.argument: argument}),)),
-                  Message("tool", tool.run_host(argument, task))]
+        turns += [
+            Message("assistant", "", (ToolCall(tool.name, {tool.argument: argument}),)),
+            Message("tool", tool.run_host(argument, task)),
+        ]
     return tuple(turns)
 
 
@@ -92,8 +95,12 @@ class Generator:
         return [self.sample(int(s)) for s in seeds]
 
 
-def task_env(tokenizer: Tokenizer, generators: Generator | Sequence[Generator], seeds: Iterable[int],
-             **kwargs) -> TextEnv:
+def task_env(
+    tokenizer: Tokenizer,
+    generators: Generator | Sequence[Generator],
+    seeds: Iterable[int],
+    **kwargs,
+) -> TextEnv:
     """A `TextEnv` over the tasks of ``seeds`` from each generator, with their tools, verifiers and turn limit.
 
     Several generators make one multi-task env: the union of their tools
@@ -108,15 +115,22 @@ def task_env(tokenizer: Tokenizer, generators: Generator | Sequence[Generator], 
     tools = {}
     for tool in (t for g in generators for t in g.tools):
         kept = tools.setdefault(tool.name, tool)
-        if type(kept) is not type(tool) or {**vars(kept), "argument_bytes": 0} != {**vars(tool), "argument_bytes": 0}:
+        if type(kept) is not type(tool) or {**vars(kept), "argument_bytes": 0} != {
+            **vars(tool),
+            "argument_bytes": 0,
+        }:
             raise ValueError(f"generators define the tool {tool.name!r} differently")
         if tool.argument_bytes > kept.argument_bytes:
             tools[tool.name] = tool
     rewards = {g.family: g.reward for g in generators}
     kwargs.setdefault("max_turns", max(g.max_turns for g in generators))
-    return TextEnv(tokenizer, [t for g in generators for t in g.tasks(seeds)],
-                   rewards[generators[0].family] if len(rewards) == 1 else ByFamily(rewards),
-                   tools=tuple(tools.values()), **kwargs)
+    return TextEnv(
+        tokenizer,
+        [t for g in generators for t in g.tasks(seeds)],
+        rewards[generators[0].family] if len(rewards) == 1 else ByFamily(rewards),
+        tools=tuple(tools.values()),
+        **kwargs,
+    )
 
 
 class Arithmetic(Generator):
@@ -133,8 +147,11 @@ class Arithmetic(Generator):
     def __init__(self, difficulty: int, use_tools: bool = True, partial_credit: bool = True):
         super().__init__(difficulty)
         self.tools = (Calculator(),) if use_tools else ()
-        self.reward = (Weighted((0.8, ExactAnswer()), (0.1, NumericCloseness()), (0.1, ThinkAnswerFormat()))
-                       if partial_credit else Weighted((0.9, ExactAnswer()), (0.1, ThinkAnswerFormat())))
+        self.reward = (
+            Weighted((0.8, ExactAnswer()), (0.1, NumericCloseness()), (0.1, ThinkAnswerFormat()))
+            if partial_credit
+            else Weighted((0.9, ExactAnswer()), (0.1, ThinkAnswerFormat()))
+        )
 
     @property
     def max_turns(self):
@@ -154,16 +171,30 @@ class Arithmetic(Generator):
                 (a_text, a_prec, a), (b_text, b_prec, b) = pair
                 result = {"+": a + b, "-": a - b, "*": a * b}[op]
                 steps.append((f"{a} {op} {b}", result))
-                text, precedence, value = _combine((a_text, a_prec), op, (b_text, b_prec)), _PRECEDENCE[op], result
+                text, precedence, value = (
+                    _combine((a_text, a_prec), op, (b_text, b_prec)),
+                    _PRECEDENCE[op],
+                    result,
+                )
             if all(abs(result) <= calculator.INT_MAX for _, result in steps):
                 break  # else redraw: the int32 calculator (tool and verifier) cannot evaluate it
         prompt = (Message("system", FORMAT), Message("user", f"What is {text}?"))
-        task = Task(prompt, str(value), value=value, seed=seed, difficulty=self.difficulty, family=self.family)
+        task = Task(
+            prompt,
+            str(value),
+            value=value,
+            seed=seed,
+            difficulty=self.difficulty,
+            family=self.family,
+        )
         thought = "; ".join(f"{step} = {result}" for step, result in steps)
         calls = tool_turns(self.tools[0], [step for step, _ in steps], task) if self.tools else ()
         wrong = value + int(rng.choice([-10, -1, 1, 10]))
-        return dataclasses.replace(task, demonstration=calls + (final_turn(thought, str(value)),),
-                                   corrupted=calls + (final_turn(thought, str(wrong)),))
+        return dataclasses.replace(
+            task,
+            demonstration=calls + (final_turn(thought, str(value)),),
+            corrupted=calls + (final_turn(thought, str(wrong)),),
+        )
 
 
 class Countdown(Generator):
@@ -199,19 +230,35 @@ class Countdown(Generator):
         return text, value
 
     def _task(self, numbers: tuple[int, ...], target: int, solution: str, seed: int) -> Task:
-        question = (f"Using the numbers {list(numbers)}, each at most once, and + - * / (exact division only) "
-                    f"with parentheses, write an expression equal to {target}.")
-        task = Task((Message("system", FORMAT), Message("user", question)), solution, value=target,
-                    numbers=numbers, seed=seed, difficulty=self.difficulty, family=self.family)
+        question = (
+            f"Using the numbers {list(numbers)}, each at most once, and + - * / (exact division only) "
+            f"with parentheses, write an expression equal to {target}."
+        )
+        task = Task(
+            (Message("system", FORMAT), Message("user", question)),
+            solution,
+            value=target,
+            numbers=numbers,
+            seed=seed,
+            difficulty=self.difficulty,
+            family=self.family,
+        )
         calls = tool_turns(self.tools[0], [solution], task) if self.tools else ()
-        return dataclasses.replace(task, demonstration=calls + (final_turn(f"{solution} = {target}", solution),),
-                                   corrupted=calls + (final_turn(f"{solution} = {target}", f"{solution} + 1"),))
+        return dataclasses.replace(
+            task,
+            demonstration=calls + (final_turn(f"{solution} = {target}", solution),),
+            corrupted=calls + (final_turn(f"{solution} = {target}", f"{solution} + 1"),),
+        )
 
     def sample(self, seed):
         rng = np.random.default_rng(seed)
         while True:
-            numbers = tuple(int(n) for n in rng.integers(1, self.max_number + 1, size=self.difficulty + 1))
-            solution, target = self._solution(rng, [numbers[i] for i in rng.permutation(len(numbers))])
+            numbers = tuple(
+                int(n) for n in rng.integers(1, self.max_number + 1, size=self.difficulty + 1)
+            )
+            solution, target = self._solution(
+                rng, [numbers[i] for i in rng.permutation(len(numbers))]
+            )
             if calculator.evaluate_text(solution, len(solution.encode())).error == calculator.OK:
                 break  # else redraw: an intermediate value overflows the int32 calculator
         return self._task(numbers, target, solution, seed)
@@ -222,11 +269,31 @@ class Countdown(Generator):
         if result.error != calculator.OK or result.inexact or result.value < 1:
             return None
         relabelled = self._task(task.numbers, result.value, answer, task.seed)
-        solved = self.reward.host(relabelled.demonstration[-1].content, relabelled) == self.reward.max_value
+        solved = (
+            self.reward.host(relabelled.demonstration[-1].content, relabelled)
+            == self.reward.max_value
+        )
         return relabelled if solved else None  # e.g. a literal that is not among the numbers
 
 
-_SYLLABLES = ("ka", "ri", "mo", "ne", "lu", "ta", "vi", "so", "pe", "da", "zu", "ho", "mi", "ga", "be", "fo")
+_SYLLABLES = (
+    "ka",
+    "ri",
+    "mo",
+    "ne",
+    "lu",
+    "ta",
+    "vi",
+    "so",
+    "pe",
+    "da",
+    "zu",
+    "ho",
+    "mi",
+    "ga",
+    "be",
+    "fo",
+)
 
 
 class MultiHop(Generator):
@@ -257,23 +324,37 @@ class MultiHop(Generator):
             name = "".join(rng.choice(_SYLLABLES, size=int(rng.integers(2, 4)))).capitalize()
             if name not in names:
                 names.append(name)
-        chain, others = names[:self.difficulty + 1], names[self.difficulty + 1:]
+        chain, others = names[: self.difficulty + 1], names[self.difficulty + 1 :]
         facts = list(itertools.pairwise(chain)) + [(o, str(rng.choice(names))) for o in others]
         facts = [facts[i] for i in rng.permutation(len(facts))]
         question = f"Who is {'the boss of ' * self.difficulty}{chain[0]}?"
         tool = self.tools[0]
-        hint = ("The lookup tool takes a person's name as key and returns their boss." if isinstance(tool, Lookup)
-                else "The search tool finds sentences about who reports to whom.")
-        task = Task((Message("system", f"{hint} {FORMAT}"), Message("user", question)), chain[-1],
-                    facts=tuple(facts), documents=tuple(f"{a} reports to {b}." for a, b in facts), seed=seed,
-                    difficulty=self.difficulty, family=self.family)
+        hint = (
+            "The lookup tool takes a person's name as key and returns their boss."
+            if isinstance(tool, Lookup)
+            else "The search tool finds sentences about who reports to whom."
+        )
+        task = Task(
+            (Message("system", f"{hint} {FORMAT}"), Message("user", question)),
+            chain[-1],
+            facts=tuple(facts),
+            documents=tuple(f"{a} reports to {b}." for a, b in facts),
+            seed=seed,
+            difficulty=self.difficulty,
+            family=self.family,
+        )
         calls = tool_turns(tool, chain[:-1], task)
-        if any(f"{a} reports to {b}." not in m.content and m.content != b
-               for (a, b), m in zip(itertools.pairwise(chain), calls[1::2])):
+        if any(
+            f"{a} reports to {b}." not in m.content and m.content != b
+            for (a, b), m in zip(itertools.pairwise(chain), calls[1::2])
+        ):
             return None  # retrieval missed a needed fact: draw another table
         thought = " -> ".join(chain)
-        return dataclasses.replace(task, demonstration=calls + (final_turn(thought, chain[-1]),),
-                                   corrupted=calls + (final_turn(thought, chain[-2]),))
+        return dataclasses.replace(
+            task,
+            demonstration=calls + (final_turn(thought, chain[-1]),),
+            corrupted=calls + (final_turn(thought, chain[-2]),),
+        )
 
     def sample(self, seed):
         rng = np.random.default_rng(seed)

@@ -18,6 +18,7 @@ A verifier sees the content of the policy's answering turn (its text before
 The two implementations share the specification, not code (one runs on
 bytes in jnp, one on ``str``); the tests hold them equal.
 """
+
 from __future__ import annotations
 
 import collections
@@ -27,7 +28,16 @@ import jax
 import jax.numpy as jnp
 
 from agentic_jax.envs.text import calculator
-from agentic_jax.envs.text.strings import WHITESPACE, Text, count, equals, find, is_space, strip, substring
+from agentic_jax.envs.text.strings import (
+    WHITESPACE,
+    Text,
+    count,
+    equals,
+    find,
+    is_space,
+    strip,
+    substring,
+)
 from agentic_jax.envs.text.tasks import Task, TaskBank
 
 _BLANK = WHITESPACE.decode()
@@ -47,7 +57,7 @@ def answer_text(content: str, tag: str = "answer") -> str | None:
     opening, closing = f"<{tag}>", f"</{tag}>"
     open_at = content.find(opening)
     close_at = content.find(closing, open_at + len(opening)) if open_at >= 0 else -1
-    return content[open_at + len(opening):close_at].strip(_BLANK) if close_at >= 0 else None
+    return content[open_at + len(opening) : close_at].strip(_BLANK) if close_at >= 0 else None
 
 
 def _answer(content: Text, size: int) -> tuple[jax.Array, Text]:
@@ -85,7 +95,11 @@ class ThinkAnswerFormat(Reward):
         starts = [find(content, t.encode()) for t in self.TAGS]
         ends = [s + len(t) for s, t in zip(starts, self.TAGS)]
         ordered = (starts[0] < starts[1]) & (starts[1] < starts[2]) & (starts[2] < starts[3])
-        gaps = is_space(content, 0, starts[0]) & is_space(content, ends[1], starts[2]) & is_space(content, ends[3], end)
+        gaps = (
+            is_space(content, 0, starts[0])
+            & is_space(content, ends[1], starts[2])
+            & is_space(content, ends[3], end)
+        )
         return (content.fits & once & ordered & gaps).astype(jnp.float32)
 
     def host(self, content, task):
@@ -107,8 +121,11 @@ class NumericCloseness(Reward):
         value, target = result.value, jnp.asarray(task.value, jnp.int32)
         difference = value - target
         overflow = ((value ^ target) & (value ^ difference)) < 0
-        distance = jnp.where(overflow, jnp.abs(value.astype(jnp.float32) - target.astype(jnp.float32)),
-                             jnp.abs(difference.astype(jnp.float32)))
+        distance = jnp.where(
+            overflow,
+            jnp.abs(value.astype(jnp.float32) - target.astype(jnp.float32)),
+            jnp.abs(difference.astype(jnp.float32)),
+        )
         return jnp.where(found & (result.error == calculator.OK), 1.0 / (1.0 + distance), 0.0)
 
     def host(self, content, task):
@@ -121,6 +138,7 @@ class NumericCloseness(Reward):
 
 def _uses_only(literals: jax.Array, numbers: jax.Array, num_numbers: jax.Array) -> jax.Array:
     """Each literal (-1 padded) matched to a distinct available number, greedily in order."""
+
     def match(used, literal):
         free = (numbers == literal) & ~used & (jnp.arange(numbers.shape[0]) < num_numbers)
         slot = jnp.argmax(free)
@@ -139,12 +157,19 @@ class CountdownAnswer(Reward):
         found, answer = _answer(content, self.max_bytes)
         result = calculator.evaluate(answer.data, answer.length)
         legal = (result.error == calculator.OK) & ~result.inexact & (result.value == task.value)
-        return (found & legal & _uses_only(result.literals, task.numbers, task.num_numbers)).astype(jnp.float32)
+        return (found & legal & _uses_only(result.literals, task.numbers, task.num_numbers)).astype(
+            jnp.float32
+        )
 
     def host(self, content, task):
         answer = answer_text(content)
         result = calculator.evaluate_text(answer, self.max_bytes) if answer is not None else None
-        if result is None or result.error != calculator.OK or result.inexact or result.value != task.value:
+        if (
+            result is None
+            or result.error != calculator.OK
+            or result.inexact
+            or result.value != task.value
+        ):
             return 0.0
         return float(not collections.Counter(result.literals) - collections.Counter(task.numbers))
 

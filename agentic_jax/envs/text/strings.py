@@ -4,6 +4,7 @@ Tool-call parsing and verifiers search, strip and compare substrings of
 decoded model output inside jit.  Everything is a comparison of windows
 (``size x len(pattern)``), which is cheap for the few hundred bytes of a turn.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -25,7 +26,7 @@ class Text(NamedTuple):
         if len(value) > size:
             raise ValueError(f"{value!r} is longer than {size} bytes")
         data = np.zeros((size,), np.uint8)
-        data[:len(value)] = np.frombuffer(value, np.uint8)
+        data[: len(value)] = np.frombuffer(value, np.uint8)
         return cls(data, np.int32(len(value)))
 
     @property
@@ -39,7 +40,8 @@ def matches_at(text: Text, pattern: bytes) -> jax.Array:
     starts = jnp.arange(size)
     window = text.data[jnp.minimum(starts[:, None] + jnp.arange(width), size - 1)]
     return jnp.all(window == jnp.asarray(np.frombuffer(pattern, np.uint8)), axis=1) & (
-        starts + width <= jnp.minimum(text.length, size))
+        starts + width <= jnp.minimum(text.length, size)
+    )
 
 
 def find(text: Text, pattern: bytes, start=0) -> jax.Array:
@@ -97,7 +99,13 @@ def embed(text: Text, dim: int) -> jax.Array:
     data = jnp.where((data >= ord("A")) & (data <= ord("Z")), data + 32, data)
     size = data.shape[0]
     index = jnp.arange(size)
-    grams = data + (data[jnp.minimum(index + 1, size - 1)] << 8) + (data[jnp.minimum(index + 2, size - 1)] << 16)
+    grams = (
+        data
+        + (data[jnp.minimum(index + 1, size - 1)] << 8)
+        + (data[jnp.minimum(index + 2, size - 1)] << 16)
+    )
     buckets = (grams * jnp.uint32(2654435761)) % dim  # Knuth's multiplicative hash
-    counts = jnp.zeros((dim,), jnp.float32).at[buckets].add(index + 3 <= jnp.minimum(text.length, size))
+    counts = (
+        jnp.zeros((dim,), jnp.float32).at[buckets].add(index + 3 <= jnp.minimum(text.length, size))
+    )
     return counts / jnp.maximum(jnp.linalg.norm(counts), 1e-6)

@@ -7,6 +7,7 @@ environment's ``reset`` only samples an index: swapping the bank, or the
 sampling weights a curriculum puts next to it, never changes a traced shape
 as long as the sizes stay fixed.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -66,13 +67,16 @@ def demonstration_actions(rendered: RenderedIds, action_length: int, pad_id: int
     actions = np.full((len(starts), action_length), pad_id, np.int32)
     for row, (start, end) in zip(actions, zip(starts, ends)):
         if end - start > action_length:
-            raise ValueError(f"a demonstration turn has {end - start} tokens > action_length={action_length}")
-        row[:end - start] = rendered.ids[start:end]
+            raise ValueError(
+                f"a demonstration turn has {end - start} tokens > action_length={action_length}"
+            )
+        row[: end - start] = rendered.ids[start:end]
     return actions
 
 
-def demonstration_batch(tasks: Sequence[Task], tokenizer: Tokenizer, length: int,
-                        correct: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def demonstration_batch(
+    tasks: Sequence[Task], tokenizer: Tokenizer, length: int, correct: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """Supervised rows: ``ids`` and assistant ``mask``, int32 ``[len(tasks), length]``, right-padded with 0.
 
     ``correct=False`` renders the corrupted continuations, so the two calls
@@ -83,7 +87,10 @@ def demonstration_batch(tasks: Sequence[Task], tokenizer: Tokenizer, length: int
         rendered = task.render(tokenizer, correct)
         if len(rendered.ids) > length:
             raise ValueError(f"a demonstration has {len(rendered.ids)} tokens > length={length}")
-        ids[row, :len(rendered.ids)], mask[row, :len(rendered.ids)] = rendered.ids, rendered.assistant_mask
+        ids[row, : len(rendered.ids)], mask[row, : len(rendered.ids)] = (
+            rendered.ids,
+            rendered.assistant_mask,
+        )
     return ids, mask
 
 
@@ -141,11 +148,13 @@ def _size(need: int, given: int | None, what: str) -> int:
 def _pad(rows: Sequence[Sequence], width: int | None, dtype, what: str) -> np.ndarray:
     out = np.zeros((len(rows), _size(max(map(len, rows)), width, what)), dtype)
     for i, r in enumerate(rows):
-        out[i, :len(r)] = r
+        out[i, : len(r)] = r
     return out
 
 
-def _pad_groups(groups: Sequence[Sequence[Sequence]], slots: int | None, width: int | None, dtype, what: str):
+def _pad_groups(
+    groups: Sequence[Sequence[Sequence]], slots: int | None, width: int | None, dtype, what: str
+):
     """Pads lists of sequences to ``[N, slots, width]``; lengths ``[N, slots]`` are -1 on empty slots."""
     slots = _size(max(map(len, groups)), slots, f"{what} (entries)")
     width = _size(max((len(item) for g in groups for item in g), default=0), width, what)
@@ -153,23 +162,43 @@ def _pad_groups(groups: Sequence[Sequence[Sequence]], slots: int | None, width: 
     lengths = np.full((len(groups), slots), -1, np.int32)
     for i, g in enumerate(groups):
         for j, item in enumerate(g):
-            out[i, j, :len(item)] = item
+            out[i, j, : len(item)] = item
             lengths[i, j] = len(item)
     return out, lengths
 
 
 def _embed_documents(tasks: Sequence[Task], shape: tuple[int, int], dim: int) -> np.ndarray:
     """`strings.embed` of every document, in one vmapped call (the same function the search tool runs)."""
-    data, length = _pad_groups([[list(d.encode()) for d in t.documents] for t in tasks], shape[1], None, np.uint8,
-                               "documents")
-    flat = jax.vmap(lambda d, n: embed(Text(d, n), dim))(data.reshape(-1, data.shape[-1]), length.reshape(-1))
-    return np.where(length[..., None] >= 0, np.asarray(flat).reshape(shape + (dim,)), 0.0).astype(np.float32)
+    data, length = _pad_groups(
+        [[list(d.encode()) for d in t.documents] for t in tasks],
+        shape[1],
+        None,
+        np.uint8,
+        "documents",
+    )
+    flat = jax.vmap(lambda d, n: embed(Text(d, n), dim))(
+        data.reshape(-1, data.shape[-1]), length.reshape(-1)
+    )
+    return np.where(length[..., None] >= 0, np.asarray(flat).reshape(shape + (dim,)), 0.0).astype(
+        np.float32
+    )
 
 
-def build_bank(tasks: Sequence[Task], tokenizer: Tokenizer, *, prompt_tokens: int | None = None,
-               answer_bytes: int | None = None, max_numbers: int | None = None, max_facts: int | None = None,
-               key_bytes: int | None = None, value_tokens: int | None = None, max_documents: int | None = None,
-               doc_tokens: int | None = None, embedding_dim: int = 64, families: Sequence[str] = ()) -> TaskBank:
+def build_bank(
+    tasks: Sequence[Task],
+    tokenizer: Tokenizer,
+    *,
+    prompt_tokens: int | None = None,
+    answer_bytes: int | None = None,
+    max_numbers: int | None = None,
+    max_facts: int | None = None,
+    key_bytes: int | None = None,
+    value_tokens: int | None = None,
+    max_documents: int | None = None,
+    doc_tokens: int | None = None,
+    embedding_dim: int = 64,
+    families: Sequence[str] = (),
+) -> TaskBank:
     """Packs ``tasks`` for a jitted env; each size defaults to the largest need (fix them to reuse a jit).
 
     ``families`` numbers the task families of a mixed bank (each task's
@@ -182,13 +211,28 @@ def build_bank(tasks: Sequence[Task], tokenizer: Tokenizer, *, prompt_tokens: in
         raise ValueError(f"task families {sorted(unknown)} are not among {list(families)}")
     prompts = [t.prompt_ids(tokenizer) for t in tasks]
     answers = [list(t.answer.encode()) for t in tasks]
-    keys, key_length = _pad_groups([[list(k.encode()) for k, _ in t.facts] for t in tasks], max_facts, key_bytes,
-                                   np.uint8, "fact keys")
+    keys, key_length = _pad_groups(
+        [[list(k.encode()) for k, _ in t.facts] for t in tasks],
+        max_facts,
+        key_bytes,
+        np.uint8,
+        "fact keys",
+    )
     # Fact values and documents are tool output: plain text, as the host env encodes it.
-    values, value_length = _pad_groups([[tokenizer.encode(v, special=False) for _, v in t.facts] for t in tasks],
-                                       max_facts, value_tokens, np.int32, "fact values")
-    docs, doc_length = _pad_groups([[tokenizer.encode(d, special=False) for d in t.documents] for t in tasks],
-                                   max_documents, doc_tokens, np.int32, "documents")
+    values, value_length = _pad_groups(
+        [[tokenizer.encode(v, special=False) for _, v in t.facts] for t in tasks],
+        max_facts,
+        value_tokens,
+        np.int32,
+        "fact values",
+    )
+    docs, doc_length = _pad_groups(
+        [[tokenizer.encode(d, special=False) for d in t.documents] for t in tasks],
+        max_documents,
+        doc_tokens,
+        np.int32,
+        "documents",
+    )
     return TaskBank(
         prompt=_pad(prompts, prompt_tokens, np.int32, "prompt"),
         prompt_length=np.asarray([len(p) for p in prompts], np.int32),
@@ -197,8 +241,14 @@ def build_bank(tasks: Sequence[Task], tokenizer: Tokenizer, *, prompt_tokens: in
         value=np.asarray([t.value for t in tasks], np.int32),
         numbers=_pad([t.numbers for t in tasks], max_numbers, np.int32, "numbers"),
         num_numbers=np.asarray([len(t.numbers) for t in tasks], np.int32),
-        family=np.asarray([list(families).index(t.family) if families else 0 for t in tasks], np.int32),
+        family=np.asarray(
+            [list(families).index(t.family) if families else 0 for t in tasks], np.int32
+        ),
         table=Table(keys, key_length, values, value_length),
-        corpus=Corpus(docs, doc_length, _embed_documents(tasks, docs.shape[:2], embedding_dim),
-                      np.asarray([len(t.documents) for t in tasks], np.int32)),
+        corpus=Corpus(
+            docs,
+            doc_length,
+            _embed_documents(tasks, docs.shape[:2], embedding_dim),
+            np.asarray([len(t.documents) for t in tasks], np.int32),
+        ),
     )

@@ -18,6 +18,7 @@ canonical token ids inside jit (computed integers via `vocab.encode_int`,
 stored strings pre-tokenized by the task bank), so the environment's tool
 turns tokenize exactly as ``chat.render_ids`` renders the same conversation.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,7 +43,7 @@ def token_table(tokenizer: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray,
     encoded = [tokenizer.encode(t) for t in texts]
     ids = np.zeros((len(texts), max(map(len, encoded))), np.int32)
     for row, e in zip(ids, encoded):
-        row[:len(e)] = e
+        row[: len(e)] = e
     return ids, np.asarray(list(map(len, encoded)), np.int32)
 
 
@@ -58,14 +59,18 @@ class Tool:
     messages: tuple[str, ...]
 
     def __init__(self, argument_bytes: int = 48):
-        self.argument_bytes = argument_bytes  # longer arguments do not fit the jitted parser's buffer
+        self.argument_bytes = (
+            argument_bytes  # longer arguments do not fit the jitted parser's buffer
+        )
 
     @property
     def call_prefix(self) -> bytes:
         """``json.dumps`` of a call up to the opening quote of the argument value."""
         return json.dumps({"name": self.name, "arguments": {self.argument: ""}})[:-3].encode()
 
-    def run(self, argument: Text, task: TaskBank, vocab: Vocab, messages) -> tuple[jax.Array, jax.Array]:
+    def run(
+        self, argument: Text, task: TaskBank, vocab: Vocab, messages
+    ) -> tuple[jax.Array, jax.Array]:
         """Content ids ``[width]`` and length for one task row (jit).
 
         ``argument`` is ``[argument_bytes]`` (its length may exceed that: it
@@ -89,12 +94,22 @@ class Calculator(Tool):
         value_ids, value_length = encode_int(vocab, result.value)
         error_ids, error_length = messages[0][result.error - 1], messages[1][result.error - 1]
         ok = result.error == calculator.OK
-        return pack([(value_ids, jnp.where(ok, value_length, 0)), (error_ids, jnp.where(ok, 0, error_length))],
-                     max(value_ids.shape[0], error_ids.shape[0]), vocab.pad_id)
+        return pack(
+            [
+                (value_ids, jnp.where(ok, value_length, 0)),
+                (error_ids, jnp.where(ok, 0, error_length)),
+            ],
+            max(value_ids.shape[0], error_ids.shape[0]),
+            vocab.pad_id,
+        )
 
     def run_host(self, argument, task):
         result = calculator.evaluate_text(argument, self.argument_bytes)
-        return str(result.value) if result.error == calculator.OK else calculator.ERROR_MESSAGES[result.error]
+        return (
+            str(result.value)
+            if result.error == calculator.OK
+            else calculator.ERROR_MESSAGES[result.error]
+        )
 
 
 class Lookup(Tool):
@@ -105,19 +120,28 @@ class Lookup(Tool):
 
     def run(self, argument, task, vocab, messages):
         table = task.table
-        hits = jax.vmap(lambda key, length: equals(Text(key, length), argument))(table.keys, table.key_length)
+        hits = jax.vmap(lambda key, length: equals(Text(key, length), argument))(
+            table.keys, table.key_length
+        )
         index = jnp.argmax(hits)
         missing_ids, missing_length = messages[0][0], messages[1][0]
         found = jnp.any(hits)
-        return pack([(table.values[index], jnp.where(found, table.value_length[index], 0)),
-                     (missing_ids, jnp.where(found, 0, missing_length))],
-                    max(table.values.shape[-1], missing_ids.shape[0]), vocab.pad_id)
+        return pack(
+            [
+                (table.values[index], jnp.where(found, table.value_length[index], 0)),
+                (missing_ids, jnp.where(found, 0, missing_length)),
+            ],
+            max(table.values.shape[-1], missing_ids.shape[0]),
+            vocab.pad_id,
+        )
 
     def run_host(self, argument, task):
         return dict(task.facts).get(argument, NOT_FOUND)
 
 
-def top_documents(query: Text, embedding: jax.Array, length: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+def top_documents(
+    query: Text, embedding: jax.Array, length: jax.Array, k: int
+) -> tuple[jax.Array, jax.Array]:
     """The ``k`` best documents by dot product with the query's `strings.embed`: (indices, which exist)."""
     scores = jnp.where(length >= 0, embedding @ embed(query, embedding.shape[-1]), -jnp.inf)
     best = jax.lax.top_k(scores, min(k, scores.shape[0]))[1]
@@ -140,17 +164,27 @@ class Search(Tool):
         best, exists = top_documents(argument, corpus.embedding, corpus.length, self.top_k)
         segments = []
         for rank, (index, found) in enumerate(zip(best, exists)):
-            segments += [(separator, jnp.where(found & (rank > 0), separator_length, 0)),
-                         (corpus.tokens[index], jnp.where(found, corpus.length[index], 0))]
-        return pack(segments, len(best) * (corpus.tokens.shape[-1] + separator.shape[0]), vocab.pad_id)
+            segments += [
+                (separator, jnp.where(found & (rank > 0), separator_length, 0)),
+                (corpus.tokens[index], jnp.where(found, corpus.length[index], 0)),
+            ]
+        return pack(
+            segments, len(best) * (corpus.tokens.shape[-1] + separator.shape[0]), vocab.pad_id
+        )
 
     def run_host(self, argument, task):
         if not task.documents:
             return ""
-        query = Text.from_bytes(argument.encode()[:self.argument_bytes], self.argument_bytes)
-        embedding = np.stack([np.asarray(embed(Text.from_bytes(d.encode(), len(d.encode())), self.embedding_dim))
-                              for d in task.documents])
-        best, _ = top_documents(query, embedding, np.zeros(len(task.documents), np.int32), self.top_k)
+        query = Text.from_bytes(argument.encode()[: self.argument_bytes], self.argument_bytes)
+        embedding = np.stack(
+            [
+                np.asarray(embed(Text.from_bytes(d.encode(), len(d.encode())), self.embedding_dim))
+                for d in task.documents
+            ]
+        )
+        best, _ = top_documents(
+            query, embedding, np.zeros(len(task.documents), np.int32), self.top_k
+        )
         return self.messages[0].join(task.documents[int(i)] for i in best)
 
 
@@ -160,13 +194,23 @@ def parse_call(payload: Text, tools: Sequence[Tool]) -> tuple[jax.Array, Text]:
     value_end = end - 3  # before '"}}'
     index, value_start = jnp.int32(-1), end
     for i, tool in enumerate(tools):  # the prefixes differ, so at most one matches
-        named = (find(payload, tool.call_prefix, start) == start) & (start + len(tool.call_prefix) <= value_end)
-        index, value_start = jnp.where(named, i, index), jnp.where(named, start + len(tool.call_prefix), value_start)
+        named = (find(payload, tool.call_prefix, start) == start) & (
+            start + len(tool.call_prefix) <= value_end
+        )
+        index, value_start = (
+            jnp.where(named, i, index),
+            jnp.where(named, start + len(tool.call_prefix), value_start),
+        )
     position = jnp.arange(payload.data.shape[0])
-    escaped = jnp.any((position >= value_start) & (position < value_end) & jnp.isin(payload.data, jnp.asarray(
-        [ord('"'), ord("\\")], jnp.uint8)))
+    escaped = jnp.any(
+        (position >= value_start)
+        & (position < value_end)
+        & jnp.isin(payload.data, jnp.asarray([ord('"'), ord("\\")], jnp.uint8))
+    )
     well_formed = payload.fits & (find(payload, b'"}}', value_end) == value_end) & ~escaped
-    return jnp.where(well_formed, index, -1), substring(payload, value_start, value_end, payload.data.shape[0])
+    return jnp.where(well_formed, index, -1), substring(
+        payload, value_start, value_end, payload.data.shape[0]
+    )
 
 
 def parse_call_host(payload: str, tools: Sequence[Tool]) -> tuple[Tool | None, str]:
@@ -182,10 +226,17 @@ def parse_call_host(payload: str, tools: Sequence[Tool]) -> tuple[Tool | None, s
     except ValueError:
         return None, ""
     named = {t.name: t for t in tools}
-    if not isinstance(call, dict) or set(call) != {"name", "arguments"} or call["name"] not in named:
+    if (
+        not isinstance(call, dict)
+        or set(call) != {"name", "arguments"}
+        or call["name"] not in named
+    ):
         return None, ""
     tool, arguments = named[call["name"]], call["arguments"]
-    if not isinstance(arguments, dict) or set(arguments) != {tool.argument} or not isinstance(
-            arguments[tool.argument], str):
+    if (
+        not isinstance(arguments, dict)
+        or set(arguments) != {tool.argument}
+        or not isinstance(arguments[tool.argument], str)
+    ):
         return None, ""
     return tool, arguments[tool.argument]

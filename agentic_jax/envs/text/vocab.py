@@ -18,6 +18,7 @@ Only byte-level BPE tokenizers (ours, GPT-2 style) are supported; the digit
 spelling is canonical for pre-tokenizers that keep a run of digits in one
 piece (the GPT-2 regex does), and always decodes to the right text.
 """
+
 from __future__ import annotations
 
 import functools
@@ -37,7 +38,11 @@ INT_DIGITS = 10  # an int32 has at most 10 decimal digits
 @functools.cache
 def _byte_of_char() -> dict[str, int]:
     """Inverse of the GPT-2 byte -> printable-character map that byte-level BPE vocabularies use."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     chars, extra = dict(zip(printable, printable)), 0
     for b in range(256):
         if b not in chars:
@@ -56,14 +61,20 @@ def _token_bytes(tokenizer: Tokenizer) -> list[bytes]:
             continue
         piece = backend.id_to_token(i)
         if piece is None or any(ch not in table for ch in piece):
-            raise ValueError(f"token {i} ({piece!r}) is not byte-level BPE; only byte-level tokenizers are supported")
+            raise ValueError(
+                f"token {i} ({piece!r}) is not byte-level BPE; only byte-level tokenizers are supported"
+            )
         out.append(bytes(table[ch] for ch in piece))
     return out
 
 
 def _digit_merges(tokenizer: Tokenizer, pieces: list[bytes]):
     """Digit-token ids and the [D, D] merge rank / merged-index tables among them."""
-    digit_ids = [i for i, p in enumerate(pieces) if p and p.isdigit() and i not in tokenizer.special_ids.values()]
+    digit_ids = [
+        i
+        for i, p in enumerate(pieces)
+        if p and p.isdigit() and i not in tokenizer.special_ids.values()
+    ]
     index = {pieces[i]: k for k, i in enumerate(digit_ids)}
     if any(bytes([c]) not in index for c in b"0123456789"):
         raise ValueError("the vocabulary lacks a single-digit token")
@@ -104,19 +115,32 @@ class Vocab:
         width = max(1, max(map(len, pieces)))
         token_bytes = np.zeros((len(pieces), width), np.uint8)
         for i, p in enumerate(pieces):
-            token_bytes[i, :len(p)] = np.frombuffer(p, np.uint8)
+            token_bytes[i, : len(p)] = np.frombuffer(p, np.uint8)
         digit_ids, single, rank, merged = _digit_merges(tokenizer, pieces)
         minus = tokenizer.encode("-")
         if len(minus) != 1:
             raise ValueError("'-' must be a single token")
-        stop_ids = tuple(tokenizer.special_ids[t] for t in (IM_END, EOS) if t in tokenizer.special_ids)
-        return cls(jnp.asarray(token_bytes), jnp.asarray([len(p) for p in pieces], jnp.int32),
-                   jnp.asarray(digit_ids), jnp.asarray(single), jnp.asarray(rank), jnp.asarray(merged),
-                   minus_id=minus[0], pad_id=tokenizer.token_id(PAD), stop_ids=stop_ids,
-                   tool_call_id=tokenizer.token_id(TOOL_CALL), tool_call_end_id=tokenizer.token_id(TOOL_CALL_END))
+        stop_ids = tuple(
+            tokenizer.special_ids[t] for t in (IM_END, EOS) if t in tokenizer.special_ids
+        )
+        return cls(
+            jnp.asarray(token_bytes),
+            jnp.asarray([len(p) for p in pieces], jnp.int32),
+            jnp.asarray(digit_ids),
+            jnp.asarray(single),
+            jnp.asarray(rank),
+            jnp.asarray(merged),
+            minus_id=minus[0],
+            pad_id=tokenizer.token_id(PAD),
+            stop_ids=stop_ids,
+            tool_call_id=tokenizer.token_id(TOOL_CALL),
+            tool_call_end_id=tokenizer.token_id(TOOL_CALL_END),
+        )
 
 
-def detokenize(vocab: Vocab, ids: jax.Array, valid: jax.Array, size: int) -> tuple[jax.Array, jax.Array]:
+def detokenize(
+    vocab: Vocab, ids: jax.Array, valid: jax.Array, size: int
+) -> tuple[jax.Array, jax.Array]:
     """UTF-8 bytes of ``ids[valid]`` in order: ``(bytes uint8 [size], length)``.
 
     ``length`` is the full byte length even when it exceeds ``size`` (the
@@ -127,7 +151,11 @@ def detokenize(vocab: Vocab, ids: jax.Array, valid: jax.Array, size: int) -> tup
     width = vocab.token_bytes.shape[1]
     offsets = jnp.arange(width)
     positions = jnp.where(offsets < lengths[:, None], starts[:, None] + offsets, size)
-    out = jnp.zeros((size,), jnp.uint8).at[positions.ravel()].set(vocab.token_bytes[ids].ravel(), mode="drop")
+    out = (
+        jnp.zeros((size,), jnp.uint8)
+        .at[positions.ravel()]
+        .set(vocab.token_bytes[ids].ravel(), mode="drop")
+    )
     return out, jnp.sum(lengths)
 
 
@@ -149,9 +177,15 @@ def _bpe_merge_step(vocab: Vocab, carry, _):
     position = jnp.arange(digits.shape[0] - 1)
     ranks = jnp.where(position < count - 1, vocab.merge_rank[digits[:-1], digits[1:]], NO_MERGE)
     j = jnp.argmin(ranks)
-    merged = jnp.where(jnp.arange(digits.shape[0]) < j, digits,
-                       jnp.where(jnp.arange(digits.shape[0]) == j, vocab.merge_result[digits[j], digits[j + 1]],
-                                 jnp.append(digits[1:], digits[-1])))
+    merged = jnp.where(
+        jnp.arange(digits.shape[0]) < j,
+        digits,
+        jnp.where(
+            jnp.arange(digits.shape[0]) == j,
+            vocab.merge_result[digits[j], digits[j + 1]],
+            jnp.append(digits[1:], digits[-1]),
+        ),
+    )
     can = ranks[j] < NO_MERGE
     return (jnp.where(can, merged, digits), count - can), None
 
@@ -160,12 +194,16 @@ def encode_int(vocab: Vocab, value: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Canonical token ids of ``str(value)``: ``(ids int32 [11], length)``; |value| < 2**31."""
     value = jnp.asarray(value, jnp.int32)
     magnitude = jnp.abs(value)
-    powers = jnp.asarray([10 ** k for k in range(INT_DIGITS)], jnp.int32)
+    powers = jnp.asarray([10**k for k in range(INT_DIGITS)], jnp.int32)
     count = 1 + jnp.sum(magnitude >= powers[1:])
     place = jnp.clip(count - 1 - jnp.arange(INT_DIGITS), 0, INT_DIGITS - 1)
     digits = vocab.single_digit[(magnitude // powers[place]) % 10]
-    (digits, count), _ = jax.lax.scan(functools.partial(_bpe_merge_step, vocab), (digits, count), None,
-                                      length=INT_DIGITS - 1)
+    (digits, count), _ = jax.lax.scan(
+        functools.partial(_bpe_merge_step, vocab), (digits, count), None, length=INT_DIGITS - 1
+    )
     negative = (value < 0).astype(jnp.int32)
-    return pack([(jnp.asarray([vocab.minus_id]), negative), (vocab.digit_ids[digits], count)], INT_DIGITS + 1,
-                vocab.pad_id)
+    return pack(
+        [(jnp.asarray([vocab.minus_id]), negative), (vocab.digit_ids[digits], count)],
+        INT_DIGITS + 1,
+        vocab.pad_id,
+    )

@@ -17,6 +17,7 @@ A done prompt takes no more hypotheses while the rest of the batch runs on, so i
 depend on the batch.
 With ``W`` at least ``V ** (N - 1)`` nothing is ever pruned and the result is the exact n-best list.
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,6 +37,7 @@ NEG_INF = -jnp.inf
 class BeamResult(NamedTuple):
     """The ``W`` best hypotheses per prompt, best first: ``tokens[B, W, N]`` (``pad_id`` after
     ``lengths[B, W]``), length-penalised ``scores[B, W]`` and summed ``logprobs[B, W]``."""
+
     tokens: jax.Array
     lengths: jax.Array
     scores: jax.Array
@@ -49,15 +51,35 @@ def _penalised(logprobs, lengths, length_penalty: float):
 def _top(scores, width, *arrays):
     """The ``width`` best entries along axis 1 and the matching entries of ``arrays``."""
     scores, idx = jax.lax.top_k(scores, width)
-    return (scores,) + tuple(jnp.take_along_axis(a, idx.reshape(idx.shape + (1,) * (a.ndim - 2)), axis=1)
-                             for a in arrays)
+    return (scores,) + tuple(
+        jnp.take_along_axis(a, idx.reshape(idx.shape + (1,) * (a.ndim - 2)), axis=1) for a in arrays
+    )
 
 
-@functools.partial(jax.jit, static_argnames=("config", "width", "max_new", "eos_id", "pad_id",
-                                             "length_penalty", "early_stopping"))
-def _beam_search(params, config: TransformerConfig, prompts: PromptBatch, *, width: int,
-                 max_new: int, eos_id: int | None, pad_id: int, length_penalty: float,
-                 early_stopping: bool) -> BeamResult:
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "config",
+        "width",
+        "max_new",
+        "eos_id",
+        "pad_id",
+        "length_penalty",
+        "early_stopping",
+    ),
+)
+def _beam_search(
+    params,
+    config: TransformerConfig,
+    prompts: PromptBatch,
+    *,
+    width: int,
+    max_new: int,
+    eos_id: int | None,
+    pad_id: int,
+    length_penalty: float,
+    early_stopping: bool,
+) -> BeamResult:
     b, w, n, v = prompts.tokens.shape[0], width, max_new, config.vocab_size
     pre = run_prefill(params, config, prompts, prompts.tokens.shape[1] + max_new)
     fork = jnp.repeat(jnp.arange(b), w)
@@ -66,8 +88,12 @@ def _beam_search(params, config: TransformerConfig, prompts: PromptBatch, *, wid
     logits = pre.logits[fork]
     alive_lp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (w - 1)), (b, 1))
     alive_seq = jnp.full((b, w, n), pad_id, jnp.int32)
-    fin = (jnp.full((b, w), NEG_INF), jnp.full((b, w), NEG_INF), jnp.full((b, w, n), pad_id, jnp.int32),
-           jnp.zeros((b, w), jnp.int32))  # scores, log-probs, tokens, lengths
+    fin = (
+        jnp.full((b, w), NEG_INF),
+        jnp.full((b, w), NEG_INF),
+        jnp.full((b, w, n), pad_id, jnp.int32),
+        jnp.zeros((b, w), jnp.int32),
+    )  # scores, log-probs, tokens, lengths
 
     def settled(t, alive_lp, fin_scores):
         """``[B]``: the prompt's finished set is final (it takes no more hypotheses)."""
@@ -75,7 +101,9 @@ def _beam_search(params, config: TransformerConfig, prompts: PromptBatch, *, wid
             final = fin_scores[:, -1] > NEG_INF
         else:
             # Alive beams hold t + 1 tokens, so their next length is t + 2.
-            best_alive = _penalised(alive_lp[:, 0], n if length_penalty > 0 else t + 2, length_penalty)
+            best_alive = _penalised(
+                alive_lp[:, 0], n if length_penalty > 0 else t + 2, length_penalty
+            )
             final = fin_scores[:, -1] >= best_alive
         return final | (alive_lp[:, 0] == NEG_INF)
 
@@ -94,9 +122,13 @@ def _beam_search(params, config: TransformerConfig, prompts: PromptBatch, *, wid
         # A done prompt's finished set is final, whatever the rest of the batch still does.
         finishing = (ends | (t + 1 == n)) & ~done[:, None]
         fin_scores = jnp.where(finishing, _penalised(cand_lp, t + 1, length_penalty), NEG_INF)
-        fin = _top(jnp.concatenate([fin[0], fin_scores], 1), w,
-                   jnp.concatenate([fin[1], cand_lp], 1), jnp.concatenate([fin[2], seq], 1),
-                   jnp.concatenate([fin[3], jnp.full_like(tok, t + 1)], 1))
+        fin = _top(
+            jnp.concatenate([fin[0], fin_scores], 1),
+            w,
+            jnp.concatenate([fin[1], cand_lp], 1),
+            jnp.concatenate([fin[2], seq], 1),
+            jnp.concatenate([fin[3], jnp.full_like(tok, t + 1)], 1),
+        )
         alive_lp, alive_seq, beam, tok = _top(jnp.where(ends, NEG_INF, cand_lp), w, seq, beam, tok)
         rows = (jnp.arange(b)[:, None] * w + beam).reshape(-1)
         cache = reorder_rows(cache, rows)
@@ -110,10 +142,20 @@ def _beam_search(params, config: TransformerConfig, prompts: PromptBatch, *, wid
     return BeamResult(tokens, lengths, scores, logprobs)
 
 
-def beam_search(params, config: TransformerConfig, prompts, *, width: int, max_new_tokens: int,
-                eos_id: int | None = None, pad_id: int = 0, length_penalty: float = 1.0,
-                early_stopping: bool = True, num_return: int | None = None,
-                padding: str = "left") -> BeamResult:
+def beam_search(
+    params,
+    config: TransformerConfig,
+    prompts,
+    *,
+    width: int,
+    max_new_tokens: int,
+    eos_id: int | None = None,
+    pad_id: int = 0,
+    length_penalty: float = 1.0,
+    early_stopping: bool = True,
+    num_return: int | None = None,
+    padding: str = "left",
+) -> BeamResult:
     """The ``num_return`` (default ``width``) best continuations of each prompt, best first.
 
     ``prompts`` as for ``generate``; ``eos_id`` ends hypotheses (``None``: all run ``max_new_tokens``).
@@ -122,10 +164,17 @@ def beam_search(params, config: TransformerConfig, prompts, *, width: int, max_n
         raise ValueError(f"need width >= 1 and max_new_tokens >= 1; got {width}, {max_new_tokens}")
     if not 1 <= (num_return or width) <= width:
         raise ValueError(f"num_return={num_return} must be in [1, width={width}]")
-    prompts = as_prompt_batch(prompts, padding=padding, pad_id=pad_id,
-                              vocab_size=config.vocab_size)
-    result = _beam_search(params, config, prompts, width=width, max_new=max_new_tokens,
-                          eos_id=eos_id, pad_id=pad_id, length_penalty=float(length_penalty),
-                          early_stopping=early_stopping)
+    prompts = as_prompt_batch(prompts, padding=padding, pad_id=pad_id, vocab_size=config.vocab_size)
+    result = _beam_search(
+        params,
+        config,
+        prompts,
+        width=width,
+        max_new=max_new_tokens,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        length_penalty=float(length_penalty),
+        early_stopping=early_stopping,
+    )
     k = num_return or width
     return BeamResult(*(a[:, :k] for a in result))

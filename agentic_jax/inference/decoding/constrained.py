@@ -17,6 +17,7 @@ Byte-level BPE vocabularies (GPT-2 style, ours) spell tokens in a printable alia
 (space is ``Ġ``); :func:`token_bytes` undoes that alias so the automaton sees real UTF-8 bytes,
 including tokens that hold only part of a multi-byte character.  Special tokens never match.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,6 +36,7 @@ from agentic_jax.data.tokenizer import Tokenizer
 
 class TokenConstraint(NamedTuple):
     """A token automaton as dense tables (a pytree; pass it through ``jit``)."""
+
     allowed: jax.Array  # [S, V] bool
     next_state: jax.Array  # [S, V] int32
     final: jax.Array  # [S] bool: the text so far is a full match
@@ -47,8 +49,11 @@ class TokenConstraint(NamedTuple):
 
 def _byte_aliases() -> dict[str, int]:
     """GPT-2's byte -> printable character table, inverted (Radford et al. 2019, ``encoder.py``)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     chars, extra = {}, 0
     for byte in range(256):
         if byte in printable:
@@ -69,7 +74,9 @@ def token_bytes(tokenizer: Tokenizer, vocab_size: int | None = None) -> list[byt
     aliases = _byte_aliases()
     size = tokenizer.vocab_size if vocab_size is None else vocab_size
     if size < tokenizer.vocab_size:
-        raise ValueError(f"vocab_size {size} is smaller than the tokenizer's {tokenizer.vocab_size}")
+        raise ValueError(
+            f"vocab_size {size} is smaller than the tokenizer's {tokenizer.vocab_size}"
+        )
     out: list[bytes | None] = [None] * size
     added = tokenizer.backend.get_added_tokens_decoder()
     for text, token_id in tokenizer.backend.get_vocab(with_added_tokens=True).items():
@@ -103,9 +110,11 @@ def repetition_size(regex: str) -> int:
         if c == "\\":
             i, atom = i + 2, 1
             continue
-        if c == "[":  # a class: skip to its closing bracket (one right after "[" or "[^" is literal)
-            j = i + 1 + (regex[i + 1:i + 2] == "^")
-            j += regex[j:j + 1] == "]"
+        if (
+            c == "["
+        ):  # a class: skip to its closing bracket (one right after "[" or "[^" is literal)
+            j = i + 1 + (regex[i + 1 : i + 2] == "^")
+            j += regex[j : j + 1] == "]"
             while j < len(regex) and regex[j] != "]":
                 j += 2 if regex[j] == "\\" else 1
             i, atom = j + 1, 1
@@ -127,8 +136,14 @@ def repetition_size(regex: str) -> int:
     return largest
 
 
-def regex_constraint(regex: str, tokens: Sequence[bytes | None], eos_id: int, *,
-                     num_states: int = 1, max_states: int | None = None) -> TokenConstraint:
+def regex_constraint(
+    regex: str,
+    tokens: Sequence[bytes | None],
+    eos_id: int,
+    *,
+    num_states: int = 1,
+    max_states: int | None = None,
+) -> TokenConstraint:
     """Dense tables of the token automaton of ``regex`` over ``tokens`` (id -> bytes).
 
     The state count is padded to a power of two and to at least ``num_states`` (equal shapes share
@@ -137,18 +152,21 @@ def regex_constraint(regex: str, tokens: Sequence[bytes | None], eos_id: int, *,
     exceed it is a ``ValueError``, raised before the tables are built.
     """
     if max_states is not None and repetition_size(regex) > max_states:
-        raise ValueError(f"the regex repeats a part {repetition_size(regex)} times; at most "
-                         f"{max_states} automaton states are allowed")
+        raise ValueError(
+            f"the regex repeats a part {repetition_size(regex)} times; at most "
+            f"{max_states} automaton states are allowed"
+        )
     index = outlines_core.Index(regex, _vocabulary(tokens, eos_id))
     transitions = index.get_transitions()
     states = sorted(set(transitions) | {s for row in transitions.values() for s in row.values()})
     if max_states is not None and len(states) > max_states:
-        raise ValueError(f"the regex needs {len(states)} automaton states; at most {max_states} "
-                         f"are allowed")
+        raise ValueError(
+            f"the regex needs {len(states)} automaton states; at most {max_states} are allowed"
+        )
     number = {s: i for i, s in enumerate(states)}
     size, v = _bucket(len(states), num_states), len(tokens)
     allowed = np.zeros((size, v), bool)
-    allowed[len(states):, eos_id] = True
+    allowed[len(states) :, eos_id] = True
     next_state = np.tile(np.arange(size, dtype=np.int32)[:, None], (1, v))
     for state, row in transitions.items():
         ids = np.fromiter(row.keys(), np.int64, len(row))
@@ -156,8 +174,12 @@ def regex_constraint(regex: str, tokens: Sequence[bytes | None], eos_id: int, *,
         next_state[number[state], ids] = [number[s] for s in row.values()]
     final = np.zeros(size, bool)
     final[[number[s] for s in index.get_final_states() if s in number]] = True
-    return TokenConstraint(jnp.asarray(allowed), jnp.asarray(next_state), jnp.asarray(final),
-                           jnp.asarray(number[index.get_initial_state()], jnp.int32))
+    return TokenConstraint(
+        jnp.asarray(allowed),
+        jnp.asarray(next_state),
+        jnp.asarray(final),
+        jnp.asarray(number[index.get_initial_state()], jnp.int32),
+    )
 
 
 def schema_regex(schema: Mapping[str, Any] | str, whitespace_pattern: str | None = None) -> str:
@@ -166,9 +188,15 @@ def schema_regex(schema: Mapping[str, Any] | str, whitespace_pattern: str | None
     return outlines_core.json_schema.build_regex_from_schema(text, whitespace_pattern)
 
 
-def json_schema_constraint(schema: Mapping[str, Any] | str, tokens: Sequence[bytes | None],
-                           eos_id: int, *, whitespace_pattern: str | None = None,
-                           num_states: int = 1) -> TokenConstraint:
+def json_schema_constraint(
+    schema: Mapping[str, Any] | str,
+    tokens: Sequence[bytes | None],
+    eos_id: int,
+    *,
+    whitespace_pattern: str | None = None,
+    num_states: int = 1,
+) -> TokenConstraint:
     """Tables for JSON documents valid under ``schema`` (whitespace per ``whitespace_pattern``)."""
-    return regex_constraint(schema_regex(schema, whitespace_pattern), tokens, eos_id,
-                            num_states=num_states)
+    return regex_constraint(
+        schema_regex(schema, whitespace_pattern), tokens, eos_id, num_states=num_states
+    )

@@ -20,6 +20,7 @@ masks never let a query see them, so rolling back is just lowering ``write``.
   token see only its ancestors, which verifies several draft branches in one pass (tree attention,
   SpecInfer, Miao et al. 2024) or scores sibling candidates side by side (contrastive search).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -82,7 +83,7 @@ def masked_attention(q, k, v, mask):
     kh = k.shape[2]
     qg = q.reshape(b, t, kh, n // kh, h)
     scores = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask[:, None, None], scores * h ** -0.5, MASK_VALUE)
+    scores = jnp.where(mask[:, None, None], scores * h**-0.5, MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskh->btkgh", probs, v, preferred_element_type=jnp.float32)
     return out.reshape(b, t, n, h).astype(q.dtype)
@@ -92,8 +93,10 @@ def _write(layer_cache, slots, k, v):
     rows = jnp.arange(k.shape[0])[:, None]
     k_cache = layer_cache[0].at[rows, slots].set(k.astype(layer_cache[0].dtype), mode="drop")
     v_cache = layer_cache[1].at[rows, slots].set(v.astype(layer_cache[1].dtype), mode="drop")
-    return (with_logical_constraint(k_cache, _LAYER_AXES),
-            with_logical_constraint(v_cache, _LAYER_AXES))
+    return (
+        with_logical_constraint(k_cache, _LAYER_AXES),
+        with_logical_constraint(v_cache, _LAYER_AXES),
+    )
 
 
 def prefill(params, config: TransformerConfig, cache: KVCache, prompt, start, end):
@@ -109,18 +112,27 @@ def prefill(params, config: TransformerConfig, cache: KVCache, prompt, start, en
     slots = jnp.broadcast_to(idx, prompt.shape)
 
     def attend(q, k, v, layer_cache):
-        o = attention(q, k, v, causal=True, segment_ids=(segments, segments),
-                      sliding_window=config.sliding_window, implementation=config.attention_impl,
-                      chunk_size=config.attention_chunk_size)
+        o = attention(
+            q,
+            k,
+            v,
+            causal=True,
+            segment_ids=(segments, segments),
+            sliding_window=config.sliding_window,
+            implementation=config.attention_impl,
+            chunk_size=config.attention_chunk_size,
+        )
         return o, _write(layer_cache, slots, k, v)
 
-    h, cache = hidden_states(params, config, prompt, positions=positions, attend=attend,
-                             layer_state=cache)
+    h, cache = hidden_states(
+        params, config, prompt, positions=positions, attend=attend, layer_state=cache
+    )
     return h, KVCache(*cache)
 
 
 class Tree(NamedTuple):
     """The shape of a block of new tokens: ``ancestors[T, T]`` (t sees u; reflexive) and ``depth[T]``."""
+
     ancestors: jax.Array
     depth: jax.Array
 
@@ -141,15 +153,26 @@ def extend_mask(config: TransformerConfig, max_len: int, start, write, tree: Tre
     u = jnp.clip(offset, 0, t - 1)
     block = in_block & jnp.take_along_axis(
         jnp.broadcast_to(tree.ancestors[None], (start.shape[0], t, t)),
-        jnp.broadcast_to(u, (start.shape[0], t, max_len)), axis=2)
+        jnp.broadcast_to(u, (start.shape[0], t, max_len)),
+        axis=2,
+    )
     if config.sliding_window is not None:
-        k_pos = jnp.where(in_block, (write - start)[:, None, None] + tree.depth[u], j - start[:, None, None])
+        k_pos = jnp.where(
+            in_block, (write - start)[:, None, None] + tree.depth[u], j - start[:, None, None]
+        )
         return (cached | block) & (q_pos - k_pos < config.sliding_window)
     return cached | block
 
 
-def extend(params, config: TransformerConfig, cache: KVCache, tokens, start, write,
-           tree: Tree | None = None):
+def extend(
+    params,
+    config: TransformerConfig,
+    cache: KVCache,
+    tokens,
+    start,
+    write,
+    tree: Tree | None = None,
+):
     """Runs ``tokens[B, T]`` at slots ``write + [0, T)`` against the cache.
 
     Returns ``(hidden[B, T, D], cache)``; the caller advances ``write`` by what it keeps.
@@ -163,13 +186,21 @@ def extend(params, config: TransformerConfig, cache: KVCache, tokens, start, wri
         k_cache, v_cache = _write(layer_cache, slots, k, v)
         return masked_attention(q, k_cache, v_cache, mask), (k_cache, v_cache)
 
-    h, cache = hidden_states(params, config, tokens, positions=positions, attend=attend,
-                             layer_state=cache)
+    h, cache = hidden_states(
+        params, config, tokens, positions=positions, attend=attend, layer_state=cache
+    )
     return h, KVCache(*cache)
 
 
-def extend_logits(params, config: TransformerConfig, cache: KVCache, tokens, start, write,
-                  tree: Tree | None = None):
+def extend_logits(
+    params,
+    config: TransformerConfig,
+    cache: KVCache,
+    tokens,
+    start,
+    write,
+    tree: Tree | None = None,
+):
     """:func:`extend` followed by the LM head: ``(logits[B, T, V], hidden[B, T, D], cache)``."""
     h, cache = extend(params, config, cache, tokens, start, write, tree)
     return logits_from_hidden(params, config, h), h, cache

@@ -7,6 +7,7 @@ proposes the ``gamma`` tokens that followed them — no draft model at all.  ``n
 its most recent occurrences (a tree of drafts).  A row with no match proposes its last
 token repeated.  The proposals are deterministic, so the verifier treats them as point masses.
 """
+
 from __future__ import annotations
 
 import jax
@@ -27,7 +28,11 @@ def ngram_drafts(seq, start, length, *, max_ngram: int, gamma: int, branches: in
     for n in range(max_ngram, 0, -1):
         # An occurrence at [j, j + n) followed by at least one token of the row: any but the suffix
         # itself, which it may overlap ("a a a" proposes "a" after the 2-gram "a a").
-        match = (j >= start[:, None]) & (j + n < length[:, None]) & (length[:, None] - n >= start[:, None])
+        match = (
+            (j >= start[:, None])
+            & (j + n < length[:, None])
+            & (length[:, None] - n >= start[:, None])
+        )
         for k in range(n):
             target = jnp.take_along_axis(seq, jnp.clip(length - n + k, 0, s - 1)[:, None], axis=1)
             match &= jnp.roll(seq, -k, axis=1) == target

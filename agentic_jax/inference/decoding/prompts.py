@@ -1,4 +1,5 @@
 """Batches of variable-length prompts, padded on either side, and the stopping rule shared by decoders."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -8,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentic_jax.inference.errors import RequestError
 from agentic_jax.inference.decoding.sampling import SamplingArrays
+from agentic_jax.inference.errors import RequestError
 
 PADDING_SIDES = ("left", "right")
 
@@ -19,13 +20,20 @@ class PromptBatch(NamedTuple):
 
     Left padding has ``end == P``, right padding ``start == 0`` (see ``kv_cache.py``).
     """
+
     tokens: jax.Array
     start: jax.Array
     end: jax.Array
 
     @classmethod
-    def from_lists(cls, prompts: Sequence[Sequence[int]], *, padding: str = "left",
-                   pad_id: int = 0, length: int | None = None) -> "PromptBatch":
+    def from_lists(
+        cls,
+        prompts: Sequence[Sequence[int]],
+        *,
+        padding: str = "left",
+        pad_id: int = 0,
+        length: int | None = None,
+    ) -> PromptBatch:
         """Pads token lists to a common ``length`` (default: the longest) on the ``padding`` side."""
         if padding not in PADDING_SIDES:
             raise ValueError(f"padding={padding!r}; expected one of {PADDING_SIDES}")
@@ -38,20 +46,22 @@ class PromptBatch(NamedTuple):
         tokens = np.full((len(prompts), width), pad_id, np.int32)
         for row, prompt in enumerate(prompts):
             if padding == "left":
-                tokens[row, width - len(prompt):] = prompt
+                tokens[row, width - len(prompt) :] = prompt
             else:
-                tokens[row, :len(prompt)] = prompt
+                tokens[row, : len(prompt)] = prompt
         start = width - lengths if padding == "left" else np.zeros_like(lengths)
         end = np.full_like(lengths, width) if padding == "left" else lengths
         return cls(jnp.asarray(tokens), jnp.asarray(start), jnp.asarray(end))
 
     @classmethod
-    def from_array(cls, tokens) -> "PromptBatch":
+    def from_array(cls, tokens) -> PromptBatch:
         """Unpadded prompts ``[B, P]``."""
         tokens = jnp.asarray(tokens, jnp.int32)
         if tokens.ndim != 2 or 0 in tokens.shape:
-            raise ValueError(f"prompts must be a [batch, length] array with at least one row and "
-                             f"one token; got shape {tokens.shape}")
+            raise ValueError(
+                f"prompts must be a [batch, length] array with at least one row and "
+                f"one token; got shape {tokens.shape}"
+            )
         b, p = tokens.shape
         return cls(tokens, jnp.zeros((b,), jnp.int32), jnp.full((b,), p, jnp.int32))
 
@@ -64,7 +74,7 @@ class PromptBatch(NamedTuple):
     def rows(self) -> list[list[int]]:
         """The unpadded prompts as lists."""
         tokens, start, end = (np.asarray(a) for a in self)
-        return [tokens[b, start[b]:end[b]].tolist() for b in range(tokens.shape[0])]
+        return [tokens[b, start[b] : end[b]].tolist() for b in range(tokens.shape[0])]
 
 
 def check_token_ids(rows, vocab_size: int) -> None:
@@ -78,8 +88,9 @@ def check_token_ids(rows, vocab_size: int) -> None:
         raise RequestError(f"prompt token ids must be in [0, {vocab_size})")
 
 
-def as_prompt_batch(prompts, *, padding: str = "left", pad_id: int = 0,
-                    vocab_size: int | None = None) -> PromptBatch:
+def as_prompt_batch(
+    prompts, *, padding: str = "left", pad_id: int = 0, vocab_size: int | None = None
+) -> PromptBatch:
     """A ``PromptBatch`` from itself, an unpadded ``[B, P]`` array, or token lists.
 
     Host prompts (lists, numpy arrays) must hold ids in ``[0, vocab_size)``: the embedding lookup

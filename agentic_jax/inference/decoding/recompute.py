@@ -3,6 +3,7 @@
 Each new token costs a full forward pass over the fixed-size buffer, O(T^2) work in total.  It is
 the baseline a KV-cache decoder is checked and benchmarked against.
 """
+
 from __future__ import annotations
 
 import functools
@@ -14,8 +15,9 @@ from agentic_jax.models import TransformerConfig, forward
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_new_tokens"))
-def generate_recompute(params, config: TransformerConfig, prompt, key, *, max_new_tokens: int,
-                       temperature: float = 1.0):
+def generate_recompute(
+    params, config: TransformerConfig, prompt, key, *, max_new_tokens: int, temperature: float = 1.0
+):
     """Extends ``prompt[B, P]`` by ``max_new_tokens`` sampled tokens; returns ``[B, P + new]``.
 
     ``temperature == 0`` is greedy decoding.  Rows share the prompt length (no padding).

@@ -37,6 +37,7 @@ Keys: ``sample`` takes one key (row ``i`` uses ``fold_in(key, i)``) or ``[B]`` k
 params carry a ``seed`` uses ``key(seed mod 2**32)`` (:func:`seed_key`) instead, so its tokens do not depend on the batch it
 runs in; either way ``step`` (the number of tokens the sequence has generated) is folded in last.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,7 +52,7 @@ from agentic_jax.inference.errors import RequestError
 
 NEG_INF = -jnp.inf
 INT32_MAX = 2**31 - 1
-SEED_RANGE = (-2**63, 2**63 - 1)  # int64, as the OpenAI API has seeds
+SEED_RANGE = (-(2**63), 2**63 - 1)  # int64, as the OpenAI API has seeds
 
 
 _REAL = (int, float, np.integer, np.floating)
@@ -61,7 +62,8 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 def _integer(name: str, value, low: int, high: int) -> int:
     """``value`` as an int in ``[low, high]``; an integral float such as 3.0 counts as one."""
     integral = isinstance(value, int | np.integer) or (
-        isinstance(value, float | np.floating) and float(value).is_integer())
+        isinstance(value, float | np.floating) and float(value).is_integer()
+    )
     if isinstance(value, bool) or not integral:
         raise RequestError(f"SamplingParams.{name}={value!r} is not an integer")
     if not low <= value <= high:
@@ -84,6 +86,7 @@ class SamplingParams:
     text ends with one of ``stop_strings`` (matched on the host; see ``generate.py``).  ``seed``
     makes the sequence's tokens a function of the seed alone.
     """
+
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
@@ -105,18 +108,25 @@ class SamplingParams:
             object.__setattr__(self, name, _integer(name, getattr(self, name), low, high))
         if self.seed is not None:
             object.__setattr__(self, "seed", _integer("seed", self.seed, *SEED_RANGE))
-        for name, ok, rule in (("temperature", lambda x: x >= 0, ">= 0"),
-                               ("top_p", lambda x: 0 < x <= 1, "in (0, 1]"),
-                               ("min_p", lambda x: 0 <= x <= 1, "in [0, 1]"),
-                               ("repetition_penalty", lambda x: x > 0, "> 0"),
-                               ("frequency_penalty", lambda x: True, ""),
-                               ("presence_penalty", lambda x: True, "")):
+        for name, ok, rule in (
+            ("temperature", lambda x: x >= 0, ">= 0"),
+            ("top_p", lambda x: 0 < x <= 1, "in (0, 1]"),
+            ("min_p", lambda x: 0 <= x <= 1, "in [0, 1]"),
+            ("repetition_penalty", lambda x: x > 0, "> 0"),
+            ("frequency_penalty", lambda x: True, ""),
+            ("presence_penalty", lambda x: True, ""),
+        ):
             value = getattr(self, name)
             if not (_finite(value) and ok(value)):
-                raise RequestError(f"SamplingParams.{name}={value!r} is out of range: it must "
-                                   f"be a finite number {rule}".rstrip())
-        object.__setattr__(self, "stop_token_ids", tuple(
-            _integer("stop_token_ids", t, 0, INT32_MAX) for t in self.stop_token_ids))
+                raise RequestError(
+                    f"SamplingParams.{name}={value!r} is out of range: it must "
+                    f"be a finite number {rule}".rstrip()
+                )
+        object.__setattr__(
+            self,
+            "stop_token_ids",
+            tuple(_integer("stop_token_ids", t, 0, INT32_MAX) for t in self.stop_token_ids),
+        )
         if any(not isinstance(s, str) or not s for s in self.stop_strings):
             raise RequestError("SamplingParams.stop_strings must be non-empty strings")
 
@@ -130,6 +140,7 @@ class SamplingArrays(NamedTuple):
 
     ``stop_token_ids`` is ``[B, S]``, padded with -1; ``seed``/``has_seed`` carry optional seeds.
     """
+
     temperature: jax.Array
     top_k: jax.Array
     top_p: jax.Array
@@ -143,14 +154,17 @@ class SamplingArrays(NamedTuple):
     has_seed: jax.Array
 
     @classmethod
-    def from_params(cls, params: Sequence[SamplingParams] | SamplingParams,
-                    batch: int | None = None) -> "SamplingArrays":
+    def from_params(
+        cls, params: Sequence[SamplingParams] | SamplingParams, batch: int | None = None
+    ) -> SamplingArrays:
         """Stacks one ``SamplingParams`` per row (or repeats a single one ``batch`` times)."""
         if isinstance(params, SamplingParams):
             params = [params] * (1 if batch is None else batch)
         params = list(params)
         if not params or (batch is not None and len(params) != batch):
-            raise ValueError(f"need one SamplingParams per row; got {len(params)} for batch {batch}")
+            raise ValueError(
+                f"need one SamplingParams per row; got {len(params)} for batch {batch}"
+            )
 
         def column(name, dtype):
             return jnp.asarray(np.array([getattr(p, name) for p in params], dtype))
@@ -158,16 +172,21 @@ class SamplingArrays(NamedTuple):
         width = max(1, max(len(p.stop_token_ids) for p in params))
         stops = np.full((len(params), width), -1, np.int32)
         for i, p in enumerate(params):
-            stops[i, :len(p.stop_token_ids)] = p.stop_token_ids
+            stops[i, : len(p.stop_token_ids)] = p.stop_token_ids
         seeds = np.array([(p.seed or 0) % 2**32 for p in params], np.uint32)
         return cls(
-            temperature=column("temperature", np.float32), top_k=column("top_k", np.int32),
-            top_p=column("top_p", np.float32), min_p=column("min_p", np.float32),
+            temperature=column("temperature", np.float32),
+            top_k=column("top_k", np.int32),
+            top_p=column("top_p", np.float32),
+            min_p=column("min_p", np.float32),
             repetition_penalty=column("repetition_penalty", np.float32),
             frequency_penalty=column("frequency_penalty", np.float32),
             presence_penalty=column("presence_penalty", np.float32),
-            max_tokens=column("max_tokens", np.int32), stop_token_ids=jnp.asarray(stops),
-            seed=jnp.asarray(seeds), has_seed=jnp.asarray(np.array([p.seed is not None for p in params])))
+            max_tokens=column("max_tokens", np.int32),
+            stop_token_ids=jnp.asarray(stops),
+            seed=jnp.asarray(seeds),
+            has_seed=jnp.asarray(np.array([p.seed is not None for p in params])),
+        )
 
     @property
     def batch(self) -> int:
@@ -196,8 +215,11 @@ def apply_penalties(logits, arrays: SamplingArrays, token_counts=None, prompt_co
     seen = generated > 0 if prompt_counts is None else (generated > 0) | (prompt_counts > 0)
     r = arrays.repetition_penalty[:, None]
     z = jnp.where(seen, jnp.where(z > 0, z / r, z * r), z)
-    return (z - arrays.frequency_penalty[:, None] * generated
-            - arrays.presence_penalty[:, None] * (generated > 0))
+    return (
+        z
+        - arrays.frequency_penalty[:, None] * generated
+        - arrays.presence_penalty[:, None] * (generated > 0)
+    )
 
 
 def _protected_mask(vocab_size: int, eos_id, protected_ids):
@@ -222,6 +244,7 @@ def _keep_prefix(keys, weights, budget):
     above the lowest key at or over ``tau`` is kept, and ties at that key are kept in id order
     while their running weight stays under budget.  Exact, and O(32 V) per row.
     """
+
     def weight_above(tau):
         return jnp.sum(jnp.where(keys > tau, weights, 0), axis=-1, keepdims=True)
 
@@ -254,8 +277,16 @@ def _truncation_mask(scaled, arrays: SamplingArrays):
     return in_top_k & in_top_p & above_min_p
 
 
-def filtered_logits(logits, arrays: SamplingArrays, token_counts=None, *, prompt_counts=None,
-                    allowed=None, eos_id: int | None = None, protected_ids: Sequence[int] = ()):
+def filtered_logits(
+    logits,
+    arrays: SamplingArrays,
+    token_counts=None,
+    *,
+    prompt_counts=None,
+    allowed=None,
+    eos_id: int | None = None,
+    protected_ids: Sequence[int] = (),
+):
     """The sampling distribution's logits ``[B, V]`` (float32, ``-inf`` on removed tokens).
 
     Steps 1-7 of the module docstring.  ``token_counts[B, V]`` counts generated tokens and
@@ -309,16 +340,32 @@ class Sample(NamedTuple):
     raw_logprobs: jax.Array  # [B] log-probability under the raw model
 
 
-def sample(logits, key_or_keys, arrays: SamplingArrays, token_counts=None, *, step=0,
-           prompt_counts=None, allowed=None, eos_id: int | None = None,
-           protected_ids: Sequence[int] = ()) -> Sample:
+def sample(
+    logits,
+    key_or_keys,
+    arrays: SamplingArrays,
+    token_counts=None,
+    *,
+    step=0,
+    prompt_counts=None,
+    allowed=None,
+    eos_id: int | None = None,
+    protected_ids: Sequence[int] = (),
+) -> Sample:
     """Draws one token per row of ``logits[B, V]``; returns ``(tokens, sample_logprobs, raw_logprobs)``.
 
     ``step`` (a scalar or ``[B]``) is each sequence's count of generated tokens, folded into its key
     (see :func:`row_keys`); the keyword arguments are those of :func:`filtered_logits`.
     """
-    filtered = filtered_logits(logits, arrays, token_counts, prompt_counts=prompt_counts,
-                               allowed=allowed, eos_id=eos_id, protected_ids=protected_ids)
+    filtered = filtered_logits(
+        logits,
+        arrays,
+        token_counts,
+        prompt_counts=prompt_counts,
+        allowed=allowed,
+        eos_id=eos_id,
+        protected_ids=protected_ids,
+    )
     keys = row_keys(key_or_keys, arrays, step)
     tokens = jax.vmap(jax.random.categorical)(keys, filtered).astype(jnp.int32)
     return Sample(tokens, token_logprobs(filtered, tokens), token_logprobs(logits, tokens))

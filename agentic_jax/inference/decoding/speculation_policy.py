@@ -16,6 +16,7 @@ which falls towards ``E[tokens] / (gamma + 1)`` < 1 at large batch: the verifier
 every rejected draft.  Short outputs amortise neither the draft's prefill nor the last round's
 wasted drafts, so below ``min_output_tokens`` the advice is not to speculate.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,14 @@ def expected_tokens_per_step(acceptance_rate: float, gamma: int) -> float:
     return gamma + 1.0 if a >= 1.0 else (1.0 - a ** (gamma + 1)) / (1.0 - a)
 
 
-def expected_speedup(acceptance_rate: float, gamma: int, draft_cost: float, *, batch: int = 1,
-                     ridge_batch: float = 256) -> float:
+def expected_speedup(
+    acceptance_rate: float,
+    gamma: int,
+    draft_cost: float,
+    *,
+    batch: int = 1,
+    ridge_batch: float = 256,
+) -> float:
     """Throughput of speculative over plain decoding under the module's cost model."""
     plain = max(1.0, batch / ridge_batch)
     verify = max(1.0, batch * (gamma + 1) / ridge_batch)
@@ -43,25 +50,51 @@ class SpeculationAdvice:
     reason: str
 
 
-def advise_speculation(*, acceptance_rate: float, draft_cost: float, batch: int = 1,
-                       output_tokens: int = 256, max_gamma: int = 8, ridge_batch: float = 256,
-                       min_speedup: float = 1.1, min_output_tokens: int = 16) -> SpeculationAdvice:
+def advise_speculation(
+    *,
+    acceptance_rate: float,
+    draft_cost: float,
+    batch: int = 1,
+    output_tokens: int = 256,
+    max_gamma: int = 8,
+    ridge_batch: float = 256,
+    min_speedup: float = 1.1,
+    min_output_tokens: int = 16,
+) -> SpeculationAdvice:
     """Whether to speculate and with how many drafts, for a measured or expected acceptance rate.
 
     ``draft_cost``: one draft step's time over one target decode step (0 for prompt lookup).
     """
     if not 0 <= acceptance_rate <= 1 or draft_cost < 0 or batch < 1:
         raise ValueError("need 0 <= acceptance_rate <= 1, draft_cost >= 0 and batch >= 1")
-    gamma, speedup = max(((g, expected_speedup(acceptance_rate, g, draft_cost, batch=batch,
-                                               ridge_batch=ridge_batch))
-                          for g in range(1, max_gamma + 1)), key=lambda x: x[1])
+    gamma, speedup = max(
+        (
+            (
+                g,
+                expected_speedup(
+                    acceptance_rate, g, draft_cost, batch=batch, ridge_batch=ridge_batch
+                ),
+            )
+            for g in range(1, max_gamma + 1)
+        ),
+        key=lambda x: x[1],
+    )
     if output_tokens < min_output_tokens:
-        return SpeculationAdvice(False, 0, 1.0, f"outputs of {output_tokens} tokens are too short "
-                                 f"to amortise drafting (< {min_output_tokens})")
+        return SpeculationAdvice(
+            False,
+            0,
+            1.0,
+            f"outputs of {output_tokens} tokens are too short "
+            f"to amortise drafting (< {min_output_tokens})",
+        )
     if speedup < min_speedup:
-        why = (f"a batch of {batch} makes verification compute-bound" if batch * 2 > ridge_batch
-               else f"acceptance {acceptance_rate:.2f} does not pay for drafts costing "
-                    f"{draft_cost:.2f} target steps each")
-        return SpeculationAdvice(False, 0, 1.0, f"best predicted speedup {speedup:.2f}x at "
-                                 f"gamma={gamma}: {why}")
+        why = (
+            f"a batch of {batch} makes verification compute-bound"
+            if batch * 2 > ridge_batch
+            else f"acceptance {acceptance_rate:.2f} does not pay for drafts costing "
+            f"{draft_cost:.2f} target steps each"
+        )
+        return SpeculationAdvice(
+            False, 0, 1.0, f"best predicted speedup {speedup:.2f}x at gamma={gamma}: {why}"
+        )
     return SpeculationAdvice(True, gamma, speedup, f"predicted {speedup:.2f}x at gamma={gamma}")

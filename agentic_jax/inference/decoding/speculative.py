@@ -32,6 +32,7 @@ cache row per chain and copies the chosen chain's row to the others.
 
 Constraints (``TokenConstraint``) are not supported here.
 """
+
 from __future__ import annotations
 
 import functools
@@ -42,18 +43,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentic_jax.inference.decoding.generate import (GenerationResult, max_tokens, run_prefill,
-                                            sampling_arrays, uses_counts)
+from agentic_jax.inference.decoding.generate import (
+    GenerationResult,
+    max_tokens,
+    run_prefill,
+    sampling_arrays,
+    uses_counts,
+)
 from agentic_jax.inference.decoding.kv_cache import Tree, extend_logits, move_slots, reorder_rows
 from agentic_jax.inference.decoding.prompt_lookup import ngram_drafts
 from agentic_jax.inference.decoding.prompts import PromptBatch, as_prompt_batch, is_stop
-from agentic_jax.inference.decoding.sampling import (SamplingArrays, SamplingParams, apply_penalties,
-                                            count_tokens, filtered_logits, row_keys)
+from agentic_jax.inference.decoding.sampling import (
+    SamplingArrays,
+    SamplingParams,
+    apply_penalties,
+    count_tokens,
+    filtered_logits,
+    row_keys,
+)
 from agentic_jax.models import TransformerConfig
 
 
 class SpeculativeResult(NamedTuple):
     """The generation and, per row, target passes, drafted depth and accepted drafts."""
+
     generation: GenerationResult
     target_steps: jax.Array  # [B] verification passes
     drafted: jax.Array  # [B] draft depth offered: gamma per pass
@@ -79,7 +92,7 @@ def draft_tree(branches: int, gamma: int) -> Tree:
     for c in range(branches):
         for i in range(gamma):
             node = 1 + c * gamma + i
-            ancestors[node, 1 + c * gamma:node + 1] = True
+            ancestors[node, 1 + c * gamma : node + 1] = True
             depth[node] = i + 1
     return Tree(jnp.asarray(ancestors), jnp.asarray(depth))
 
@@ -143,8 +156,22 @@ class _Draft(NamedTuple):
     cache: object
 
 
-def _model_drafts(draft_params, draft_config, cache, root, start, write, arrays, counts,
-                  prompt_counts, keys, *, branches: int, gamma: int, eos_id):
+def _model_drafts(
+    draft_params,
+    draft_config,
+    cache,
+    root,
+    start,
+    write,
+    arrays,
+    counts,
+    prompt_counts,
+    keys,
+    *,
+    branches: int,
+    gamma: int,
+    eos_id,
+):
     """``gamma`` draft tokens per chain from the draft model, plus one step to cache the last one.
 
     Rows are ``B * branches`` (chain-major within each prompt).  Sampled rows draw i.i.d. chains;
@@ -159,12 +186,15 @@ def _model_drafts(draft_params, draft_config, cache, root, start, write, arrays,
 
     def step(carry, i):
         cache, tok, counts = carry
-        logits, _, cache = extend_logits(draft_params, draft_config, cache, tok[:, None], start_k,
-                                         _repeat(write, branches) + i)
+        logits, _, cache = extend_logits(
+            draft_params, draft_config, cache, tok[:, None], start_k, _repeat(write, branches) + i
+        )
         f = filtered_logits(logits[:, 0], arrays_k, counts, prompt_counts=prompt_k, eos_id=eos_id)
         step_keys = jax.vmap(jax.random.fold_in)(keys_k, jnp.full_like(rank, i))
         sampled = jax.vmap(jax.random.categorical)(step_keys, f).astype(jnp.int32)
-        ranked = jax.lax.top_k(apply_penalties(logits[:, 0], arrays_k, counts, prompt_k), branches)[1]
+        ranked = jax.lax.top_k(apply_penalties(logits[:, 0], arrays_k, counts, prompt_k), branches)[
+            1
+        ]
         first = jnp.take_along_axis(ranked, rank[:, None], axis=1)[:, 0].astype(jnp.int32)
         new = jnp.where(greedy & (i == 0), first, sampled)
         q = jnp.where(greedy[:, None], jax.nn.one_hot(new, f.shape[-1]), jax.nn.softmax(f, axis=-1))
@@ -172,20 +202,46 @@ def _model_drafts(draft_params, draft_config, cache, root, start, write, arrays,
         return (cache, new, counts), (new, q)
 
     counts_k = None if counts is None else _repeat(counts, branches)
-    (cache, _, _), (tokens, q) = jax.lax.scan(step, (cache, _repeat(root, branches), counts_k),
-                                              jnp.arange(gamma + 1))
+    (cache, _, _), (tokens, q) = jax.lax.scan(
+        step, (cache, _repeat(root, branches), counts_k), jnp.arange(gamma + 1)
+    )
     v = q.shape[-1]
     tokens = jnp.moveaxis(tokens[:gamma], 0, 1).reshape(b, branches, gamma)
     q = jnp.moveaxis(q[:gamma], 0, 1).reshape(b, branches, gamma, v)
     return _Draft(tokens, q, cache)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "draft_config", "gamma", "branches",
-                                             "max_ngram", "max_new", "eos_id", "pad_id",
-                                             "track_counts"))
-def _speculative(params, config: TransformerConfig, draft_params, draft_config, prompts: PromptBatch,
-                 arrays: SamplingArrays, key, *, gamma: int, branches: int, max_ngram: int,
-                 max_new: int, eos_id, pad_id: int, track_counts: bool) -> SpeculativeResult:
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "config",
+        "draft_config",
+        "gamma",
+        "branches",
+        "max_ngram",
+        "max_new",
+        "eos_id",
+        "pad_id",
+        "track_counts",
+    ),
+)
+def _speculative(
+    params,
+    config: TransformerConfig,
+    draft_params,
+    draft_config,
+    prompts: PromptBatch,
+    arrays: SamplingArrays,
+    key,
+    *,
+    gamma: int,
+    branches: int,
+    max_ngram: int,
+    max_new: int,
+    eos_id,
+    pad_id: int,
+    track_counts: bool,
+) -> SpeculativeResult:
     b, p = prompts.tokens.shape
     v = config.vocab_size
     nodes = 1 + branches * gamma
@@ -195,8 +251,10 @@ def _speculative(params, config: TransformerConfig, draft_params, draft_config, 
     cache = run_prefill(params, config, before_root, max_len).cache
     draft_cache = None
     if draft_config is not None:
-        draft_cache = reorder_rows(run_prefill(draft_params, draft_config, before_root, max_len).cache,
-                                   jnp.repeat(jnp.arange(b), branches))
+        draft_cache = reorder_rows(
+            run_prefill(draft_params, draft_config, before_root, max_len).cache,
+            jnp.repeat(jnp.arange(b), branches),
+        )
     seq = jnp.zeros((b, max_len), jnp.int32).at[:, :p].set(prompts.tokens)
     prompt_counts = count_tokens(prompts.tokens, v, prompts.real) if track_counts else None
     counts = jnp.zeros((b, v), jnp.int32) if track_counts else None
@@ -204,8 +262,12 @@ def _speculative(params, config: TransformerConfig, draft_params, draft_config, 
     on_path = tree.ancestors.astype(jnp.int32)  # node n's path from the root, root excluded below
     on_path = on_path.at[:, 0].set(0)
     width = max_new + gamma + 1
-    out = GenerationResult(jnp.full((b, width), pad_id, jnp.int32), jnp.zeros((b,), jnp.int32),
-                           jnp.zeros((b, width)), jnp.zeros((b, width)))
+    out = GenerationResult(
+        jnp.full((b, width), pad_id, jnp.int32),
+        jnp.zeros((b,), jnp.int32),
+        jnp.zeros((b, width)),
+        jnp.zeros((b, width)),
+    )
     rows = jnp.arange(b)
     zeros = jnp.zeros((b,), jnp.int32)
 
@@ -219,40 +281,70 @@ def _speculative(params, config: TransformerConfig, draft_params, draft_config, 
         root = seq[rows, write]
         keys = row_keys(key, arrays, out.lengths)
         if draft_config is None:
-            drafts = ngram_drafts(seq, prompts.start, length, max_ngram=max_ngram, gamma=gamma,
-                                  branches=branches)
+            drafts = ngram_drafts(
+                seq, prompts.start, length, max_ngram=max_ngram, gamma=gamma, branches=branches
+            )
             q = jax.nn.one_hot(drafts, v)
         else:
-            drafted = _model_drafts(draft_params, draft_config, draft_cache, root, prompts.start, write,
-                                    arrays, counts, prompt_counts,
-                                    jax.vmap(jax.random.fold_in)(keys, jnp.ones_like(zeros)),
-                                    branches=branches, gamma=gamma, eos_id=eos_id)
+            drafted = _model_drafts(
+                draft_params,
+                draft_config,
+                draft_cache,
+                root,
+                prompts.start,
+                write,
+                arrays,
+                counts,
+                prompt_counts,
+                jax.vmap(jax.random.fold_in)(keys, jnp.ones_like(zeros)),
+                branches=branches,
+                gamma=gamma,
+                eos_id=eos_id,
+            )
             drafts, q, draft_cache = drafted
         block = jnp.concatenate([root[:, None], drafts.reshape(b, -1)], axis=1)
         logits, _, cache = extend_logits(params, config, cache, block, prompts.start, write, tree)
         node_counts = None
         if counts is not None:
-            node_counts = counts[:, None] + jnp.einsum("tu,buv->btv", on_path,
-                                                       jax.nn.one_hot(block, v, dtype=jnp.int32))
-        flat = filtered_logits(logits.reshape(b * nodes, v), _repeat(arrays, nodes),
-                               None if counts is None else node_counts.reshape(b * nodes, v),
-                               prompt_counts=None if prompt_counts is None else _repeat(prompt_counts, nodes),
-                               eos_id=eos_id)
+            node_counts = counts[:, None] + jnp.einsum(
+                "tu,buv->btv", on_path, jax.nn.one_hot(block, v, dtype=jnp.int32)
+            )
+        flat = filtered_logits(
+            logits.reshape(b * nodes, v),
+            _repeat(arrays, nodes),
+            None if counts is None else node_counts.reshape(b * nodes, v),
+            prompt_counts=None if prompt_counts is None else _repeat(prompt_counts, nodes),
+            eos_id=eos_id,
+        )
         filtered = flat.reshape(b, nodes, v)
-        verdict = verify(jax.nn.softmax(filtered, axis=-1), drafts, q,
-                         jax.vmap(jax.random.fold_in)(keys, jnp.full_like(zeros, 2)))
+        verdict = verify(
+            jax.nn.softmax(filtered, axis=-1),
+            drafts,
+            q,
+            jax.vmap(jax.random.fold_in)(keys, jnp.full_like(zeros, 2)),
+        )
         n = verdict.accepted
         # Emitted: n drafts along the chosen chain, then the correction/bonus token.
         k = jnp.arange(gamma + 1)[None, :]
         chain = _pick(drafts, verdict.branch)
-        emitted = jnp.where(k < n[:, None], jnp.pad(chain, ((0, 0), (0, 1))), verdict.final[:, None])
+        emitted = jnp.where(
+            k < n[:, None], jnp.pad(chain, ((0, 0), (0, 1))), verdict.final[:, None]
+        )
         node = jnp.where(k == 0, 0, 1 + verdict.branch[:, None] * gamma + k - 1)
         sample_lp = jnp.take_along_axis(
-            jnp.take_along_axis(jax.nn.log_softmax(filtered), node[:, :, None], 1), emitted[:, :, None], 2)[..., 0]
+            jnp.take_along_axis(jax.nn.log_softmax(filtered), node[:, :, None], 1),
+            emitted[:, :, None],
+            2,
+        )[..., 0]
         raw_lp = jnp.take_along_axis(
-            jnp.take_along_axis(jax.nn.log_softmax(logits), node[:, :, None], 1), emitted[:, :, None], 2)[..., 0]
+            jnp.take_along_axis(jax.nn.log_softmax(logits), node[:, :, None], 1),
+            emitted[:, :, None],
+            2,
+        )[..., 0]
         # How many of the n + 1 tokens count: up to the first stop token and within max_tokens.
-        stops = is_stop(emitted.reshape(-1), _repeat(arrays, gamma + 1), eos_id).reshape(b, gamma + 1)
+        stops = is_stop(emitted.reshape(-1), _repeat(arrays, gamma + 1), eos_id).reshape(
+            b, gamma + 1
+        )
         stops &= k <= n[:, None]
         first_stop = jnp.where(stops.any(-1), jnp.argmax(stops, -1) + 1, gamma + 2)
         room = arrays.max_tokens - out.lengths
@@ -262,18 +354,23 @@ def _speculative(params, config: TransformerConfig, draft_params, draft_config, 
         out = GenerationResult(
             out.tokens.at[rows[:, None], slot].set(jnp.where(kept, emitted, pad_id), mode="drop"),
             out.lengths + keep,
-            out.sample_logprobs.at[rows[:, None], slot].set(jnp.where(kept, sample_lp, 0.0), mode="drop"),
-            out.raw_logprobs.at[rows[:, None], slot].set(jnp.where(kept, raw_lp, 0.0), mode="drop"))
+            out.sample_logprobs.at[rows[:, None], slot].set(
+                jnp.where(kept, sample_lp, 0.0), mode="drop"
+            ),
+            out.raw_logprobs.at[rows[:, None], slot].set(jnp.where(kept, raw_lp, 0.0), mode="drop"),
+        )
         seq = seq.at[rows[:, None], length[:, None] + k].set(emitted, mode="drop")
         if counts is not None:
-            counts = counts + jnp.einsum("bk,bkv->bv", kept.astype(jnp.int32),
-                                         jax.nn.one_hot(emitted, v, dtype=jnp.int32))
+            counts = counts + jnp.einsum(
+                "bk,bkv->bv", kept.astype(jnp.int32), jax.nn.one_hot(emitted, v, dtype=jnp.int32)
+            )
         if branches > 1:
             src = length[:, None] + verdict.branch[:, None] * gamma + jnp.arange(gamma)[None, :]
             cache = move_slots(cache, src, length[:, None] + jnp.arange(gamma)[None, :])
             if draft_cache is not None:
-                draft_cache = reorder_rows(draft_cache,
-                                           jnp.repeat(rows * branches + verdict.branch, branches))
+                draft_cache = reorder_rows(
+                    draft_cache, jnp.repeat(rows * branches + verdict.branch, branches)
+                )
         steps += ~done
         accepted += jnp.where(done, 0, n)
         done = done | (first_stop <= keep) | (out.lengths >= arrays.max_tokens)
@@ -285,11 +382,22 @@ def _speculative(params, config: TransformerConfig, draft_params, draft_config, 
     return SpeculativeResult(out, steps, steps * gamma, accepted)
 
 
-def speculative_generate(params, config: TransformerConfig, prompts, *,
-                         sampling: SamplingParams | Sequence[SamplingParams], key, gamma: int = 4,
-                         branches: int = 1, draft_params=None, draft_config: TransformerConfig | None = None,
-                         max_ngram: int = 3, eos_id: int | None = None, pad_id: int = 0,
-                         padding: str = "left") -> SpeculativeResult:
+def speculative_generate(
+    params,
+    config: TransformerConfig,
+    prompts,
+    *,
+    sampling: SamplingParams | Sequence[SamplingParams],
+    key,
+    gamma: int = 4,
+    branches: int = 1,
+    draft_params=None,
+    draft_config: TransformerConfig | None = None,
+    max_ngram: int = 3,
+    eos_id: int | None = None,
+    pad_id: int = 0,
+    padding: str = "left",
+) -> SpeculativeResult:
     """Samples like ``generate`` but ``gamma`` (times ``branches``) drafts at a time.
 
     With ``draft_params``/``draft_config`` a draft model proposes; without, prompt lookup with
@@ -298,15 +406,31 @@ def speculative_generate(params, config: TransformerConfig, prompts, *,
     if (draft_params is None) != (draft_config is None):
         raise ValueError("pass both draft_params and draft_config, or neither (prompt lookup)")
     if draft_config is not None and draft_config.vocab_size != config.vocab_size:
-        raise ValueError(f"draft vocab {draft_config.vocab_size} != target vocab {config.vocab_size}")
+        raise ValueError(
+            f"draft vocab {draft_config.vocab_size} != target vocab {config.vocab_size}"
+        )
     if gamma < 1 or branches < 1:
         raise ValueError(f"need gamma >= 1 and branches >= 1; got {gamma}, {branches}")
     if draft_config is not None and branches > config.vocab_size:
-        raise ValueError(f"branches={branches} exceeds vocab_size={config.vocab_size}: greedy rows "
-                         "start each draft chain from a different token")
-    prompts = as_prompt_batch(prompts, padding=padding, pad_id=pad_id,
-                              vocab_size=config.vocab_size)
+        raise ValueError(
+            f"branches={branches} exceeds vocab_size={config.vocab_size}: greedy rows "
+            "start each draft chain from a different token"
+        )
+    prompts = as_prompt_batch(prompts, padding=padding, pad_id=pad_id, vocab_size=config.vocab_size)
     arrays = sampling_arrays(sampling, prompts.tokens.shape[0])
-    return _speculative(params, config, draft_params, draft_config, prompts, arrays, key, gamma=gamma,
-                        branches=branches, max_ngram=max_ngram, max_new=max_tokens(sampling),
-                        eos_id=eos_id, pad_id=pad_id, track_counts=uses_counts(sampling))
+    return _speculative(
+        params,
+        config,
+        draft_params,
+        draft_config,
+        prompts,
+        arrays,
+        key,
+        gamma=gamma,
+        branches=branches,
+        max_ngram=max_ngram,
+        max_new=max_tokens(sampling),
+        eos_id=eos_id,
+        pad_id=pad_id,
+        track_counts=uses_counts(sampling),
+    )

@@ -19,6 +19,7 @@ sequences share blocks:
 
 Everything here is plain Python on the host: it decides, the device only copies and writes.
 """
+
 from __future__ import annotations
 
 import collections
@@ -47,8 +48,9 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True):
         if num_blocks <= 0 or block_size <= 0:
-            raise ValueError(f"num_blocks and block_size must be positive; got {num_blocks}, "
-                             f"{block_size}")
+            raise ValueError(
+                f"num_blocks and block_size must be positive; got {num_blocks}, {block_size}"
+            )
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -88,7 +90,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return hashes, blocks
         for start in range(0, len(tokens) - self.block_size + 1, self.block_size):
-            parent = chain_hash(parent, tokens[start:start + self.block_size])
+            parent = chain_hash(parent, tokens[start : start + self.block_size])
             block = self._cached.get(parent)
             if block is None:
                 break
@@ -107,8 +109,10 @@ class BlockManager:
         _, hits = self._match(tokens)
         revived = sum(self._refcount[b] == 0 for b in hits)
         fresh = self.blocks_for(len(tokens)) - len(hits)
-        cow = int(self._cached_tokens(tokens, hits) < len(hits) * self.block_size
-                  and self._refcount[hits[-1]] > 0)
+        cow = int(
+            self._cached_tokens(tokens, hits) < len(hits) * self.block_size
+            and self._refcount[hits[-1]] > 0
+        )
         return revived + fresh + cow
 
     def allocate(self, seq_id, tokens: Sequence[int]) -> int:
@@ -136,7 +140,7 @@ class BlockManager:
         blocks = self._seqs[seq_id]
         first, last = start // self.block_size, (end - 1) // self.block_size
         new = max(0, last + 1 - max(first, len(blocks.table)))
-        shared = sum(self._refcount[b] > 1 for b in blocks.table[first:last + 1])
+        shared = sum(self._refcount[b] > 1 for b in blocks.table[first : last + 1])
         return new + shared
 
     def prepare_write(self, seq_id, start: int, end: int) -> list[tuple[int, int]]:
@@ -165,7 +169,7 @@ class BlockManager:
         blocks = self._seqs[seq_id]
         parent = blocks.hashes[-1] if blocks.hashes else ROOT_HASH
         for j in range(len(blocks.hashes), num_computed // self.block_size):
-            parent = chain_hash(parent, tokens[j * self.block_size:(j + 1) * self.block_size])
+            parent = chain_hash(parent, tokens[j * self.block_size : (j + 1) * self.block_size])
             blocks.hashes.append(parent)
             block = blocks.table[j]
             # A hash already cached elsewhere (two equal prompts computed side by side) keeps the

@@ -20,6 +20,7 @@ outside the batch (prompt lengths padded to powers of two, so it compiles a hand
 Tools are described to the model in the system message (:func:`tools_system_prompt`): the ChatML
 template of ``data/chat.py`` has no slot of its own for them.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,13 +35,13 @@ import numpy as np
 from agentic_jax.data.chat import Message, ToolCall, ToolSpec, as_data, as_message, render_ids
 from agentic_jax.data.tokenizer import IM_END, TOOL_CALL, TOOL_CALL_END, Tokenizer
 from agentic_jax.inference.decoding.constrained import regex_constraint, schema_regex, token_bytes
-from agentic_jax.inference.serving.engine import Engine, EngineConfig
-from agentic_jax.inference.serving.engine_loop import EngineLoop
-from agentic_jax.models.export import load_checkpoint
-from agentic_jax.inference.errors import RequestError
 from agentic_jax.inference.decoding.generate import generate
 from agentic_jax.inference.decoding.prompts import PromptBatch
 from agentic_jax.inference.decoding.sampling import SamplingParams, seed_key
+from agentic_jax.inference.errors import RequestError
+from agentic_jax.inference.serving.engine import Engine, EngineConfig
+from agentic_jax.inference.serving.engine_loop import EngineLoop
+from agentic_jax.models.export import load_checkpoint
 
 # Shapes are padded so that phase 2 compiles rarely: constraints to at least this many states,
 # prompts (left-padded) to a power of two of at least this many tokens.
@@ -52,11 +53,18 @@ MAX_CONSTRAINT_STATES = 8192  # a larger tool-call automaton is refused (its tab
 
 def tools_system_prompt(specs: Sequence[ToolSpec]) -> str:
     """The tool section of the system message: how to call, then one JSON line per tool."""
-    lines = [json.dumps({"name": s.name, "description": s.description, "parameters": s.parameters},
-                        ensure_ascii=False).replace("<", "\\u003c") for s in specs]
-    return as_data("# Tools\nTo call a tool, end your turn with a tool call holding "
-                   "{\"name\": ..., \"arguments\": {...}}; its result comes back in a tool "
-                   "turn.\n" + "\n".join(lines))
+    lines = [
+        json.dumps(
+            {"name": s.name, "description": s.description, "parameters": s.parameters},
+            ensure_ascii=False,
+        ).replace("<", "\\u003c")
+        for s in specs
+    ]
+    return as_data(
+        "# Tools\nTo call a tool, end your turn with a tool call holding "
+        '{"name": ..., "arguments": {...}}; its result comes back in a tool '
+        "turn.\n" + "\n".join(lines)
+    )
 
 
 def with_tools(messages: Sequence[Message], specs: Sequence[ToolSpec]) -> list[Message]:
@@ -70,17 +78,31 @@ def with_tools(messages: Sequence[Message], specs: Sequence[ToolSpec]) -> list[M
     return [Message("system", section), *messages]
 
 
-def sampling_params(*, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                    max_tokens: int | None = None, seed: int | None = None,
-                    stop: str | Sequence[str] | None = None, frequency_penalty: float = 0.0,
-                    presence_penalty: float = 0.0, default_max_tokens: int = 256,
-                    **ignored) -> SamplingParams:
+def sampling_params(
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    max_tokens: int | None = None,
+    seed: int | None = None,
+    stop: str | Sequence[str] | None = None,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+    default_max_tokens: int = 256,
+    **ignored,
+) -> SamplingParams:
     """``SamplingParams`` from OpenAI-style keywords (unknown keywords are ignored)."""
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-    return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k,
-                          max_tokens=max_tokens or default_max_tokens, seed=seed,
-                          stop_strings=stops, frequency_penalty=frequency_penalty,
-                          presence_penalty=presence_penalty)
+    return SamplingParams(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        max_tokens=max_tokens or default_max_tokens,
+        seed=seed,
+        stop_strings=stops,
+        frequency_penalty=frequency_penalty,
+        presence_penalty=presence_penalty,
+    )
 
 
 def _chosen_tools(specs: list[ToolSpec], tool_choice: str | Mapping) -> list[ToolSpec]:
@@ -89,15 +111,18 @@ def _chosen_tools(specs: list[ToolSpec], tool_choice: str | Mapping) -> list[Too
         function = tool_choice.get("function", tool_choice)
         name = function.get("name") if isinstance(function, Mapping) else None
         if not isinstance(name, str):
-            raise RequestError("tool_choice must name a function as {'type': 'function', "
-                               f"'function': {{'name': ...}}}}, got {tool_choice!r}")
+            raise RequestError(
+                "tool_choice must name a function as {'type': 'function', "
+                f"'function': {{'name': ...}}}}, got {tool_choice!r}"
+            )
         chosen = [s for s in specs if s.name == name]
         if not chosen:
             raise RequestError(f"tool_choice names {name!r}, which is not among the tools")
         return chosen
     if tool_choice not in ("auto", "none", "required"):
-        raise RequestError(f"tool_choice must be auto, none, required or a function, "
-                           f"got {tool_choice!r}")
+        raise RequestError(
+            f"tool_choice must be auto, none, required or a function, got {tool_choice!r}"
+        )
     if tool_choice == "required" and not specs:
         raise RequestError("tool_choice is required, but no tools were given")
     return [] if tool_choice == "none" else specs
@@ -121,14 +146,16 @@ class TextStream:
         text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
         cuts = [text.find(s) for s in self.stop_strings if s in text]
         if cuts:
-            text, self.stopped = text[:min(cuts)], True
+            text, self.stopped = text[: min(cuts)], True
         elif not final:
-            held = max((k for s in self.stop_strings for k in range(1, len(s))
-                        if text.endswith(s[:k])), default=0)
-            text = text[:len(text) - held]
+            held = max(
+                (k for s in self.stop_strings for k in range(1, len(s)) if text.endswith(s[:k])),
+                default=0,
+            )
+            text = text[: len(text) - held]
             while text.endswith("\ufffd"):
                 text = text[:-1]
-        delta = text[len(self.text):] if text.startswith(self.text) else ""
+        delta = text[len(self.text) :] if text.startswith(self.text) else ""
         self.text += delta
         return delta
 
@@ -145,16 +172,28 @@ class Generation:
 class ChatModel:
     """A checkpoint behind an :class:`EngineLoop`, with chat, tool calls and raw completion."""
 
-    def __init__(self, params, config, tokenizer: Tokenizer,
-                 engine_config: EngineConfig | None = None, *, max_tool_call_tokens: int = 256,
-                 whitespace_pattern: str = "[ ]?"):
+    def __init__(
+        self,
+        params,
+        config,
+        tokenizer: Tokenizer,
+        engine_config: EngineConfig | None = None,
+        *,
+        max_tool_call_tokens: int = 256,
+        whitespace_pattern: str = "[ ]?",
+    ):
         missing = [t for t in (IM_END, TOOL_CALL, TOOL_CALL_END) if t not in tokenizer.special_ids]
         if missing:
             raise ValueError(f"the tokenizer lacks the chat tokens {missing}")
         self.params, self.config, self.tokenizer = params, config, tokenizer
         self.ids = {t: tokenizer.token_id(t) for t in (IM_END, TOOL_CALL, TOOL_CALL_END)}
-        self.engine = Engine(params, config, engine_config or EngineConfig(),
-                             eos_id=self.ids[IM_END], tokenizer=tokenizer)
+        self.engine = Engine(
+            params,
+            config,
+            engine_config or EngineConfig(),
+            eos_id=self.ids[IM_END],
+            tokenizer=tokenizer,
+        )
         self.loop = EngineLoop(self.engine).start()
         self.max_tool_call_tokens = max_tool_call_tokens
         self.whitespace_pattern = whitespace_pattern
@@ -165,8 +204,9 @@ class ChatModel:
         self._keys = itertools.count()
 
     @classmethod
-    def from_checkpoint(cls, path, engine_config: EngineConfig | None = None,
-                        **kwargs) -> "ChatModel":
+    def from_checkpoint(
+        cls, path, engine_config: EngineConfig | None = None, **kwargs
+    ) -> ChatModel:
         config, params, tokenizer = load_checkpoint(path)
         return cls(params, config, tokenizer, engine_config, **kwargs)
 
@@ -177,8 +217,9 @@ class ChatModel:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_bos=self.tokenizer.bos_id is not None)
 
-    def _stream(self, prompt: Sequence[int], params: SamplingParams,
-                on_text: Callable[[str], None] | None) -> tuple[list[int], str, str]:
+    def _stream(
+        self, prompt: Sequence[int], params: SamplingParams, on_text: Callable[[str], None] | None
+    ) -> tuple[list[int], str, str]:
         """Phase 1: (tokens, visible text, finish reason) of a free-running completion."""
         stream = TextStream(self.tokenizer, params.stop_strings)
         tokens, finish = [], "stop"
@@ -192,20 +233,30 @@ class ChatModel:
                     finish = event.completion.finish_reason
         return tokens, stream.text, finish
 
-    def _check_length(self, prompt: Sequence[int], params: SamplingParams,
-                      strict_max_tokens: bool) -> None:
+    def _check_length(
+        self, prompt: Sequence[int], params: SamplingParams, strict_max_tokens: bool
+    ) -> None:
         limit = self.engine.max_model_len
         if not 0 < len(prompt) < limit:
-            raise RequestError(f"the prompt has {len(prompt)} tokens; it must have at least one "
-                               f"and fewer than max_model_len={limit}")
+            raise RequestError(
+                f"the prompt has {len(prompt)} tokens; it must have at least one "
+                f"and fewer than max_model_len={limit}"
+            )
         if strict_max_tokens and len(prompt) + params.max_tokens > limit:
-            raise RequestError(f"max_tokens={params.max_tokens} does not fit: the prompt has "
-                               f"{len(prompt)} tokens, so at most {limit - len(prompt)} more "
-                               f"fit in max_model_len={limit}")
+            raise RequestError(
+                f"max_tokens={params.max_tokens} does not fit: the prompt has "
+                f"{len(prompt)} tokens, so at most {limit - len(prompt)} more "
+                f"fit in max_model_len={limit}"
+            )
 
-    def complete(self, prompt: str, params: SamplingParams,
-                 on_text: Callable[[str], None] | None = None, *,
-                 strict_max_tokens: bool = False) -> Generation:
+    def complete(
+        self,
+        prompt: str,
+        params: SamplingParams,
+        on_text: Callable[[str], None] | None = None,
+        *,
+        strict_max_tokens: bool = False,
+    ) -> Generation:
         """A raw completion of ``prompt`` (``/v1/completions``).  With ``strict_max_tokens`` a
         ``max_tokens`` that does not fit beside the prompt is a :class:`RequestError` (the
         OpenAI API's rule); without, the completion stops at ``max_model_len``."""
@@ -219,17 +270,26 @@ class ChatModel:
     # ----------------------------------------------------------------------------- chat
     def prompt_ids(self, messages: Sequence[Message], specs: Sequence[ToolSpec] = ()) -> list[int]:
         try:  # the template rejects reserved tokens in content, unknown roles, misplaced calls
-            rendered = render_ids(with_tools(messages, specs), self.tokenizer,
-                                  add_generation_prompt=True,
-                                  add_bos=self.tokenizer.bos_id is not None)
+            rendered = render_ids(
+                with_tools(messages, specs),
+                self.tokenizer,
+                add_generation_prompt=True,
+                add_bos=self.tokenizer.bos_id is not None,
+            )
         except ValueError as e:
             raise RequestError(str(e)) from None
         return rendered.ids.tolist()
 
-    def chat(self, messages: Sequence[Message], specs: Sequence[ToolSpec] = (), *,
-             tool_choice: str | Mapping = "auto", params: SamplingParams = SamplingParams(),
-             on_text: Callable[[str], None] | None = None,
-             strict_max_tokens: bool = False) -> Generation:
+    def chat(
+        self,
+        messages: Sequence[Message],
+        specs: Sequence[ToolSpec] = (),
+        *,
+        tool_choice: str | Mapping = "auto",
+        params: SamplingParams = SamplingParams(),
+        on_text: Callable[[str], None] | None = None,
+        strict_max_tokens: bool = False,
+    ) -> Generation:
         """The next assistant turn; ``on_text`` receives its text as it is generated
         (``strict_max_tokens`` as in :meth:`complete`)."""
         specs = _chosen_tools(list(specs), tool_choice)
@@ -253,45 +313,67 @@ class ChatModel:
             if key not in self._constraints:
                 alternatives = []
                 for s in specs:
-                    schema = {"type": "object", "properties": {
-                        "name": {"const": s.name}, "arguments": dict(s.parameters)},
-                        "required": ["name", "arguments"], "additionalProperties": False}
+                    schema = {
+                        "type": "object",
+                        "properties": {"name": {"const": s.name}, "arguments": dict(s.parameters)},
+                        "required": ["name", "arguments"],
+                        "additionalProperties": False,
+                    }
                     if "$defs" in s.parameters:  # references resolve against the root
                         schema["$defs"] = s.parameters["$defs"]
                     try:  # the schema is the caller's: whatever it breaks is its error
                         alternatives.append(schema_regex(schema, self.whitespace_pattern))
-                    except Exception as e:  # noqa: BLE001
-                        raise RequestError(f"the parameters of tool {s.name!r} are not a "
-                                           f"supported JSON schema: {e}") from None
+                    except Exception as e:
+                        raise RequestError(
+                            f"the parameters of tool {s.name!r} are not a "
+                            f"supported JSON schema: {e}"
+                        ) from None
                 regex = "\n(?:" + "|".join(f"(?:{r})" for r in alternatives) + ")\n"
                 tokens = token_bytes(self.tokenizer, self.config.vocab_size)
                 try:
-                    constraint = regex_constraint(regex, tokens, self.ids[TOOL_CALL_END],
-                                                  num_states=CONSTRAINT_STATES,
-                                                  max_states=MAX_CONSTRAINT_STATES)
+                    constraint = regex_constraint(
+                        regex,
+                        tokens,
+                        self.ids[TOOL_CALL_END],
+                        num_states=CONSTRAINT_STATES,
+                        max_states=MAX_CONSTRAINT_STATES,
+                    )
                 except ValueError as e:
-                    raise RequestError(f"the tools' schemas are too large to constrain: {e}") \
-                        from None
+                    raise RequestError(
+                        f"the tools' schemas are too large to constrain: {e}"
+                    ) from None
                 if len(self._constraints) >= CACHED_CONSTRAINTS:
                     del self._constraints[next(iter(self._constraints))]  # the oldest
                 self._constraints[key] = constraint
             return self._constraints[key]
 
-    def _tool_call(self, ids: list[int], specs: Sequence[ToolSpec],
-                   params: SamplingParams) -> tuple[ToolCall | None, int]:
+    def _tool_call(
+        self, ids: list[int], specs: Sequence[ToolSpec], params: SamplingParams
+    ) -> tuple[ToolCall | None, int]:
         """Phase 2: the call's JSON after ``<tool_call>`` under the tools' constraint; (call or
         ``None`` if cut off, tokens used)."""
         max_new = min(self.max_tool_call_tokens, self.engine.max_model_len - len(ids))
         if max_new <= 0:
             return None, 0
         width = max(MIN_CALL_PROMPT, 1 << (len(ids) - 1).bit_length())
-        sampling = SamplingParams(temperature=params.temperature, top_p=params.top_p,
-                                  top_k=params.top_k, max_tokens=max_new, seed=params.seed)
+        sampling = SamplingParams(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=params.top_k,
+            max_tokens=max_new,
+            seed=params.seed,
+        )
         key = seed_key(params.seed if params.seed is not None else next(self._keys))
-        result = generate(self.params, self.config,
-                          PromptBatch.from_lists([ids], length=width, pad_id=self.pad_id),
-                          sampling=sampling, key=key, eos_id=self.ids[TOOL_CALL_END],
-                          pad_id=self.pad_id, constraint=self._constraint(specs))
+        result = generate(
+            self.params,
+            self.config,
+            PromptBatch.from_lists([ids], length=width, pad_id=self.pad_id),
+            sampling=sampling,
+            key=key,
+            eos_id=self.ids[TOOL_CALL_END],
+            pad_id=self.pad_id,
+            constraint=self._constraint(specs),
+        )
         n = int(result.lengths[0])
         tokens = np.asarray(result.tokens[0, :n]).tolist()
         if not tokens or tokens[-1] != self.ids[TOOL_CALL_END]:

@@ -18,6 +18,7 @@ or the engine seed folded with the request's arrival number) with the count of g
 folded in, and penalty counts are kept per slot.  A request therefore produces the same tokens
 alone, in any batch, and after being preempted and recomputed.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,7 +27,8 @@ import functools
 import itertools
 import re
 import time
-from collections.abc import Iterable, Iterator, Sequence as SequenceT
+from collections.abc import Iterable, Iterator
+from collections.abc import Sequence as SequenceT
 from typing import NamedTuple
 
 import gin
@@ -35,12 +37,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_jax.data.tokenizer import Tokenizer
-from agentic_jax.inference.serving.block_manager import BlockManager
-from agentic_jax.inference.errors import RequestError
-from agentic_jax.inference.serving.paged_cache import (PagedBatch, PagedKVCache, copy_blocks,
-                                               decode_attention_fn, paged_forward)
 from agentic_jax.inference.decoding.prompts import check_token_ids
-from agentic_jax.inference.decoding.sampling import SamplingArrays, SamplingParams, add_tokens, sample
+from agentic_jax.inference.decoding.sampling import (
+    SamplingArrays,
+    SamplingParams,
+    add_tokens,
+    sample,
+)
+from agentic_jax.inference.errors import RequestError
+from agentic_jax.inference.serving.block_manager import BlockManager
+from agentic_jax.inference.serving.paged_cache import (
+    PagedBatch,
+    PagedKVCache,
+    copy_blocks,
+    decode_attention_fn,
+    paged_forward,
+)
 from agentic_jax.inference.serving.scheduler import Scheduler, Sequence
 from agentic_jax.models.config import TransformerConfig
 
@@ -59,6 +71,7 @@ class EngineConfig:
     free for running sequences to grow into.  ``decode_attention``: auto | pallas | reference (see
     ``paged_cache.decode_attention_fn``).
     """
+
     num_slots: int = 8
     block_size: int = 16
     num_blocks: int | None = None
@@ -85,6 +98,7 @@ class EngineConfig:
 class Request:
     """A prompt (token ids) and how to sample its continuation.  ``request_id`` must differ from
     every request in flight; ids ``req-<n>`` are reserved for those the engine generates."""
+
     prompt: SequenceT[int]
     params: SamplingParams = SamplingParams()
     request_id: str | None = None
@@ -94,6 +108,7 @@ class Request:
 class Completion:
     """A finished request.  ``finish_reason``: ``stop`` (EOS, a stop token or string) or ``length``
     (``max_tokens`` or ``max_model_len``).  Times are ``time.perf_counter()`` seconds."""
+
     request_id: str
     prompt: tuple[int, ...]
     tokens: tuple[int, ...]
@@ -113,6 +128,7 @@ class Completion:
 
 class StepOutput(NamedTuple):
     """One token of one request; ``completion`` is set on the request's last token."""
+
     request_id: str
     token: int
     logprob: float
@@ -131,28 +147,73 @@ def _device_params(params: SamplingParams) -> SamplingParams:
 _IDLE = SamplingParams(temperature=0.0)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "decode_attention", "eos_id"),
-                   donate_argnames=("cache", "gen_counts", "prompt_counts"))
-def _prefill_step(params, cache, gen_counts, prompt_counts, tokens, batch, arrays, keys, steps,
-                  slot, prompt_row, gen_row, *, config, decode_attention, eos_id):
+@functools.partial(
+    jax.jit,
+    static_argnames=("config", "decode_attention", "eos_id"),
+    donate_argnames=("cache", "gen_counts", "prompt_counts"),
+)
+def _prefill_step(
+    params,
+    cache,
+    gen_counts,
+    prompt_counts,
+    tokens,
+    batch,
+    arrays,
+    keys,
+    steps,
+    slot,
+    prompt_row,
+    gen_row,
+    *,
+    config,
+    decode_attention,
+    eos_id,
+):
     """One sequence's uncached tokens ``[1, T]``; sets its slot's penalty counts."""
-    logits, cache = paged_forward(params, config, cache, tokens, batch,
-                                  decode_attention=decode_attention)
-    s = sample(logits, keys, arrays, gen_row[None], step=steps, prompt_counts=prompt_row[None],
-               eos_id=eos_id)
+    logits, cache = paged_forward(
+        params, config, cache, tokens, batch, decode_attention=decode_attention
+    )
+    s = sample(
+        logits,
+        keys,
+        arrays,
+        gen_row[None],
+        step=steps,
+        prompt_counts=prompt_row[None],
+        eos_id=eos_id,
+    )
     gen_counts = gen_counts.at[slot].set(add_tokens(gen_row[None], s.tokens)[0])
     return s, cache, gen_counts, prompt_counts.at[slot].set(prompt_row)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "decode_attention", "eos_id"),
-                   donate_argnames=("cache", "gen_counts"))
-def _decode_step(params, cache, gen_counts, prompt_counts, tokens, batch, arrays, keys, steps,
-                 *, config, decode_attention, eos_id):
+@functools.partial(
+    jax.jit,
+    static_argnames=("config", "decode_attention", "eos_id"),
+    donate_argnames=("cache", "gen_counts"),
+)
+def _decode_step(
+    params,
+    cache,
+    gen_counts,
+    prompt_counts,
+    tokens,
+    batch,
+    arrays,
+    keys,
+    steps,
+    *,
+    config,
+    decode_attention,
+    eos_id,
+):
     """One token for every slot ``[num_slots, 1]`` (idle slots have length 0)."""
-    logits, cache = paged_forward(params, config, cache, tokens, batch,
-                                  decode_attention=decode_attention)
-    s = sample(logits, keys, arrays, gen_counts, step=steps, prompt_counts=prompt_counts,
-               eos_id=eos_id)
+    logits, cache = paged_forward(
+        params, config, cache, tokens, batch, decode_attention=decode_attention
+    )
+    s = sample(
+        logits, keys, arrays, gen_counts, step=steps, prompt_counts=prompt_counts, eos_id=eos_id
+    )
     return s, cache, add_tokens(gen_counts, s.tokens, batch.lengths > 0)
 
 
@@ -163,14 +224,21 @@ def _hit_stop_string(tokenizer, output: list[int], stop_strings: tuple[str, ...]
     """Whether the text now contains a stop string.  It must end in the newest token (else it
     would have stopped earlier), and a byte-level token holds at least one of its <= 4 bytes per
     character, so decoding the last ``4 len + 1`` tokens is enough."""
-    return any(s in tokenizer.decode(output[-(4 * len(s) + 1):]) for s in stop_strings)
+    return any(s in tokenizer.decode(output[-(4 * len(s) + 1) :]) for s in stop_strings)
 
 
 class Engine:
     """Serves many requests at once over one model; see the module docstring."""
 
-    def __init__(self, params, config: TransformerConfig, engine_config: EngineConfig | None = None,
-                 *, eos_id: int | None = None, tokenizer=None):
+    def __init__(
+        self,
+        params,
+        config: TransformerConfig,
+        engine_config: EngineConfig | None = None,
+        *,
+        eos_id: int | None = None,
+        tokenizer=None,
+    ):
         ec = engine_config or EngineConfig()
         self.params, self.config, self.engine_config = params, config, ec
         self.tokenizer = tokenizer
@@ -179,12 +247,17 @@ class Engine:
         self.max_blocks = -(-self.max_model_len // ec.block_size)
         num_blocks = ec.num_blocks or ec.num_slots * self.max_blocks
         if num_blocks < self.max_blocks:
-            raise ValueError(f"{num_blocks} blocks cannot hold one sequence of max_model_len="
-                             f"{self.max_model_len} ({self.max_blocks} blocks of {ec.block_size})")
+            raise ValueError(
+                f"{num_blocks} blocks cannot hold one sequence of max_model_len="
+                f"{self.max_model_len} ({self.max_blocks} blocks of {ec.block_size})"
+            )
         self.num_blocks = num_blocks
         self._padding_slot = num_blocks * ec.block_size  # out of range: the write is dropped
-        self._static = {"config": config, "eos_id": self.eos_id,
-                        "decode_attention": decode_attention_fn(ec.decode_attention)}
+        self._static = {
+            "config": config,
+            "eos_id": self.eos_id,
+            "decode_attention": decode_attention_fn(ec.decode_attention),
+        }
         self._base_key = jax.random.key(ec.seed)
         self._arrivals = itertools.count()
         self.step_count = 0
@@ -193,11 +266,15 @@ class Engine:
     def _new_state(self) -> None:
         """Empty scheduler, block pool, KV cache and penalty counts."""
         ec = self.engine_config
-        self.blocks = BlockManager(self.num_blocks, ec.block_size,
-                                   enable_prefix_caching=ec.enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, ec.num_slots,
-                                   watermark_blocks=int(ec.watermark * self.num_blocks),
-                                   static=ec.batching == "static")
+        self.blocks = BlockManager(
+            self.num_blocks, ec.block_size, enable_prefix_caching=ec.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            self.blocks,
+            ec.num_slots,
+            watermark_blocks=int(ec.watermark * self.num_blocks),
+            static=ec.batching == "static",
+        )
         self.cache = PagedKVCache.create(self.config, self.num_blocks, ec.block_size)
         counts = (ec.num_slots, self.config.vocab_size)
         self._gen_counts = jnp.zeros(counts, jnp.int32)  # generated tokens, per slot
@@ -222,18 +299,22 @@ class Engine:
         request does not shift later requests' arrival numbers (their default ids and keys)."""
         request_id = request.request_id
         if request_id is not None and _GENERATED_ID.fullmatch(request_id):
-            raise RequestError(f"request id {request_id!r}: ids of the form 'req-<n>' are "
-                               "reserved for generated ones")
+            raise RequestError(
+                f"request id {request_id!r}: ids of the form 'req-<n>' are "
+                "reserved for generated ones"
+            )
         if request_id in self._sequences:
             raise RequestError(f"request id {request_id!r} is already in flight")
         prompt = tuple(int(t) for t in request.prompt)
         if not 0 < len(prompt) < self.max_model_len:
-            raise RequestError(f"prompt length {len(prompt)} must be in [1, max_model_len="
-                               f"{self.max_model_len})")
+            raise RequestError(
+                f"prompt length {len(prompt)} must be in [1, max_model_len={self.max_model_len})"
+            )
         check_token_ids([prompt], self.config.vocab_size)
         if request.params.top_k > self.config.vocab_size:
-            raise RequestError(f"top_k={request.params.top_k} exceeds the vocabulary size "
-                               f"{self.config.vocab_size}")
+            raise RequestError(
+                f"top_k={request.params.top_k} exceeds the vocabulary size {self.config.vocab_size}"
+            )
         if request.params.stop_strings and self.tokenizer is None:
             raise ValueError("stop_strings need an Engine with a tokenizer")
         return prompt
@@ -243,8 +324,13 @@ class Engine:
         request_id = request.request_id if request.request_id is not None else f"req-{arrival}"
         key = np.asarray(jax.random.key_data(jax.random.fold_in(self._base_key, arrival)))
         self._sequences[request_id] = seq = Sequence(
-            request_id, prompt, request.params, key, arrival_step=self.step_count,
-            arrival_time=time.perf_counter())
+            request_id,
+            prompt,
+            request.params,
+            key,
+            arrival_step=self.step_count,
+            arrival_time=time.perf_counter(),
+        )
         self.scheduler.add(seq)
         return request_id
 
@@ -263,8 +349,12 @@ class Engine:
 
     @property
     def stats(self) -> dict:
-        return {"steps": self.step_count, "preemptions": self.scheduler.num_preemptions,
-                "prefix_hit_rate": self.blocks.hit_rate, "free_blocks": self.blocks.num_free_blocks}
+        return {
+            "steps": self.step_count,
+            "preemptions": self.scheduler.num_preemptions,
+            "prefix_hit_rate": self.blocks.hit_rate,
+            "free_blocks": self.blocks.num_free_blocks,
+        }
 
     # ----------------------------------------------------------------------------- stepping
     def step(self) -> list[StepOutput]:
@@ -359,13 +449,13 @@ class Engine:
             return
         src = np.zeros(self.engine_config.num_slots, np.int32)
         dst = np.full(self.engine_config.num_slots, self.blocks.num_blocks, np.int32)
-        src[:len(copies)], dst[:len(copies)] = zip(*copies)
+        src[: len(copies)], dst[: len(copies)] = zip(*copies)
         self.cache = _copy_blocks(self.cache, src, dst)
 
     def _table(self, seq: Sequence) -> np.ndarray:
         table = np.zeros(self.max_blocks, np.int32)
         blocks = self.blocks.block_table(seq.request_id)
-        table[:len(blocks)] = blocks
+        table[: len(blocks)] = blocks
         return table
 
     def _slots(self, table: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -391,12 +481,20 @@ class Engine:
         batch = PagedBatch(row(0, positions), slots, table[None], np.asarray([end], np.int32))
         v = self.config.vocab_size
         s, self.cache, self._gen_counts, self._prompt_counts = _prefill_step(
-            self.params, self.cache, self._gen_counts, self._prompt_counts, row(0, tokens[start:]),
-            batch, SamplingArrays.from_params([_device_params(seq.params)]), seq.key[None],
-            np.asarray([len(seq.output)], np.int32), seq.slot,
+            self.params,
+            self.cache,
+            self._gen_counts,
+            self._prompt_counts,
+            row(0, tokens[start:]),
+            batch,
+            SamplingArrays.from_params([_device_params(seq.params)]),
+            seq.key[None],
+            np.asarray([len(seq.output)], np.int32),
+            seq.slot,
             np.bincount(seq.prompt, minlength=v).astype(np.int32),
             np.bincount(np.asarray(seq.output, np.int64), minlength=v).astype(np.int32),
-            **self._static)
+            **self._static,
+        )
         return int(s.tokens[0]), float(s.raw_logprobs[0])
 
     def _sampling_arrays(self, by_slot: list[Sequence | None]) -> SamplingArrays:
@@ -404,7 +502,8 @@ class Engine:
         ids = tuple(None if s is None else s.request_id for s in by_slot)
         if self._decode_arrays is None or self._decode_arrays[0] != ids:
             arrays = SamplingArrays.from_params(
-                [_IDLE if s is None else _device_params(s.params) for s in by_slot])
+                [_IDLE if s is None else _device_params(s.params) for s in by_slot]
+            )
             self._decode_arrays = ids, arrays
         return self._decode_arrays[1]
 
@@ -423,9 +522,17 @@ class Engine:
             slots[i] = self._slots(tables[i], np.asarray(pos))
             steps[i], keys[i] = len(seq.output), seq.key
         s, self.cache, self._gen_counts = _decode_step(
-            self.params, self.cache, self._gen_counts, self._prompt_counts, tokens[:, None],
+            self.params,
+            self.cache,
+            self._gen_counts,
+            self._prompt_counts,
+            tokens[:, None],
             PagedBatch(positions[:, None], slots[:, None], tables, lengths),
-            self._sampling_arrays(by_slot), keys, steps, **self._static)
+            self._sampling_arrays(by_slot),
+            keys,
+            steps,
+            **self._static,
+        )
         out_tokens, out_logprobs = np.asarray(s.tokens), np.asarray(s.raw_logprobs)
         return [(seq, int(out_tokens[seq.slot]), float(out_logprobs[seq.slot])) for seq in seqs]
 
@@ -452,19 +559,39 @@ class Engine:
             return StepOutput(seq.request_id, token, logprob, None)
         self.scheduler.finish(seq)
         del self._sequences[seq.request_id]
-        return StepOutput(seq.request_id, token, logprob, Completion(
-            seq.request_id, seq.prompt, tuple(seq.output), tuple(seq.logprobs), seq.finish_reason,
-            seq.cached_tokens, seq.preemptions, seq.admitted_step - seq.arrival_step,
-            seq.arrival_time, seq.first_token_time, now))
+        return StepOutput(
+            seq.request_id,
+            token,
+            logprob,
+            Completion(
+                seq.request_id,
+                seq.prompt,
+                tuple(seq.output),
+                tuple(seq.logprobs),
+                seq.finish_reason,
+                seq.cached_tokens,
+                seq.preemptions,
+                seq.admitted_step - seq.arrival_step,
+                seq.arrival_time,
+                seq.first_token_time,
+                now,
+            ),
+        )
 
 
 # --------------------------------------------------------------------------------- text front end
 @gin.configurable
-def default_sampling_params(temperature: float = 0.8, top_p: float = 0.95, top_k: int = 0,
-                            max_tokens: int = 64, seed: int | None = None) -> SamplingParams:
+def default_sampling_params(
+    temperature: float = 0.8,
+    top_p: float = 0.95,
+    top_k: int = 0,
+    max_tokens: int = 64,
+    seed: int | None = None,
+) -> SamplingParams:
     """The sampling settings ``agentic-jax generate`` starts from (its flags override them)."""
-    return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
-                          seed=seed)
+    return SamplingParams(
+        temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed
+    )
 
 
 def stream_text(engine: Engine, request: Request, tokenizer: Tokenizer) -> Iterator[str]:
@@ -476,5 +603,5 @@ def stream_text(engine: Engine, request: Request, tokenizer: Tokenizer) -> Itera
         text = tokenizer.decode(tokens, skip_special_tokens=True)
         if text.endswith("\ufffd") and not event.finished:
             continue
-        yield text[len(shown):]
+        yield text[len(shown) :]
         shown = text

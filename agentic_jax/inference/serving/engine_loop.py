@@ -7,6 +7,7 @@ are decoding join the running batch.  A caller that stops reading (a client gone
 that raised, a call that timed out) aborts its request, which frees its slot and blocks for the
 others.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -44,7 +45,7 @@ class EngineLoop:
         self._lock = threading.Lock()  # (re)starting the thread
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "EngineLoop":
+    def start(self) -> EngineLoop:
         with self._lock:
             self._start()
         return self
@@ -58,7 +59,7 @@ class EngineLoop:
         if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout=10)
 
-    def submit(self, prompt: Sequence[int], params: SamplingParams) -> "RequestEvents":
+    def submit(self, prompt: Sequence[int], params: SamplingParams) -> RequestEvents:
         """Queues a request; iterate the result for its token events (errors are raised), and
         ``close()`` it to abort the request before its last event."""
         self._revive()
@@ -77,15 +78,22 @@ class EngineLoop:
 
     def health(self) -> dict:
         """The loop's state as a server reports it: running or not, restarts, failures."""
-        return {"engine_loop": "running" if self.running else "stopped",
-                "restarts": self.restarts, "failed_requests": self.failed_requests,
-                "requests_in_flight": len(self._outboxes), "last_error": self.last_error}
+        return {
+            "engine_loop": "running" if self.running else "stopped",
+            "restarts": self.restarts,
+            "failed_requests": self.failed_requests,
+            "requests_in_flight": len(self._outboxes),
+            "last_error": self.last_error,
+        }
 
     def _revive(self) -> None:
         """Restarts a loop whose thread died (it owned the outboxes; now nobody does)."""
         with self._lock:
-            if self._thread is not None and not self._thread.is_alive() \
-                    and not self._stopping.is_set():
+            if (
+                self._thread is not None
+                and not self._thread.is_alive()
+                and not self._stopping.is_set()
+            ):
                 self._recover(EngineFailure("the engine loop's thread died"))
                 self._start()
 
@@ -93,10 +101,15 @@ class EngineLoop:
         """Fails every request in flight after ``error`` left the engine's state unknown."""
         self.restarts += 1
         self.last_error = f"{type(error).__name__}: {error}"
-        log.error("engine loop failed; failing %d requests and resetting the engine: %s",
-                  len(self._outboxes), self.last_error, exc_info=error)
-        failure = EngineFailure(f"the engine failed while serving this request "
-                                f"({self.last_error}); it was reset")
+        log.error(
+            "engine loop failed; failing %d requests and resetting the engine: %s",
+            len(self._outboxes),
+            self.last_error,
+            exc_info=error,
+        )
+        failure = EngineFailure(
+            f"the engine failed while serving this request ({self.last_error}); it was reset"
+        )
         self._fail(self._outboxes, failure)
         self._outboxes = {}
         self.engine.reset()
@@ -134,7 +147,7 @@ class EngineLoop:
         while not self._stopping.is_set():
             try:
                 self._serve()
-            except Exception as e:  # noqa: BLE001 - the loop must outlive any request
+            except Exception as e:
                 self._recover(e)
 
     def _serve(self) -> None:
@@ -145,8 +158,13 @@ class EngineLoop:
             events = self.engine.step()
             for request_id, error in self.engine.take_failures():
                 if not isinstance(error, RequestError):
-                    log.error("request %s failed: %s: %s", request_id, type(error).__name__,
-                              error, exc_info=error)
+                    log.error(
+                        "request %s failed: %s: %s",
+                        request_id,
+                        type(error).__name__,
+                        error,
+                        exc_info=error,
+                    )
                 outbox = self._outboxes.pop(request_id, None)
                 if outbox is not None:  # else aborted meanwhile: nobody is waiting
                     self._fail({request_id: outbox}, error)
@@ -165,7 +183,7 @@ class RequestEvents:
         self.loop, self.request_id, self._outbox = loop, request_id, outbox
         self._done = False
 
-    def __iter__(self) -> "RequestEvents":
+    def __iter__(self) -> RequestEvents:
         return self
 
     def __next__(self) -> StepOutput:

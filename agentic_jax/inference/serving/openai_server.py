@@ -22,6 +22,7 @@ disconnects mid-stream ends its generation: the next write fails, and the reques
 the engine, freeing its slot.  A non-streaming request runs to completion whether or not its
 client is still there.  Not supported: streaming with ``n > 1``, logprobs, images.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -38,11 +39,11 @@ from typing import Any, Literal
 import gin
 import pydantic
 
+from agentic_jax.data.chat import Message, ToolCall, ToolSpec
+from agentic_jax.inference.decoding.sampling import INT32_MAX, SEED_RANGE
+from agentic_jax.inference.errors import EngineFailure, RequestError
 from agentic_jax.inference.serving.chat_model import ChatModel, Generation, sampling_params
 from agentic_jax.inference.serving.request_body import BodyError, check_size, parse_json_body
-from agentic_jax.data.chat import Message, ToolCall, ToolSpec
-from agentic_jax.inference.errors import EngineFailure, RequestError
-from agentic_jax.inference.decoding.sampling import INT32_MAX, SEED_RANGE
 
 log = logging.getLogger(__name__)
 PROMPT_THREADS = 16  # most generations of one request in flight at once
@@ -59,6 +60,7 @@ class ServerLimits:
     ``max_concurrent_requests`` generating at once (503 beyond); ``read_timeout_s``: how long a
     connection may stall while sending or receiving.
     """
+
     max_request_bytes: int = 4 * 2**20
     max_json_depth: int = 64
     max_messages: int = 1024
@@ -73,16 +75,25 @@ class ServerLimits:
     def __post_init__(self):
         for field in dataclasses.fields(self):
             if not getattr(self, field.name) > 0:
-                raise ValueError(f"ServerLimits.{field.name} must be positive, got "
-                                 f"{getattr(self, field.name)!r}")
+                raise ValueError(
+                    f"ServerLimits.{field.name} must be positive, got {getattr(self, field.name)!r}"
+                )
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
-        self.status, self.body = status, {"error": {"message": message, "type": type_,
-                                                    "param": param, "code": code}}
+        self.status, self.body = (
+            status,
+            {"error": {"message": message, "type": type_, "param": param, "code": code}},
+        )
 
 
 # ------------------------------------------------------------------------------- request schemas
@@ -148,11 +159,16 @@ class _Sampling(_Request):
         low = SEED_RANGE[0]
         seed = None if self.seed is None else (self.seed + choice - low) % 2**64 + low
         try:
-            return sampling_params(temperature=self.temperature, top_p=self.top_p,
-                                   top_k=self.top_k, max_tokens=self.requested_max_tokens,
-                                   seed=seed, stop=self.stop,
-                                   frequency_penalty=self.frequency_penalty,
-                                   presence_penalty=self.presence_penalty)
+            return sampling_params(
+                temperature=self.temperature,
+                top_p=self.top_p,
+                top_k=self.top_k,
+                max_tokens=self.requested_max_tokens,
+                seed=seed,
+                stop=self.stop,
+                frequency_penalty=self.frequency_penalty,
+                presence_penalty=self.presence_penalty,
+            )
         except ValueError as e:  # e.g. an empty stop string
             raise APIError(400, str(e)) from None
 
@@ -164,8 +180,12 @@ class _Sampling(_Request):
         """The bounds of ``limits`` on what this request asks for."""
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
         if len(stops) > limits.max_stop or any(len(s) > limits.max_stop_chars for s in stops):
-            raise APIError(400, f"stop: at most {limits.max_stop} strings of at most "
-                                f"{limits.max_stop_chars} characters", param="stop")
+            raise APIError(
+                400,
+                f"stop: at most {limits.max_stop} strings of at most "
+                f"{limits.max_stop_chars} characters",
+                param="stop",
+            )
         if self.n > limits.max_n:
             raise APIError(400, f"n={self.n}: at most {limits.max_n}", param="n")
         if self.stream and self.n > 1:
@@ -185,11 +205,15 @@ class ChatCompletionRequest(_Sampling):
     def check(self, limits: ServerLimits) -> None:
         super().check(limits)
         if len(self.messages) > limits.max_messages:
-            raise APIError(400, f"{len(self.messages)} messages: at most {limits.max_messages}",
-                           param="messages")
+            raise APIError(
+                400,
+                f"{len(self.messages)} messages: at most {limits.max_messages}",
+                param="messages",
+            )
         if len(self.tools or ()) > limits.max_tools:
-            raise APIError(400, f"{len(self.tools)} tools: at most {limits.max_tools}",
-                           param="tools")
+            raise APIError(
+                400, f"{len(self.tools)} tools: at most {limits.max_tools}", param="tools"
+            )
 
 
 class CompletionRequest(_Sampling):
@@ -204,8 +228,9 @@ class CompletionRequest(_Sampling):
         if not self.prompts:
             raise APIError(400, "prompt must not be empty", param="prompt")
         if len(self.prompts) > limits.max_prompts:
-            raise APIError(400, f"{len(self.prompts)} prompts: at most {limits.max_prompts}",
-                           param="prompt")
+            raise APIError(
+                400, f"{len(self.prompts)} prompts: at most {limits.max_prompts}", param="prompt"
+            )
         if self.stream and len(self.prompts) != 1:
             raise APIError(400, "streaming supports one prompt", param="prompt")
 
@@ -215,8 +240,11 @@ def _text(content: str | list[_ContentPart] | None) -> str:
         return content or ""
     for part in content:
         if part.type != "text" or part.text is None:
-            raise APIError(400, f"unsupported content part type {part.type!r} (only text parts "
-                                f"with a text field)", param="messages")
+            raise APIError(
+                400,
+                f"unsupported content part type {part.type!r} (only text parts with a text field)",
+                param="messages",
+            )
     return "".join(part.text for part in content)
 
 
@@ -233,24 +261,38 @@ def _validation_error(e: pydantic.ValidationError) -> APIError:
     return APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param)
 
 
-
 # ------------------------------------------------------------------------------- responses
 def _usage(g: Generation) -> dict:
-    return {"prompt_tokens": g.prompt_tokens, "completion_tokens": g.completion_tokens,
-            "total_tokens": g.prompt_tokens + g.completion_tokens}
+    return {
+        "prompt_tokens": g.prompt_tokens,
+        "completion_tokens": g.completion_tokens,
+        "total_tokens": g.prompt_tokens + g.completion_tokens,
+    }
 
 
 def _tool_calls(g: Generation) -> list[dict]:
-    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": c.name, "arguments": c.arguments_text()}}
-            for c in g.tool_calls]
+    return [
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {"name": c.name, "arguments": c.arguments_text()},
+        }
+        for c in g.tool_calls
+    ]
 
 
 class OpenAIServer:
     """Serves ``model`` on ``host:port`` (port 0: a free one); ``url`` is the API base URL."""
 
-    def __init__(self, model: ChatModel, *, host: str = "127.0.0.1", port: int = 0,
-                 model_name: str = "agentic-jax", limits: ServerLimits | None = None):
+    def __init__(
+        self,
+        model: ChatModel,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        model_name: str = "agentic-jax",
+        limits: ServerLimits | None = None,
+    ):
         self.model, self.model_name = model, model_name
         self.limits = limits or ServerLimits()
         self.created = int(time.time())
@@ -265,10 +307,11 @@ class OpenAIServer:
         host, port = self.httpd.server_address[:2]
         return f"http://{host}:{port}/v1"
 
-    def start(self) -> "OpenAIServer":
+    def start(self) -> OpenAIServer:
         """Serves from a background thread."""
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="openai-server",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, name="openai-server", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -288,44 +331,60 @@ class OpenAIServer:
     # ----------------------------------------------------------------------------- routes
     def route(self, method: str, path: str):
         path = path.split("?", 1)[0].rstrip("/")
-        routes = {("GET", "/health"): self._health,
-                  ("GET", "/v1/models"): self._models,
-                  ("GET", f"/v1/models/{self.model_name}"):
-                      lambda h, body: h.send_json(200, self._model_card()),
-                  ("POST", "/v1/chat/completions"): self._generating_route(self._chat),
-                  ("POST", "/v1/completions"): self._generating_route(self._completions)}
+        routes = {
+            ("GET", "/health"): self._health,
+            ("GET", "/v1/models"): self._models,
+            ("GET", f"/v1/models/{self.model_name}"): lambda h, body: h.send_json(
+                200, self._model_card()
+            ),
+            ("POST", "/v1/chat/completions"): self._generating_route(self._chat),
+            ("POST", "/v1/completions"): self._generating_route(self._completions),
+        }
         if (method, path) in routes:
             return routes[method, path]
         allowed = sorted(m for m, p in routes if p == path)
         if allowed:
-            raise APIError(405, f"method {method} not allowed on {path}; use "
-                                f"{' or '.join(allowed)}", code="method_not_allowed")
+            raise APIError(
+                405,
+                f"method {method} not allowed on {path}; use {' or '.join(allowed)}",
+                code="method_not_allowed",
+            )
         raise APIError(404, f"no route {method} {path}", code="not_found")
 
     def _generating_route(self, fn):
         """``fn`` behind the concurrency limit: a request over it is a 503 at once."""
+
         @functools.wraps(fn)
-        def limited(h: "_Handler", body) -> None:
+        def limited(h: _Handler, body) -> None:
             if not self._generating.acquire(blocking=False):
-                raise APIError(503, f"the server is busy: {self.limits.max_concurrent_requests} "
-                                    f"requests are generating; retry shortly", "server_error",
-                               code="server_busy")
+                raise APIError(
+                    503,
+                    f"the server is busy: {self.limits.max_concurrent_requests} "
+                    f"requests are generating; retry shortly",
+                    "server_error",
+                    code="server_busy",
+                )
             try:
                 fn(h, body)
             finally:
                 self._generating.release()
+
         return limited
 
-    def _health(self, h: "_Handler", body) -> None:
+    def _health(self, h: _Handler, body) -> None:
         loop = self.model.loop.health()
         up = loop["engine_loop"] == "running"
         h.send_json(200 if up else 503, {"status": "ok" if up else "unavailable", **loop})
 
     def _model_card(self) -> dict:
-        return {"id": self.model_name, "object": "model", "created": self.created,
-                "owned_by": "agentic-jax"}
+        return {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "agentic-jax",
+        }
 
-    def _models(self, h: "_Handler", body) -> None:
+    def _models(self, h: _Handler, body) -> None:
         h.send_json(200, {"object": "list", "data": [self._model_card()]})
 
     def _parse(self, cls, body):
@@ -336,14 +395,23 @@ class OpenAIServer:
         except pydantic.ValidationError as e:
             raise _validation_error(e) from None
         if request.model != self.model_name:
-            raise APIError(404, f"the model {request.model!r} does not exist; this server has "
-                                f"{self.model_name!r}", param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"the model {request.model!r} does not exist; this server has {self.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
         request.check(self.limits)
         return request
 
     def _chunk(self, kind: str, id_: str, choice: dict, usage: dict | None = None) -> dict:
-        body = {"id": id_, "object": kind, "created": int(time.time()), "model": self.model_name,
-                "choices": [choice] if choice else []}
+        body = {
+            "id": id_,
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [choice] if choice else [],
+        }
         if usage is not None:
             body["usage"] = usage
         return body
@@ -357,14 +425,20 @@ class OpenAIServer:
         with concurrent.futures.ThreadPoolExecutor(min(len(jobs), PROMPT_THREADS)) as pool:
             return list(pool.map(fn, jobs))
 
-    def _chat(self, h: "_Handler", body) -> None:
+    def _chat(self, h: _Handler, body) -> None:
         r = self._parse(ChatCompletionRequest, body)
         messages = [_message(m) for m in r.messages]
-        specs = [ToolSpec(t.function.name, t.function.description, t.function.parameters)
-                 for t in r.tools or ()]
-        chat = functools.partial(self.model.chat, messages, specs,
-                                 tool_choice=r.tool_choice or "auto",
-                                 strict_max_tokens=r.requested_max_tokens is not None)
+        specs = [
+            ToolSpec(t.function.name, t.function.description, t.function.parameters)
+            for t in r.tools or ()
+        ]
+        chat = functools.partial(
+            self.model.chat,
+            messages,
+            specs,
+            tool_choice=r.tool_choice or "auto",
+            strict_max_tokens=r.requested_max_tokens is not None,
+        )
         id_ = f"chatcmpl-{uuid.uuid4().hex}"
         if r.stream:
             self._chat_stream(h, r, chat, id_)
@@ -376,17 +450,30 @@ class OpenAIServer:
             message = {"role": "assistant", "content": g.text or (None if calls else "")}
             if calls:
                 message["tool_calls"] = calls
-            choices.append({"index": i, "message": message, "logprobs": None,
-                            "finish_reason": g.finish_reason})
-        h.send_json(200, {"id": id_, "object": "chat.completion", "created": int(time.time()),
-                          "model": self.model_name, "choices": choices, "usage": _total(done)})
+            choices.append(
+                {"index": i, "message": message, "logprobs": None, "finish_reason": g.finish_reason}
+            )
+        h.send_json(
+            200,
+            {
+                "id": id_,
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": self.model_name,
+                "choices": choices,
+                "usage": _total(done),
+            },
+        )
 
-    def _chat_stream(self, h: "_Handler", r: ChatCompletionRequest, chat, id_: str) -> None:
+    def _chat_stream(self, h: _Handler, r: ChatCompletionRequest, chat, id_: str) -> None:
         stream = _LazyStream(h)
 
         def delta(content: dict, finish: str | None = None) -> dict:
-            return self._chunk("chat.completion.chunk", id_, {"index": 0, "delta": content,
-                                                              "finish_reason": finish})
+            return self._chunk(
+                "chat.completion.chunk",
+                id_,
+                {"index": 0, "delta": content, "finish_reason": finish},
+            )
 
         def on_text(text: str) -> None:
             if not stream.started:
@@ -404,28 +491,52 @@ class OpenAIServer:
             stream.send(self._chunk("chat.completion.chunk", id_, {}, _usage(g)))
         stream.close()
 
-    def _completions(self, h: "_Handler", body) -> None:
+    def _completions(self, h: _Handler, body) -> None:
         r = self._parse(CompletionRequest, body)
-        complete = functools.partial(self.model.complete,
-                                     strict_max_tokens=r.requested_max_tokens is not None)
+        complete = functools.partial(
+            self.model.complete, strict_max_tokens=r.requested_max_tokens is not None
+        )
         id_ = f"cmpl-{uuid.uuid4().hex}"
         if r.stream:
             stream = _LazyStream(h)
-            g = complete(r.prompt if isinstance(r.prompt, str) else r.prompt[0], r.params(),
-                         lambda d: stream.send(self._chunk("text_completion", id_, {
-                             "index": 0, "text": d, "logprobs": None, "finish_reason": None})))
-            stream.send(self._chunk("text_completion", id_, {
-                "index": 0, "text": "", "logprobs": None, "finish_reason": g.finish_reason},
-                _usage(g) if r.include_usage else None))
+            g = complete(
+                r.prompt if isinstance(r.prompt, str) else r.prompt[0],
+                r.params(),
+                lambda d: stream.send(
+                    self._chunk(
+                        "text_completion",
+                        id_,
+                        {"index": 0, "text": d, "logprobs": None, "finish_reason": None},
+                    )
+                ),
+            )
+            stream.send(
+                self._chunk(
+                    "text_completion",
+                    id_,
+                    {"index": 0, "text": "", "logprobs": None, "finish_reason": g.finish_reason},
+                    _usage(g) if r.include_usage else None,
+                )
+            )
             stream.close()
             return
         # Choice p * n + i is sample i of prompt p, as the OpenAI API numbers them.
         jobs = [(p, i) for p in r.prompts for i in range(r.n)]
         done = self._all(lambda job: complete(job[0], r.params(job[1])), jobs)
-        h.send_json(200, {"id": id_, "object": "text_completion", "created": int(time.time()),
-                          "model": self.model_name, "usage": _total(done), "choices": [
-                              {"index": i, "text": g.text, "logprobs": None,
-                               "finish_reason": g.finish_reason} for i, g in enumerate(done)]})
+        h.send_json(
+            200,
+            {
+                "id": id_,
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": self.model_name,
+                "usage": _total(done),
+                "choices": [
+                    {"index": i, "text": g.text, "logprobs": None, "finish_reason": g.finish_reason}
+                    for i, g in enumerate(done)
+                ],
+            },
+        )
 
 
 def _total(done: list[Generation]) -> dict:
@@ -437,7 +548,7 @@ class _LazyStream:
     """Server-sent events over chunked encoding, started by the first event, so that an error
     before any output can still be answered with a proper status."""
 
-    def __init__(self, handler: "_Handler"):
+    def __init__(self, handler: _Handler):
         self.handler, self.started = handler, False
         handler.stream = self
 
@@ -466,6 +577,7 @@ class _LazyStream:
 class _Handler(BaseHTTPRequestHandler):
     """Routes every method (``do_GET``, ``do_PUT``, any other) through :meth:`_handle`, so a
     method a path does not take is the API's 405, not the HTTP layer's 501."""
+
     protocol_version = "HTTP/1.1"
     api: OpenAIServer
     stream: _LazyStream | None = None
@@ -526,21 +638,27 @@ class _Handler(BaseHTTPRequestHandler):
             raw = self._body()
             handler = self.api.route(method, self.path)
             limits = self.api.limits
-            body = parse_json_body(raw, max_bytes=limits.max_request_bytes,
-                                   max_depth=limits.max_json_depth) if raw else None
+            body = (
+                parse_json_body(
+                    raw, max_bytes=limits.max_request_bytes, max_depth=limits.max_json_depth
+                )
+                if raw
+                else None
+            )
             handler(self, body)
         except APIError as e:
             self._fail(e)
         except BodyError as e:
-            self._fail(APIError(e.status, str(e),
-                                code="request_too_large" if e.status == 413 else None))
+            self._fail(
+                APIError(e.status, str(e), code="request_too_large" if e.status == 413 else None)
+            )
         except RequestError as e:  # bad content: reserved tokens, a prompt too long, a bad schema
             code = "context_length_exceeded" if "max_model_len" in str(e) else None
             self._fail(APIError(400, str(e), code=code))
         except (BrokenPipeError, ConnectionResetError, TimeoutError):
             log.info("client went away")
             self.close_connection = True
-        except Exception as e:  # noqa: BLE001 - the server must survive anything a request does
+        except Exception as e:
             if not isinstance(e, EngineFailure):  # the engine loop has logged its own
                 log.exception("request failed")
             self._fail(APIError(500, f"{type(e).__name__}: {e}", "server_error"))

@@ -16,6 +16,7 @@ into its pages, then attends:
 
 Padding tokens get an out-of-range slot and their writes are dropped.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -39,8 +40,9 @@ def decode_attention_fn(name: str = "auto") -> Callable:
     if name == "auto":
         name = "pallas" if target_platform() == "tpu" else "reference"
     if name not in DECODE_ATTENTION:
-        raise ValueError(f"decode attention {name!r}; expected auto or one of "
-                         f"{sorted(DECODE_ATTENTION)}")
+        raise ValueError(
+            f"decode attention {name!r}; expected auto or one of {sorted(DECODE_ATTENTION)}"
+        )
     return DECODE_ATTENTION[name]
 
 
@@ -64,6 +66,7 @@ class PagedKVCache(NamedTuple):
 
 class PagedBatch(NamedTuple):
     """Where a step's tokens ``[B, T]`` sit and what they see."""
+
     positions: jax.Array  # int32 [B, T] absolute positions (anything on padding)
     slot_mapping: jax.Array  # int32 [B, T] flat K/V slot; >= num_blocks * block_size on padding
     block_tables: jax.Array  # int32 [B, max_blocks]
@@ -101,26 +104,50 @@ def paged_attend(config: TransformerConfig, batch: PagedBatch, decode_attention:
     def attend(q, k, v, pages):
         k_pages, v_pages = (_write(p, x, batch.slot_mapping) for p, x in zip(pages, (k, v)))
         if q.shape[1] == 1:
-            o = decode_attention(q[:, 0], k_pages, v_pages, batch.block_tables, batch.lengths,
-                                 sliding_window=config.sliding_window)[:, None]
+            o = decode_attention(
+                q[:, 0],
+                k_pages,
+                v_pages,
+                batch.block_tables,
+                batch.lengths,
+                sliding_window=config.sliding_window,
+            )[:, None]
         else:
             k_ctx, valid = _right_aligned_context(k_pages, batch.block_tables, batch.lengths)
             v_ctx, _ = _right_aligned_context(v_pages, batch.block_tables, batch.lengths)
             segments = (jnp.ones(q.shape[:2], jnp.int32), valid.astype(jnp.int32))
-            o = attention(q, k_ctx, v_ctx, causal=True, segment_ids=segments,
-                          sliding_window=config.sliding_window,
-                          implementation=config.attention_impl,
-                          chunk_size=config.attention_chunk_size)
+            o = attention(
+                q,
+                k_ctx,
+                v_ctx,
+                causal=True,
+                segment_ids=segments,
+                sliding_window=config.sliding_window,
+                implementation=config.attention_impl,
+                chunk_size=config.attention_chunk_size,
+            )
         return o, (k_pages, v_pages)
 
     return attend
 
 
-def paged_forward(params, config: TransformerConfig, cache: PagedKVCache, tokens, batch: PagedBatch,
-                  *, decode_attention: Callable = paged_attention_reference):
+def paged_forward(
+    params,
+    config: TransformerConfig,
+    cache: PagedKVCache,
+    tokens,
+    batch: PagedBatch,
+    *,
+    decode_attention: Callable = paged_attention_reference,
+):
     """Runs ``tokens[B, T]`` through the model against the cache; returns the float32 logits
     ``[B, V]`` of each row's last token and the cache with the tokens' K/V written."""
-    h, (k, v) = hidden_states(params, config, tokens, positions=batch.positions,
-                              attend=paged_attend(config, batch, decode_attention),
-                              layer_state=(cache.k, cache.v))
+    h, (k, v) = hidden_states(
+        params,
+        config,
+        tokens,
+        positions=batch.positions,
+        attend=paged_attend(config, batch, decode_attention),
+        layer_state=(cache.k, cache.v),
+    )
     return logits_from_hidden(params, config, h[:, -1:])[:, 0], PagedKVCache(k, v)

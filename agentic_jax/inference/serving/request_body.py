@@ -6,6 +6,7 @@ the non-standard constants ``NaN`` and ``Infinity``, integers of more digits tha
 nesting deeper than a bound (checked without recursion, so that depth cannot exhaust the stack
 of the code that reads the document later), and strings that are not Unicode text.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,11 @@ def check_document(value: Any, max_depth: int) -> None:
     while level:
         for x in level:
             if isinstance(x, str) and not _is_text(x):
-                raise BodyError(400, "the request body holds a lone surrogate (a \\ud800-\\udfff "
-                                     "escape without its pair)")
+                raise BodyError(
+                    400,
+                    "the request body holds a lone surrogate (a \\ud800-\\udfff "
+                    "escape without its pair)",
+                )
         containers = [x for x in level if isinstance(x, dict | list)]
         if containers and depth == max_depth:
             raise BodyError(400, f"the request body nests deeper than {max_depth} levels")
@@ -51,8 +55,9 @@ def _constant(name: str):
 
 def check_size(length: int, max_bytes: int) -> None:
     if length > max_bytes:
-        raise BodyError(413, f"the request body has {length} bytes; at most {max_bytes} are "
-                             f"accepted")
+        raise BodyError(
+            413, f"the request body has {length} bytes; at most {max_bytes} are accepted"
+        )
 
 
 def parse_json_body(raw: bytes, *, max_bytes: int, max_depth: int) -> Any:

@@ -21,6 +21,7 @@ one in admission order (each after its own copy-on-write copies), then the batch
 
 The scheduler and the block manager are host-side Python; the engine runs what they decide.
 """
+
 from __future__ import annotations
 
 import collections
@@ -29,14 +30,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from agentic_jax.inference.serving.block_manager import BlockManager
 from agentic_jax.inference.decoding.sampling import SamplingParams
+from agentic_jax.inference.serving.block_manager import BlockManager
 
 
 @dataclasses.dataclass(eq=False)
 class Sequence:
     """One request's state.  ``num_computed`` positions have K/V in the cache: after every step all
     tokens but the last sampled one (which the next decode step feeds in)."""
+
     request_id: str
     prompt: tuple[int, ...]
     params: SamplingParams
@@ -68,8 +70,14 @@ class SchedulerOutput(NamedTuple):
 class Scheduler:
     """FIFO admission into ``num_slots`` slots, LIFO preemption by recompute."""
 
-    def __init__(self, blocks: BlockManager, num_slots: int, *, watermark_blocks: int = 0,
-                 static: bool = False):
+    def __init__(
+        self,
+        blocks: BlockManager,
+        num_slots: int,
+        *,
+        watermark_blocks: int = 0,
+        static: bool = False,
+    ):
         self.blocks = blocks
         self.num_slots = num_slots
         self.watermark_blocks = watermark_blocks
@@ -119,8 +127,10 @@ class Scheduler:
             if seq.slot is None:  # preempted for an earlier sequence of this loop
                 continue
             pos = seq.num_computed
-            while (self.blocks.blocks_to_write(seq.request_id, pos, pos + 1)
-                   > self.blocks.num_free_blocks):
+            while (
+                self.blocks.blocks_to_write(seq.request_id, pos, pos + 1)
+                > self.blocks.num_free_blocks
+            ):
                 victim = self.running[-1]
                 self._preempt(victim)
                 preempted.append(victim)
@@ -146,8 +156,9 @@ class Scheduler:
                 break
             self.waiting.popleft()
             seq.num_computed = self.blocks.allocate(seq.request_id, tokens)
-            copies[seq.request_id] = self.blocks.prepare_write(seq.request_id, seq.num_computed,
-                                                               len(tokens))
+            copies[seq.request_id] = self.blocks.prepare_write(
+                seq.request_id, seq.num_computed, len(tokens)
+            )
             self.blocks.commit(seq.request_id, tokens, len(tokens))  # computed before it is read
             if seq.admitted_step is None:
                 seq.admitted_step, seq.cached_tokens = step, seq.num_computed
