@@ -84,9 +84,7 @@ def test_ppo_solves_the_bandit_and_is_vmappable_over_seeds():
 
 
 def test_ppo_solves_cartpole():
-    config = classic_rl.PPOConfig(
-        num_envs=16, num_steps=128, num_updates=30
-    )  # 61,440 env steps per seed
+    config = classic_rl.PPOConfig(num_envs=16, num_steps=128, num_updates=30)  # 61,440 env steps
     params, metrics = jax.jit(jax.vmap(classic_rl.make_ppo(CartPole(), config)))(
         jax.random.split(jax.random.key(0), 2)
     )
@@ -94,24 +92,22 @@ def test_ppo_solves_cartpole():
     @jax.jit
     def returns(params, key):
         keys = jax.random.split(key, 2)
-        return [
-            jax.vmap(lambda p, k: classic_rl.evaluate(CartPole(), policy, p, k, 16, 1000))(
+
+        def mean_returns(policy):
+            return jax.vmap(lambda p, k: classic_rl.evaluate(CartPole(), policy, p, k, 16, 1000))(
                 params, keys
             )
-            for policy in (classic_rl.greedy_policy, classic_rl.categorical_policy)
-        ]
+
+        policies = (classic_rl.greedy_policy, classic_rl.categorical_policy)
+        return [mean_returns(policy) for policy in policies]
 
     greedy, sampled = returns(params, jax.random.key(1))
     print("PPO CartPole greedy / sampled returns:", greedy, sampled)
-    assert np.all(np.asarray(greedy) >= 400.0), (
-        greedy
-    )  # of 500 (CartPole-v1 counts ≥ 475 as solved)
-    assert np.all(np.asarray(sampled) >= 250.0), (
-        sampled
-    )  # sampling too, past CartPole-v0's solved bar of 195
-    assert np.all(
-        np.asarray(metrics["episode_return"][:, 0]) < 40.0
-    )  # it started near random (~22)
+    # Of 500 (CartPole-v1 counts ≥ 475 as solved); sampling too, past CartPole-v0's solved bar
+    # of 195; and it started near random (~22).
+    assert np.all(np.asarray(greedy) >= 400.0), greedy
+    assert np.all(np.asarray(sampled) >= 250.0), sampled
+    assert np.all(np.asarray(metrics["episode_return"][:, 0]) < 40.0)
 
 
 def test_reinforce_solves_the_bandit():
@@ -132,7 +128,7 @@ def test_dqn_with_prioritized_replay_learns_cartpole():
     config = classic_rl.DQNConfig(
         num_envs=8, num_iterations=2500, learning_starts=500, prioritized=True, log_every=100
     )
-    params, metrics = jax.jit(classic_rl.make_dqn(CartPole(), config))(jax.random.key(4))
+    _, metrics = jax.jit(classic_rl.make_dqn(CartPole(), config))(jax.random.key(4))
     late = np.nanmean(np.asarray(metrics["episode_return"][-5:]))
     assert late > 100.0, metrics["episode_return"]  # 20k env steps: from ~22 (random) to > 100
     np.testing.assert_allclose(metrics["epsilon"][-1], 0.05, rtol=1e-5)

@@ -2,11 +2,12 @@
 
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -214,3 +215,63 @@ def test_token_gae_on_a_full_row_is_single_stream_gae():
         rewards[0], np.append(values[0], 0.0).astype(np.float32), np.full(5, 0.95, np.float32), 0.9
     )
     np.testing.assert_allclose(advantages[0], single, rtol=1e-5)
+
+
+@st.composite
+def _token_rows(draw):
+    """rewards, values [B, T], a mask with at least one valid token per row, γ and λ."""
+    shape = (draw(st.integers(1, 3)), draw(st.integers(1, 7)))
+    rewards, values = (
+        draw(hnp.arrays(np.float32, shape, elements=st.floats(-5.0, 5.0, width=32)))
+        for _ in range(2)
+    )
+    mask = draw(hnp.arrays(np.bool_, shape))
+    mask[:, 0] |= ~mask.any(axis=1)
+    gamma = draw(st.sampled_from([0.9, 0.99, 1.0]))
+    lam = draw(st.sampled_from([0.0, 0.5, 0.95, 1.0]))
+    return rewards, values, mask, gamma, lam
+
+
+class TokenGAETest(chex.TestCase):
+    """token_gae is `gae` along the valid tokens of each row (one recursion), with and without jit."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @settings(max_examples=6)
+    @given(rows=_token_rows())
+    def test_an_all_ones_row_is_gae_with_a_zero_bootstrap_value(self, rows):
+        rewards, values, _, gamma, lam = rows
+        batch, length = rewards.shape
+        token_fn = self.variant(token_gae, static_argnames=("gamma", "lam"))
+        advantages, returns = token_fn(
+            rewards, values, np.ones((batch, length)), gamma=gamma, lam=lam
+        )
+        chex.assert_shape((advantages, returns), (batch, length))
+        chex.assert_type((advantages, returns), jnp.float32)
+        bootstrapped = np.concatenate([values, np.zeros((batch, 1), np.float32)], axis=1)
+        single = self.variant(jax.vmap(gae, in_axes=(0, 0, None, None)))(
+            rewards, bootstrapped, np.full(length, gamma, np.float32), np.float32(lam)
+        )
+        chex.assert_trees_all_close(advantages, single, rtol=1e-6, atol=1e-6)
+        chex.assert_trees_all_close(returns, single + values, rtol=1e-6, atol=1e-6)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @settings(max_examples=6)
+    @given(rows=_token_rows())
+    def test_a_masked_row_is_gae_over_its_valid_tokens(self, rows):
+        rewards, values, mask, gamma, lam = rows
+        token_fn = self.variant(token_gae, static_argnames=("gamma", "lam"))
+        advantages, returns = token_fn(rewards, values, mask, gamma=gamma, lam=lam)
+        gae_fn = self.variant(gae)
+        expected = np.zeros_like(rewards)
+        for row, valid in enumerate(mask):
+            count = int(valid.sum())
+            expected[row, valid] = gae_fn(
+                rewards[row, valid],
+                np.append(values[row, valid], np.float32(0.0)),
+                np.full(count, gamma, np.float32),
+                lam,
+            )
+        chex.assert_trees_all_close(advantages, expected, rtol=1e-5, atol=1e-5)
+        chex.assert_trees_all_close(
+            returns, np.where(mask, expected + values, 0.0), rtol=1e-5, atol=1e-5
+        )

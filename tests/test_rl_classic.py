@@ -1,10 +1,11 @@
 """Classic single-stream RL: returns, GAE, TD/Q losses, surrogate and value losses, shaping."""
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -26,12 +27,6 @@ T = 6
 floats = hnp.arrays(np.float32, T, elements=st.floats(-5.0, 5.0, width=32))
 discounts = hnp.arrays(np.float32, T, elements=st.sampled_from([0.0, 0.5, 0.9, 1.0]))
 JIT_GAE = jax.jit(gae)
-VARIANTS = {"eager": gae, "jit": JIT_GAE}
-
-
-@pytest.fixture(params=sorted(VARIANTS), scope="module")
-def gae_fn(request):
-    return VARIANTS[request.param]
 
 
 def _slow_gae(rewards, values, discounts, lam):
@@ -51,32 +46,110 @@ def _monte_carlo_returns(rewards, discounts, bootstrap):
     return returns
 
 
-@given(
-    rewards=floats,
-    values=hnp.arrays(np.float32, T + 1, elements=st.floats(-5, 5, width=32)),
-    discounts=discounts,
-    lam=hnp.arrays(np.float32, T, elements=st.floats(0.0, 1.0, width=32)),
-)
-def test_gae_matches_a_slow_loop_and_its_limits(gae_fn, rewards, values, discounts, lam):
-    np.testing.assert_allclose(
-        gae_fn(rewards, values, discounts, lam),
-        _slow_gae(rewards, values, discounts, lam),
-        rtol=1e-4,
-        atol=1e-4,
+def _stream(length, low=-5.0, high=5.0):
+    return hnp.arrays(np.float32, length, elements=st.floats(low, high, width=32))
+
+
+@st.composite
+def _trajectories(draw, max_length=8):
+    """(r_t, values [T+1], discount_t) of a random length T, terminals included."""
+    length = draw(st.integers(1, max_length))
+    discount_t = hnp.arrays(np.float32, length, elements=st.sampled_from([0.0, 0.5, 0.9, 1.0]))
+    return draw(_stream(length)), draw(_stream(length + 1)), draw(discount_t)
+
+
+class SingleStreamTest(chex.TestCase):
+    """The single-stream functions with and without jit (chex variants), rlax-style identities."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @given(
+        rewards=floats,
+        values=hnp.arrays(np.float32, T + 1, elements=st.floats(-5, 5, width=32)),
+        discounts=discounts,
+        lam=hnp.arrays(np.float32, T, elements=st.floats(0.0, 1.0, width=32)),
     )
-    monte_carlo = _monte_carlo_returns(rewards, discounts, values[-1]) - values[:-1]
-    np.testing.assert_allclose(
-        gae_fn(rewards, values, discounts, 1.0), monte_carlo, rtol=1e-4, atol=1e-4
-    )
-    np.testing.assert_array_equal(
-        gae_fn(rewards, values, discounts, 1), gae_fn(rewards, values, discounts, 1.0)
-    )
-    np.testing.assert_allclose(
-        gae_fn(rewards, values, discounts, 0.0),
-        td_error(values[:-1], rewards, discounts, values[1:]),
-        rtol=1e-5,
-        atol=1e-5,
-    )
+    def test_gae_matches_a_slow_loop_and_its_limits(self, rewards, values, discounts, lam):
+        gae_fn = self.variant(gae)
+        np.testing.assert_allclose(
+            gae_fn(rewards, values, discounts, lam),
+            _slow_gae(rewards, values, discounts, lam),
+            rtol=1e-4,
+            atol=1e-4,
+        )
+        monte_carlo = _monte_carlo_returns(rewards, discounts, values[-1]) - values[:-1]
+        np.testing.assert_allclose(
+            gae_fn(rewards, values, discounts, 1.0), monte_carlo, rtol=1e-4, atol=1e-4
+        )
+        np.testing.assert_array_equal(
+            gae_fn(rewards, values, discounts, 1), gae_fn(rewards, values, discounts, 1.0)
+        )
+        np.testing.assert_allclose(
+            gae_fn(rewards, values, discounts, 0.0),
+            td_error(values[:-1], rewards, discounts, values[1:]),
+            rtol=1e-5,
+            atol=1e-5,
+        )
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @settings(max_examples=8)
+    @given(trajectory=_trajectories())
+    def test_gae_identities(self, trajectory):
+        """λ = 1: discounted Monte-Carlo returns minus values; λ = 0: the one-step TD error;
+        any λ: λ-returns minus values. Per-step λ of ones / zeros is the same as the scalar."""
+        r_t, values, discount_t = trajectory
+        length = r_t.shape[0]
+        gae_fn, td_fn = self.variant(gae), self.variant(td_error)
+        returns_fn = self.variant(lambda_returns)
+        v_tm1, v_t = values[:-1], values[1:]
+        monte_carlo = _monte_carlo_returns(r_t, discount_t, values[-1]) - v_tm1
+        for lambda_ in (1.0, np.ones(length, np.float32)):
+            advantages = gae_fn(r_t, values, discount_t, lambda_)
+            chex.assert_shape(advantages, (length,))
+            chex.assert_type(advantages, jnp.float32)
+            chex.assert_trees_all_close(advantages, monte_carlo, rtol=1e-4, atol=1e-4)
+        td = td_fn(v_tm1, r_t, discount_t, v_t)
+        for lambda_ in (0.0, np.zeros(length, np.float32)):
+            chex.assert_trees_all_close(
+                gae_fn(r_t, values, discount_t, lambda_), td, rtol=1e-5, atol=1e-5
+            )
+        chex.assert_trees_all_close(
+            gae_fn(r_t, values, discount_t, 0.6) + v_tm1,
+            returns_fn(r_t, discount_t, v_t, 0.6),
+            rtol=1e-4,
+            atol=1e-4,
+        )
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_every_function_is_float32_per_step_for_any_float_input(self):
+        """bfloat16 in, float32 out, one entry per step (a transition for the Q losses)."""
+        rng = np.random.default_rng(0)
+
+        def stream(length=T):
+            return jnp.asarray(rng.normal(size=length), jnp.bfloat16)
+
+        r_t, v_tm1, v_t, discount_t = stream(), stream(), stream(), jnp.full(T, 0.9, jnp.bfloat16)
+        logits = jnp.asarray(rng.normal(size=(T, 3)), jnp.bfloat16)
+        per_step = {
+            "td_error": self.variant(td_error)(v_tm1, r_t, discount_t, v_t),
+            "lambda_returns": self.variant(lambda_returns)(r_t, discount_t, v_t, 0.9),
+            "td_lambda": self.variant(td_lambda)(v_tm1, r_t, discount_t, v_t, 0.9),
+            "gae": self.variant(gae)(r_t, stream(T + 1), discount_t, 0.9),
+            "reinforce_loss": self.variant(reinforce_loss)(v_tm1, r_t, v_t),
+            "entropy_loss": self.variant(entropy_loss)(logits),
+            "clipped_surrogate_loss": self.variant(clipped_surrogate_loss)(jnp.exp(v_t), r_t),
+            "ppo_value_loss": self.variant(ppo_value_loss)(v_t, v_tm1, r_t),
+            "potential_shaping": self.variant(potential_shaping)(r_t, discount_t, v_tm1, v_t),
+        }
+        q_args = (logits, jnp.zeros(T, jnp.int32), r_t, discount_t, logits[::-1])
+        per_step["q_learning_loss"] = self.variant(jax.vmap(q_learning_loss))(*q_args)
+        per_step["double_q_learning_loss"] = self.variant(jax.vmap(double_q_learning_loss))(
+            *q_args, logits
+        )
+        chex.assert_tree_shape_prefix(per_step, (T,))
+        chex.assert_trees_all_equal_shapes_and_dtypes(
+            per_step, {name: jnp.zeros(T, jnp.float32) for name in per_step}
+        )
+        chex.assert_tree_all_finite(per_step)
 
 
 @given(
@@ -200,7 +273,7 @@ def test_errors_name_the_argument():
         gae(jnp.zeros(T), jnp.zeros(T), jnp.ones(T), 0.9)
     with pytest.raises(ValueError, match=r"discount_t must have shape \(6,\), got \(5,\)"):
         lambda_returns(jnp.zeros(T), jnp.ones(T - 1), jnp.zeros(T))
-    with pytest.raises(ValueError, match=r"lam must have shape \(6,\)"):
+    with pytest.raises(ValueError, match=r"lambda_ must have shape \(6,\)"):
         gae(jnp.zeros(T), jnp.zeros(T + 1), jnp.ones(T), jnp.ones(3))
     with pytest.raises(ValueError, match="r_t must be a floating-point array"):
         td_error(jnp.zeros(T), jnp.zeros(T, jnp.int32), jnp.ones(T), jnp.zeros(T))

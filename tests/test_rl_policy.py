@@ -1,8 +1,11 @@
 """Policy losses: surrogate gradients, clipping, dual clip, exact reduction, stability."""
 
+import inspect
 import itertools
 from functools import partial
+from pathlib import Path
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +16,20 @@ from hypothesis.extra import numpy as hnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from agentic_jax.rl import POLICY_LOSSES, combine_outputs, kl_penalty, policy_loss, psum_output
+from agentic_jax import rl
+from agentic_jax.rl import (
+    AGGREGATIONS,
+    DEFAULT_AGGREGATION,
+    KL_ESTIMATORS,
+    POLICY_LOSS_FUNCTIONS,
+    POLICY_LOSSES,
+    combine_outputs,
+    grpo_loss,
+    kl_penalty,
+    policy_loss,
+    ppo_loss,
+    psum_output,
+)
 
 B, T = 4, 6
 LENGTHS = np.array([6, 4, 3, 5])
@@ -427,3 +443,155 @@ def test_errors_name_the_argument_and_the_valid_values():
         policy_loss(logp, old_logp, adv[:, 0], MASK, segment_ids=jnp.zeros((B, T), jnp.int32))
     with pytest.raises(ValueError, match="cov_fraction"):
         policy_loss(logp, old_logp, adv, MASK, loss_type="kl_cov", cov_fraction=2.0)
+
+
+# --- One public function per loss type; policy_loss dispatches to them -----------------------
+
+SHARED_OPTIONS = {
+    "epsilon",
+    "epsilon_high",
+    "aggregation",
+    "max_length",
+    "segment_ids",
+    "ref_logp",
+    "kl_coef",
+    "kl_estimator",
+    "entropy",
+    "entropy_coef",
+}
+OWN_OPTIONS = {
+    "ppo": {"dual_clip"},
+    "sapo": {"sapo_tau_pos", "sapo_tau_neg"},
+    "clip_cov": {"cov_fraction", "clip_cov_bounds", "key"},
+    "kl_cov": {"cov_fraction", "kl_cov_coef"},
+}
+
+
+def _options_of(loss_type):
+    return SHARED_OPTIONS | OWN_OPTIONS.get(loss_type, set())
+
+
+def test_one_public_function_per_loss_type_with_only_its_own_options():
+    docs = (Path(__file__).parents[1] / "docs" / "rl_losses.md").read_text()
+    assert tuple(POLICY_LOSS_FUNCTIONS) == POLICY_LOSSES
+    for loss_type, fn in POLICY_LOSS_FUNCTIONS.items():
+        name = f"{loss_type}_loss"
+        assert getattr(rl, name) is fn and name in rl.__all__, name
+        parameters = list(inspect.signature(fn).parameters.values())
+        assert [p.name for p in parameters[:4]] == ["logp", "old_logp", "advantages", "mask"]
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in parameters[4:]), name
+        assert {p.name for p in parameters[4:]} == _options_of(loss_type), name
+        assert "arXiv:" in fn.__doc__ and "ℓ" in fn.__doc__, name
+        assert f"`{name}(" in docs, name
+
+
+def test_default_aggregations_are_the_functions_defaults():
+    assert DEFAULT_AGGREGATION == {
+        "ppo": "token-mean",
+        "grpo": "seq-mean-token-mean",
+        "bnpo": "token-mean",
+        "dr_grpo": "seq-mean-token-sum-norm",
+        "dapo": "token-mean",
+        "gspo": "seq-mean-token-mean",
+        "gspo_token": "seq-mean-token-mean",
+        "cispo": "token-mean",
+        "sapo": "seq-mean-token-mean",
+        "gpg": "token-mean",
+        "geo_mean": "seq-mean-token-mean",
+        "clip_cov": "token-mean",
+        "kl_cov": "token-mean",
+    }
+
+
+def test_policy_loss_ignores_the_options_of_other_types_and_rejects_unknown_ones():
+    logp, old_logp, adv = _batch()
+    others = dict(
+        dual_clip=1.5, sapo_tau_pos=9.0, cov_fraction=0.5, kl_cov_coef=7.0, key=jax.random.key(0)
+    )
+    chex.assert_trees_all_equal(
+        policy_loss(logp, old_logp, adv, MASK, loss_type="grpo", aggregation=None, **others),
+        grpo_loss(logp, old_logp, adv, MASK),
+    )
+    chex.assert_trees_all_equal(
+        policy_loss(logp, old_logp, adv, MASK, loss_type="ppo", dual_clip=1.5),
+        ppo_loss(logp, old_logp, adv, MASK, dual_clip=1.5),
+    )
+    with pytest.raises(TypeError, match=r"unexpected keyword argument\(s\) epsilon_low"):
+        policy_loss(logp, old_logp, adv, MASK, epsilon_low=0.1)
+    with pytest.raises(TypeError, match="dual_clip"):
+        grpo_loss(logp, old_logp, adv, MASK, dual_clip=3.0)
+    # An ignored option is still range-checked: a bad value never passes unseen.
+    for bad in ({"dual_clip": 0.5}, {"sapo_tau_neg": 0.0}, {"cov_fraction": 1.5}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            policy_loss(logp, old_logp, adv, MASK, loss_type="grpo", **bad)
+
+
+@st.composite
+def _policy_cases(draw):
+    """Inputs and options, for every loss type at once: arrays, static options, array options."""
+    batch, length = draw(st.sampled_from([(1, 1), (2, 3), (3, 5)]))
+
+    def tokens(low, high):
+        elements = st.floats(low, high, width=32)
+        return draw(hnp.arrays(np.float32, (batch, length), elements=elements))
+
+    logp = tokens(-6.0, -0.125)
+    old_logp = logp + tokens(-1.5, 1.5)
+    adv = tokens(-3.0, 3.0)
+    per_sequence = draw(st.booleans())
+    mask = draw(hnp.arrays(np.bool_, (batch, length)))
+    with_ref, with_entropy = draw(st.booleans()), draw(st.booleans())
+    static = dict(
+        epsilon=draw(st.sampled_from([0.1, 0.2])),
+        epsilon_high=draw(st.sampled_from([None, 0.3])),
+        aggregation=draw(st.sampled_from([None, *AGGREGATIONS])),
+        max_length=draw(st.sampled_from([None, length + 2])),
+        kl_coef=0.1 if with_ref else 0.0,
+        kl_estimator=draw(st.sampled_from(KL_ESTIMATORS)),
+        entropy_coef=draw(st.sampled_from([0.0, 0.01])),
+        dual_clip=draw(st.sampled_from([None, 3.0])),
+        sapo_tau_pos=draw(st.sampled_from([1.0, 2.0])),
+        sapo_tau_neg=draw(st.sampled_from([1.05, 0.5])),
+        cov_fraction=draw(st.sampled_from([0.2, 0.5])),
+        clip_cov_bounds=draw(st.sampled_from([(1.0, 5.0), (-10.0, 10.0)])),
+        kl_cov_coef=draw(st.sampled_from([0.5, 1.0])),
+    )
+    arrays = dict(
+        ref_logp=logp + tokens(-1.0, 1.0) if with_ref else None,
+        entropy=np.abs(tokens(0.0, 3.0)) if with_entropy else None,
+        key=jax.random.key(draw(st.integers(0, 3))) if draw(st.booleans()) else None,
+        segment_ids=None if per_sequence else np.zeros((batch, length), np.int32),
+    )
+    return (logp, old_logp, adv[:, 0] if per_sequence else adv, mask), static, arrays
+
+
+class PolicyLossFunctionsTest(chex.TestCase):
+    """Each public loss function equals policy_loss(loss_type=...), with and without jit."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @settings(max_examples=4)
+    @given(case=_policy_cases())
+    def test_each_function_equals_policy_loss(self, case):
+        inputs, static, arrays = case
+
+        def direct_and_dispatched(inputs, arrays):
+            options = {**static, **arrays}
+            results = {}
+            for loss_type, fn in POLICY_LOSS_FUNCTIONS.items():
+                own = {
+                    name: value
+                    for name, value in options.items()
+                    if name in _options_of(loss_type) and (name, value) != ("aggregation", None)
+                }
+                results[loss_type] = (
+                    fn(*inputs, **own),
+                    policy_loss(*inputs, loss_type=loss_type, **options),
+                )
+            return results
+
+        results = self.variant(direct_and_dispatched)(inputs, arrays)
+        for loss_type, (direct, dispatched) in results.items():
+            chex.assert_trees_all_equal(direct, dispatched, custom_message=loss_type)
+            chex.assert_shape((direct.total, direct.count), ())
+            chex.assert_type(direct.total, jnp.float32)
+            chex.assert_tree_all_finite(direct)

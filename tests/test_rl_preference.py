@@ -274,7 +274,7 @@ def test_aot_total_is_invariant_to_the_order_of_pairs():
 
 
 def test_errors_name_the_argument_and_the_valid_values():
-    arrays, lengths = _inputs()
+    arrays, _ = _inputs()
     with pytest.raises(
         ValueError, match=r"unknown loss_type 'dpo'; valid values: sigmoid, cdpo, .*kto_pair, simpo"
     ):

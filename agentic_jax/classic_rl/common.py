@@ -52,7 +52,7 @@ def action_log_prob(logits, action) -> jax.Array:
     return jnp.take_along_axis(jax.nn.log_softmax(logits), action[..., None], axis=-1)[..., 0]
 
 
-def advantages_and_returns(params, traj: Transition, last_obs, gamma: float, lam: float):
+def advantages_and_returns(params, traj: Transition, last_obs, gamma: float, lambda_: float):
     """GAE(γ, λ) advantages and λ-returns for a time-major `[T, N]` rollout.
 
     Termination zeroes the bootstrap; truncation bootstraps from
@@ -60,14 +60,15 @@ def advantages_and_returns(params, traj: Transition, last_obs, gamma: float, lam
     (bootstrapped only where the rollout or a time limit cuts an episode).
     """
     final_value = actor_critic_apply(params, traj.final_obs)[1]
-    reward, discount = bootstrap_inputs(
+    r_t, discount_t = bootstrap_inputs(
         traj.reward, traj.terminated, traj.truncated, final_value, gamma
     )
     values = jnp.concatenate(
         [traj.extras["value"], actor_critic_apply(params, last_obs)[1][None]], axis=0
     )
+    # GAE along time (axis 0), for each of the N streams.
     advantages = jax.vmap(rl.gae, in_axes=(1, 1, 1, None), out_axes=1)(
-        reward, values, discount, lam
+        r_t, values, discount_t, lambda_
     )
     return advantages, advantages + traj.extras["value"]
 

@@ -79,7 +79,8 @@ def make_dqn(env: Env, config: DQNConfig = DQNConfig(), env_params=None):
     env_params = env.default_params if env_params is None else env_params
     obs_dim, num_actions = space_sizes(env, env_params)
     optimizer = adam(config.learning_rate, config.max_grad_norm)
-    # optax makes a schedule with 0 transition steps constant at its *initial* value: ε would stay at epsilon_start.
+    # optax makes a schedule with 0 transition steps constant at its *initial* value: ε would
+    # stay at epsilon_start.
     decay_steps = int(config.epsilon_fraction * config.num_iterations)
     epsilon = (
         optax.linear_schedule(config.epsilon_start, config.epsilon_end, decay_steps)

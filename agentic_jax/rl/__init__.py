@@ -3,7 +3,13 @@
 The catalogue, with formulas, papers and defaults, is in docs/rl_losses.md.
 """
 
-from agentic_jax.rl.advantages import GROUP_ESTIMATORS, group_advantages, masked_whiten, token_gae
+from agentic_jax.rl.advantages import (
+    GROUP_ESTIMATORS,
+    gae,
+    group_advantages,
+    masked_whiten,
+    token_gae,
+)
 from agentic_jax.rl.aggregation import AGGREGATIONS, aggregate, segment_mean
 from agentic_jax.rl.controllers import KLController, adaptive_kl_controller, fixed_kl_controller
 from agentic_jax.rl.distillation import (
@@ -14,7 +20,29 @@ from agentic_jax.rl.distillation import (
 )
 from agentic_jax.rl.kl import KL_ESTIMATORS, kl_penalized_rewards, kl_penalty
 from agentic_jax.rl.kto import KTO_LOSSES, kto_loss, kto_reference_point
-from agentic_jax.rl.policy_gradients import DEFAULT_AGGREGATION, POLICY_LOSSES, policy_loss
+from agentic_jax.rl.policy_gradients import (
+    DAPO_EPSILON_HIGH,
+    DEFAULT_AGGREGATION,
+    POLICY_LOSS_FUNCTIONS,
+    POLICY_LOSSES,
+    bnpo_loss,
+    cispo_loss,
+    clip_cov_loss,
+    clipped_surrogate_loss,
+    dapo_loss,
+    dr_grpo_loss,
+    entropy_loss,
+    geo_mean_loss,
+    gpg_loss,
+    grpo_loss,
+    gspo_loss,
+    gspo_token_loss,
+    kl_cov_loss,
+    policy_loss,
+    ppo_loss,
+    reinforce_loss,
+    sapo_loss,
+)
 from agentic_jax.rl.preference import (
     F_DIVERGENCES,
     PREFERENCE_LOSSES,
@@ -25,21 +53,18 @@ from agentic_jax.rl.preference import (
 from agentic_jax.rl.reward_model import bradley_terry_loss, plackett_luce_loss, process_reward_loss
 from agentic_jax.rl.types import LossOutput, combine_outputs, psum_output
 from agentic_jax.rl.value_learning import (
-    clipped_surrogate_loss,
     double_q_learning_loss,
-    entropy_loss,
-    gae,
     lambda_returns,
     potential_shaping,
     ppo_value_loss,
     q_learning_loss,
-    reinforce_loss,
     td_error,
     td_lambda,
 )
 
 __all__ = [
     "AGGREGATIONS",
+    "DAPO_EPSILON_HIGH",
     "DEFAULT_AGGREGATION",
     "DIVERGENCES",
     "F_DIVERGENCES",
@@ -47,21 +72,33 @@ __all__ = [
     "KL_ESTIMATORS",
     "KTO_LOSSES",
     "POLICY_LOSSES",
+    "POLICY_LOSS_FUNCTIONS",
     "PREFERENCE_LOSSES",
     "REFERENCE_FREE_LOSSES",
     "KLController",
     "LossOutput",
     "adaptive_kl_controller",
     "aggregate",
+    "bnpo_loss",
     "bradley_terry_loss",
+    "cispo_loss",
+    "clip_cov_loss",
     "clipped_surrogate_loss",
     "combine_outputs",
+    "dapo_loss",
     "distillation_loss",
     "double_q_learning_loss",
+    "dr_grpo_loss",
     "entropy_loss",
     "fixed_kl_controller",
     "gae",
+    "geo_mean_loss",
+    "gpg_loss",
     "group_advantages",
+    "grpo_loss",
+    "gspo_loss",
+    "gspo_token_loss",
+    "kl_cov_loss",
     "kl_penalized_rewards",
     "kl_penalty",
     "kto_loss",
@@ -71,6 +108,7 @@ __all__ = [
     "plackett_luce_loss",
     "policy_loss",
     "potential_shaping",
+    "ppo_loss",
     "ppo_value_loss",
     "preference_loss",
     "preference_metrics",
@@ -78,6 +116,7 @@ __all__ = [
     "psum_output",
     "q_learning_loss",
     "reinforce_loss",
+    "sapo_loss",
     "segment_mean",
     "self_distillation_loss",
     "td_error",

@@ -1,8 +1,9 @@
-"""Advantage estimators for LLM RL: critic-based GAE over tokens and critic-free group baselines.
+"""Advantage estimators: GAE over one stream or over LLM tokens, and critic-free group baselines.
 
+GAE (`gae`, `token_gae`) weighs a critic's TD errors; both run one masked backward recursion.
 Critic-free methods sample G responses per prompt and use the other responses'
 rewards as the baseline; they differ in the baseline and in the scale.
-Advantages are targets: they are never differentiated through.
+Advantages are targets: the losses never differentiate through them.
 """
 
 import jax
@@ -130,28 +131,63 @@ def masked_whiten(values, mask, *, shift_mean=True, ddof=1, eps=1e-8) -> jax.Arr
     return jnp.where(mask > 0, whitened, 0.0)
 
 
+# GAE: one masked single-stream recursion, shared by `gae` (every step valid, a bootstrap value)
+# and `token_gae` (vmapped over rows, masked tokens bridged, zero bootstrap).  The scan body
+# lives at module level so that eager calls reuse its compilation.
+def _masked_gae_step(carry, xs):
+    """A_t = δ_t + γ_t·λ_t·A_{t+1}, δ_t = r_t + γ_t·V_next − V_t; a masked step passes the carry on."""
+    next_value, next_advantage = carry
+    r, v, valid, discount, decay = xs
+    advantage = r + discount * next_value - v + decay * next_advantage
+    carry = (jnp.where(valid, v, next_value), jnp.where(valid, advantage, next_advantage))
+    return carry, jnp.where(valid, advantage, 0.0)
+
+
+def _masked_gae(r_t, v_t, valid_t, discount_t, decay_t, bootstrap_value) -> jax.Array:
+    """GAE along the valid steps of one stream [T]; `decay_t = γ_t·λ_t`; 0 on masked steps.
+
+    V_next is the value of the next *valid* step (`bootstrap_value` after the last one), so
+    masked steps are skipped as if absent: their rewards and values never matter.
+    """
+    init = (bootstrap_value, jnp.zeros_like(bootstrap_value))
+    _, advantages = jax.lax.scan(
+        _masked_gae_step, init, (r_t, v_t, valid_t, discount_t, decay_t), reverse=True
+    )
+    return advantages
+
+
+def gae(r_t, values, discount_t, lambda_) -> jax.Array:
+    """Generalized advantage estimates A_t = Σ_k (Π γλ) δ_{t+k} for one stream [T].
+
+    δ_t = r_t + γ_t·V_{t+1} − V_t, A_t = δ_t + γ_t·λ_t·A_{t+1}; `values` has T+1
+    entries (the last one bootstraps), `lambda_` is a scalar or per step [T].
+    λ = 1 gives discounted Monte-Carlo returns minus values, λ = 0 the one-step TD error.
+    `jax.vmap` it for batches. Schulman et al. (2015), "High-Dimensional Continuous Control
+    Using Generalized Advantage Estimation", arXiv:1506.02438.
+    """
+    r_t, discount_t = check.stream(r_t=r_t, discount_t=discount_t)
+    length = r_t.shape[0]
+    values = check.shape("values", check.floating("values", values), (length + 1,))
+    lambda_ = check.per_step("lambda_", lambda_, length)
+    valid = jnp.ones((length,), bool)
+    return _masked_gae(r_t, values[:-1], valid, discount_t, discount_t * lambda_, values[-1])
+
+
 def token_gae(rewards, values, mask, *, gamma=1.0, lam=0.95):
     """GAE over the valid tokens of LLM responses: (advantages, returns), each [B, T].
 
     Masked tokens (prompt, padding, tool/observation tokens in multi-turn
     rollouts) are skipped: the recursion bridges over them, so their values and
     rewards never matter, and their outputs are 0. Along valid tokens this is
-    `gae` with discount γ and a zero value after the last one.
+    `gae` with discount γ and a zero value after the last one (the same recursion).
     Schulman et al. (2015), arXiv:1506.02438; masking as in verl's GAE.
     """
     rewards = check.rank("rewards", check.floating("rewards", rewards), 2)
     values = check.shape("values", check.floating("values", values), rewards.shape)
     mask = check.shape("mask", check.mask("mask", mask), rewards.shape)
-
-    def step(carry, xs):
-        next_value, next_advantage = carry
-        r, v, m = xs
-        advantage = r + gamma * next_value - v + gamma * lam * next_advantage
-        valid = m > 0
-        carry = (jnp.where(valid, v, next_value), jnp.where(valid, advantage, next_advantage))
-        return carry, jnp.where(valid, advantage, 0.0)
-
-    zeros = jnp.zeros(rewards.shape[0], jnp.float32)
-    _, advantages = jax.lax.scan(step, (zeros, zeros), (rewards.T, values.T, mask.T), reverse=True)
-    advantages = advantages.T
+    length = rewards.shape[1]
+    discount = jnp.broadcast_to(jnp.asarray(gamma, jnp.float32), (length,))
+    decay = jnp.broadcast_to(jnp.asarray(gamma * lam, jnp.float32), (length,))
+    rows = jax.vmap(_masked_gae, in_axes=(0, 0, 0, None, None, None))
+    advantages = rows(rewards, values, mask > 0, discount, decay, jnp.float32(0.0))
     return advantages, jnp.where(mask > 0, advantages + values, 0.0)

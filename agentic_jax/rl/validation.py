@@ -81,3 +81,22 @@ def static_range(name: str, value, low: float, high: float, *, low_open=False, h
             left, right = "(" if low_open else "[", ")" if high_open else "]"
             raise ValueError(f"{name} must lie in {left}{low}, {high}{right}, got {value}")
     return value
+
+
+def stream(**arrays) -> list[jax.Array]:
+    """float32 1-D arrays of one common length (a single time-indexed stream), named if not."""
+    out = [rank(name, floating(name, x), 1) for name, x in arrays.items()]
+    for name, x in zip(arrays, out, strict=True):
+        shape(name, x, out[0].shape)
+    return out
+
+
+def per_step(name: str, x, length: int) -> jax.Array:
+    """A scalar or [T] float parameter (λ), broadcast to [T]; integers (``1``) count as floats."""
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        x = x.astype(jnp.float32)
+    x = floating(name, x)
+    if x.ndim:
+        shape(name, x, (length,))
+    return jnp.broadcast_to(x, (length,))

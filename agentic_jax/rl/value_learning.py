@@ -1,42 +1,24 @@
-"""Classic RL targets and losses for a single stream (rlax conventions).
+"""Value-learning targets and losses for a single stream (rlax conventions).
 
 Arrays are time-indexed: `x_tm1` at t−1, `x_t` at t, `discount_t = 0` at a
 terminal step (γ·(1 − done) otherwise). Functions handle one trajectory
 [T] (or one transition for the Q losses); `jax.vmap` them for batches.
 Losses are per step, so any `aggregate` mode and masking apply on top.
+GAE lives with the other advantage estimators (`advantages.gae`), the
+per-step policy-gradient losses in `policy_gradients`.
 """
 
 import jax
 import jax.numpy as jnp
 
 from agentic_jax.rl import validation as check
-from agentic_jax.rl.numerics import expectation
 
 sg = jax.lax.stop_gradient
 
 
-def _stream(**arrays) -> list[jax.Array]:
-    """float32 1-D arrays of a common length, named in the error if not."""
-    out = [check.rank(name, check.floating(name, x), 1) for name, x in arrays.items()]
-    for name, x in zip(arrays, out, strict=True):
-        check.shape(name, x, out[0].shape)
-    return out
-
-
-def _per_step(name, x, length) -> jax.Array:
-    """A scalar or [T] parameter (λ), broadcast to [T]; integers (``lam=1``) count as floats."""
-    x = jnp.asarray(x)
-    if jnp.issubdtype(x.dtype, jnp.integer):
-        x = x.astype(jnp.float32)
-    x = check.floating(name, x)
-    if x.ndim:
-        check.shape(name, x, (length,))
-    return jnp.broadcast_to(x, (length,))
-
-
 def td_error(v_tm1, r_t, discount_t, v_t, *, stop_target_gradients=True) -> jax.Array:
     """δ_t = r_t + γ_t·v_t − v_{t−1}, the one-step TD error (Sutton, 1988)."""
-    v_tm1, r_t, discount_t, v_t = _stream(v_tm1=v_tm1, r_t=r_t, discount_t=discount_t, v_t=v_t)
+    v_tm1, r_t, discount_t, v_t = check.stream(v_tm1=v_tm1, r_t=r_t, discount_t=discount_t, v_t=v_t)
     target = r_t + discount_t * v_t
     return (sg(target) if stop_target_gradients else target) - v_tm1
 
@@ -48,12 +30,6 @@ def _lambda_return_step(g_next, xs):
     return g, g
 
 
-def _gae_step(next_advantage, xs):
-    delta, discount, lam = xs
-    advantage = delta + discount * lam * next_advantage
-    return advantage, advantage
-
-
 def lambda_returns(r_t, discount_t, v_t, lambda_=1.0, *, stop_target_gradients=False) -> jax.Array:
     """λ-returns G_t = r_t + γ_t·((1 − λ_t)·v_t + λ_t·G_{t+1}), bootstrapped from v_{T−1}.
 
@@ -61,8 +37,8 @@ def lambda_returns(r_t, discount_t, v_t, lambda_=1.0, *, stop_target_gradients=F
     λ = 0 one-step TD targets; λ may be a scalar or per step [T].
     Sutton & Barto (2018), "Reinforcement Learning", ch. 12.
     """
-    r_t, discount_t, v_t = _stream(r_t=r_t, discount_t=discount_t, v_t=v_t)
-    lambda_ = _per_step("lambda_", lambda_, r_t.shape[0])
+    r_t, discount_t, v_t = check.stream(r_t=r_t, discount_t=discount_t, v_t=v_t)
+    lambda_ = check.per_step("lambda_", lambda_, r_t.shape[0])
     _, returns = jax.lax.scan(
         _lambda_return_step, v_t[-1], (r_t, discount_t, v_t, lambda_), reverse=True
     )
@@ -71,29 +47,11 @@ def lambda_returns(r_t, discount_t, v_t, lambda_=1.0, *, stop_target_gradients=F
 
 def td_lambda(v_tm1, r_t, discount_t, v_t, lambda_, *, stop_target_gradients=True) -> jax.Array:
     """TD(λ) errors G^λ_t − v_{t−1}; the loss is ½·error² (Sutton, 1988)."""
-    v_tm1 = _stream(v_tm1=v_tm1, r_t=r_t)[0]
+    v_tm1 = check.stream(v_tm1=v_tm1, r_t=r_t)[0]
     returns = lambda_returns(
         r_t, discount_t, v_t, lambda_, stop_target_gradients=stop_target_gradients
     )
     return returns - v_tm1
-
-
-def gae(rewards, values, discounts, lam) -> jax.Array:
-    """Generalized advantage estimates A_t = Σ_k (Π γλ) δ_{t+k} for one stream.
-
-    δ_t = r_t + γ_t·V_{t+1} − V_t, A_t = δ_t + γ_t·λ_t·A_{t+1}; `values` has T+1
-    entries (the last one bootstraps), `lam` is a scalar or per step [T].
-    λ = 1 gives Monte-Carlo returns minus values, λ = 0 the TD error.
-    Schulman et al. (2015), "High-Dimensional Continuous Control Using GAE", arXiv:1506.02438.
-    """
-    rewards, discounts = _stream(rewards=rewards, discounts=discounts)
-    values = check.shape("values", check.floating("values", values), (rewards.shape[0] + 1,))
-    lam = _per_step("lam", lam, rewards.shape[0])
-    deltas = rewards + discounts * values[1:] - values[:-1]
-    _, advantages = jax.lax.scan(
-        _gae_step, jnp.float32(0.0), (deltas, discounts, lam), reverse=True
-    )
-    return advantages
 
 
 def _transition(q_tm1, a_tm1, r_t, discount_t, **next_q):
@@ -129,49 +87,13 @@ def double_q_learning_loss(q_tm1, a_tm1, r_t, discount_t, q_t_value, q_t_selecto
     return 0.5 * jnp.square(target - q_tm1[a_tm1])
 
 
-def reinforce_loss(logp_t, return_t, baseline_t=None) -> jax.Array:
-    """−log π(a_t|s_t)·(G_t − b_t) per step, with (G_t − b_t) not differentiated.
-
-    A baseline leaves the gradient unbiased and lowers its variance; train the
-    baseline with its own regression loss. Williams (1992), "Simple statistical
-    gradient-following algorithms for connectionist RL".
-    """
-    baseline_t = (
-        jnp.zeros_like(jnp.asarray(return_t, jnp.float32)) if baseline_t is None else baseline_t
-    )
-    logp_t, return_t, baseline_t = _stream(logp_t=logp_t, return_t=return_t, baseline_t=baseline_t)
-    return -logp_t * sg(return_t - baseline_t)
-
-
-def entropy_loss(logits_t) -> jax.Array:
-    """−H(π(·|s_t)) per step from logits [..., A]; add with a small coefficient.
-
-    Maximising entropy delays premature collapse of the policy. Actions masked out with −inf
-    logits count as 0·log 0 = 0 (not NaN), in the value and the gradient.
-    Williams & Peng (1991); Mnih et al. (2016), "Asynchronous Methods for Deep RL", arXiv:1602.01783.
-    """
-    logits_t = check.floating("logits_t", logits_t)
-    log_probs = jax.nn.log_softmax(logits_t, axis=-1)
-    return expectation(log_probs, log_probs)
-
-
-def clipped_surrogate_loss(ratio_t, adv_t, epsilon: float = 0.2) -> jax.Array:
-    """−min(ρ_t·A_t, clip(ρ_t, 1 − ε, 1 + ε)·A_t) per step; advantages not differentiated.
-
-    Schulman et al. (2017), "Proximal Policy Optimization Algorithms", arXiv:1707.06347.
-    """
-    ratio_t, adv_t = _stream(ratio_t=ratio_t, adv_t=adv_t)
-    adv_t = sg(adv_t)
-    return -jnp.minimum(ratio_t * adv_t, jnp.clip(ratio_t, 1.0 - epsilon, 1.0 + epsilon) * adv_t)
-
-
 def ppo_value_loss(v_t, old_v_t, return_t, epsilon: float = 0.2) -> jax.Array:
     """½·max((v − R)², (v_old + clip(v − v_old, −ε, ε) − R)²) per step.
 
     The clipped value loss keeps the critic near its rollout-time values.
     OpenAI baselines PPO2; analysed in Engstrom et al. (2020), arXiv:2005.12729.
     """
-    v_t, old_v_t, return_t = _stream(v_t=v_t, old_v_t=old_v_t, return_t=return_t)
+    v_t, old_v_t, return_t = check.stream(v_t=v_t, old_v_t=old_v_t, return_t=return_t)
     return_t, old_v_t = sg(return_t), sg(old_v_t)
     clipped = old_v_t + jnp.clip(v_t - old_v_t, -epsilon, epsilon)
     return 0.5 * jnp.maximum(jnp.square(v_t - return_t), jnp.square(clipped - return_t))
@@ -184,7 +106,7 @@ def potential_shaping(r_t, discount_t, potential_tm1, potential_t) -> jax.Array:
     `discount_t = 0` at the end of an episode). Ng, Harada & Russell (1999),
     "Policy invariance under reward transformations".
     """
-    r_t, discount_t, potential_tm1, potential_t = _stream(
+    r_t, discount_t, potential_tm1, potential_t = check.stream(
         r_t=r_t, discount_t=discount_t, potential_tm1=potential_tm1, potential_t=potential_t
     )
     return r_t + discount_t * potential_t - potential_tm1
