@@ -47,7 +47,7 @@ TINY = [
 
 def test_quickstart_pipeline_writes_every_stage_and_the_report(tmp_path):
     workdir = tmp_path / "run"
-    args = ["train", "--workdir", str(workdir)] + sum((["--gin_param", p] for p in TINY), [])
+    args = ["train", "--workdir", str(workdir), *(a for p in TINY for a in ("--gin_param", p))]
     assert main(args) == 0  # no --gin_file: the built-in quickstart pipeline
     for stage in ("pretrain", "sft", "rl"):
         assert (workdir / stage / "model" / "config.json").exists()

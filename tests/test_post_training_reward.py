@@ -17,7 +17,7 @@ from agentic_jax.envs.text import Arithmetic, MultiHop
 from agentic_jax.models import TransformerConfig, init_params
 from agentic_jax.models.export import load_checkpoint
 from agentic_jax.models.lora import LoRA, LoraConfig
-from agentic_jax.post_training.common import make_update, on_device
+from agentic_jax.post_training.common import on_device
 from agentic_jax.post_training.pairs import task_pairs
 from agentic_jax.post_training.reward import (
     WithHead,
@@ -34,6 +34,7 @@ from agentic_jax.post_training.reward import (
     train_reward_model,
 )
 from agentic_jax.post_training.tasks import TaskSpec
+from agentic_jax.training import make_update
 from agentic_jax.training.metrics import read_metrics
 from agentic_jax.training.optim import make_optimizer, make_schedule
 from agentic_jax.training.state import TrainState
@@ -100,7 +101,7 @@ def _process_set(n, rng, steps=3):
 
 def _fit(loss, make_batch, steps, lr):
     optimizer = make_optimizer(make_schedule(lr, steps, kind="constant", warmup_steps=0))
-    update = make_update(loss, optimizer, WithHead())
+    update = jax.jit(make_update(loss, optimizer, WithHead()))
     rm = init_reward_model(init_params(SYNTHETIC, jax.random.key(0)), SYNTHETIC)
     state = on_device(TrainState.create(rm, optimizer, 0))
     rng = np.random.default_rng(0)

@@ -11,29 +11,37 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import task_tokenizer
 
+from agentic_jax import rl
 from agentic_jax.envs.text import Arithmetic, Reward
 from agentic_jax.models import TransformerConfig, forward, init_params
-from agentic_jax.models.export import load_model, save_model
+from agentic_jax.models.export import load_checkpoint, load_model, save_model
 from agentic_jax.models.lora import LoRA, LoraConfig
 from agentic_jax.post_training import common
-from agentic_jax.post_training.common import (
-    FullFinetune,
-    make_update,
-    next_prompts,
-    token_logprobs,
-    token_values,
-)
+from agentic_jax.post_training.common import next_prompts, token_logprobs, token_values
 from agentic_jax.post_training.rft import train_rft
 from agentic_jax.post_training.rl import (
     RLConfig,
+    Samples,
+    Scores,
+    StepRandom,
     _group_advantages,
     _policy_loss,
+    advantages,
+    init_learner,
+    learn,
+    make_setup,
     overlong_penalty,
+    rl_step,
+    sample,
+    score,
+    summarize,
     train_rl,
 )
+from agentic_jax.post_training.rollout import Rollouts
 from agentic_jax.post_training.sft import chat_batches, chat_examples, sft_loss, train_sft
 from agentic_jax.post_training.tasks import TaskSpec
 from agentic_jax.rl import GROUP_ESTIMATORS
+from agentic_jax.training import FullFinetune, make_update
 from agentic_jax.training.loss import cross_entropy
 from agentic_jax.training.metrics import read_metrics
 from agentic_jax.training.state import TrainState
@@ -141,7 +149,7 @@ def test_packed_rows_compute_what_unpacked_conversations_do(run_dir):
 
 
 def test_train_sft_lowers_held_out_loss_and_resumes(run_dir, tmp_path):
-    path, config, _ = run_dir
+    path, _, _ = run_dir
     first = train_sft(
         str(tmp_path / "sft"),
         init_from=str(path),
@@ -183,7 +191,7 @@ def changed_weights(base_dir, merged_dir) -> set[str]:
 
 
 def test_sft_with_lora_trains_only_adapters_and_saves_the_merged_model(run_dir, tmp_path):
-    path, config, _ = run_dir
+    path, _, _ = run_dir
     lora = LoRA(LoraConfig(rank=2, targets=("q", "v")))
     train_sft(
         str(tmp_path / "lora"),
@@ -232,7 +240,7 @@ def test_gradient_accumulation_sums_micro_batch_parts_exactly(run_dir):
     optimizer = optax.sgd(0.1)
     results = []
     for accum in (1, 2, 4):
-        update = make_update(loss, optimizer, FullFinetune(), accum_steps=accum)
+        update = jax.jit(make_update(loss, optimizer, FullFinetune(), accum_steps=accum))
         state, metrics = update(TrainState.create(params, optimizer, 0), None, batch)
         results.append((state.params, metrics))
     for params_k, metrics_k in results[1:]:
@@ -479,3 +487,136 @@ def test_task_spec_train_seeds_start_at_first_seed_below_the_held_out_ones():
     assert [t.seed for t in spec.tasks("train")] == list(range(500, 510))
     with pytest.raises(ValueError, match="below the held-out seeds"):
         dataclasses.replace(SHORT, first_seed=999_995, num_train=10)
+
+
+# ------------------------------------------------------------------------- the phases of one step
+def _setup(run_dir, **algo):
+    path, _, tokenizer = run_dir
+    config, base, _ = load_checkpoint(path)
+    algorithm = RLConfig(**{"group_size": 2, "prompts_per_step": 2, **algo})
+    return make_setup(
+        config, base, SHORT.env(tokenizer, "train"), algorithm, steps=4, peak_lr=1e-2, seed=5
+    )
+
+
+def _untimed(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not k.endswith("_seconds")}
+
+
+def test_one_rl_step_is_reproducible_from_seed_and_step(run_dir):
+    """Two setups built apart (as two processes would) take the same step 3 from the same
+    learner: same metrics, same parameters; step 4 samples other episodes."""
+    first, second = _setup(run_dir), _setup(run_dir)
+    learner = init_learner(first)
+    a, record_a = rl_step(first, learner, 3)
+    b, record_b = rl_step(second, init_learner(second), 3)
+    assert _untimed(record_a) == _untimed(record_b)
+    jax.tree.map(np.testing.assert_array_equal, a.policy.params, b.policy.params)
+    assert int(a.prompt_position) == int(b.prompt_position) == 2
+    other = sample(first, learner, StepRandom(5, 4))
+    assert not np.array_equal(
+        other.rollouts.tokens, sample(first, learner, StepRandom(5, 3)).rollouts.tokens
+    )
+
+
+def test_sample_draws_whole_groups_from_the_prompt_stream(run_dir):
+    setup = _setup(run_dir, group_size=3, prompts_per_step=2)
+    samples = sample(setup, init_learner(setup), StepRandom(5, 1))
+    assert samples.rollouts.tokens.shape[0] == 6 and samples.row_kept.all()
+    tasks = samples.rollouts.group(samples.rollouts.task, 3)
+    np.testing.assert_array_equal(tasks[:, 0], next_prompts(0, 2, setup.num_tasks, 5))
+    assert (tasks == tasks[:, :1]).all() and samples.position == 2 and samples.rounds == 1
+
+
+def test_score_shapes_the_verifier_reward_and_scores_the_sampled_tokens(run_dir):
+    setup = _setup(run_dir, overlong_buffer=4, kl_coef=0.5, kl_in_reward=True)
+    learner = init_learner(setup)
+    samples = sample(setup, learner, StepRandom(5, 1))
+    scores = score(setup, learner, samples)
+    r = samples.rollouts
+    np.testing.assert_allclose(scores.old_logp, scores.ref_logp)  # step 1: the policy is the base
+    kl = np.sum((scores.old_logp - scores.ref_logp) * r.loss_mask, axis=1)
+    expected = r.reward + overlong_penalty(r.response_length, setup.max_response, 4) - 0.5 * kl
+    np.testing.assert_allclose(scores.rewards, expected, rtol=1e-6)
+    tokens = jnp.asarray(r.tokens)
+    np.testing.assert_allclose(
+        scores.ref_logp, token_logprobs(setup.base, setup.config, tokens), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_advantages_are_group_relative_over_the_kept_rows(run_dir):
+    setup = _setup(run_dir, group_size=3, prompts_per_step=2)
+    learner = init_learner(setup)
+    samples = sample(setup, learner, StepRandom(5, 2))
+    rewards = np.asarray([0.0, 1.0, 1.0, 0.5, 0.5, 2.0], np.float32)
+    scores = score(setup, learner, samples)._replace(rewards=rewards)
+    batch, critic_batch = advantages(setup, learner, samples, scores)
+    expected = rl.group_advantages(jnp.asarray(rewards.reshape(2, 3)), estimator="grpo")
+    np.testing.assert_allclose(batch["advantages"], np.asarray(expected).ravel(), rtol=1e-5)
+    np.testing.assert_array_equal(batch["mask"], samples.rollouts.loss_mask)
+    assert critic_batch is None and "ref_logp" not in batch
+
+
+def test_learn_applies_epochs_times_minibatches_updates(run_dir):
+    setup = _setup(run_dir, group_size=2, prompts_per_step=2, epochs=2, minibatches=2)
+    learner = init_learner(setup)
+    samples = sample(setup, learner, StepRandom(5, 1))
+    scores = score(setup, learner, samples)
+    batch, _ = advantages(
+        setup,
+        learner,
+        samples,
+        scores._replace(rewards=np.asarray([0.0, 1.0, 1.0, 0.0], np.float32)),
+    )
+    policy, critic, updates = learn(setup, learner, batch, None, StepRandom(5, 1))
+    assert len(updates) == 4 and int(policy.step) == 4 and critic is None
+    moved = jax.tree.leaves(
+        jax.tree.map(lambda x, y: np.abs(x - y).max(), policy.params, learner.policy.params)
+    )
+    assert max(moved) > 0
+    rows = sorted(np.concatenate(np.array_split(StepRandom(5, 1).minibatch_order(0, 4), 2)))
+    assert rows == [0, 1, 2, 3]  # each epoch's minibatches cover every row once
+
+
+def test_summarize_reports_token_means_of_the_updates():
+    r = Rollouts(
+        tokens=np.zeros((2, 4), np.int32),
+        loss_mask=np.array([[0, 1, 1, 0], [0, 1, 0, 0]]),
+        length=np.array([3, 2]),
+        reward=np.array([1.0, 0.0], np.float32),
+        success=np.array([True, False]),
+        task=np.array([0, 0]),
+        turns=np.array([1, 1]),
+        tool_calls=np.array([2, 0]),
+        truncated=np.array([False, True]),
+        generation_seconds=0.5,
+    )
+    samples = Samples(r, np.array([True, True]), 1, 0.0, None, 2, 0.5)
+    logp = np.zeros((2, 4), np.float32)
+    scores = Scores(np.array([1.0, -0.5], np.float32), logp, logp)
+    updates = [
+        {
+            "tokens": 2.0,
+            "entropy": 3.0,
+            "approx_kl": 0.2,
+            "clip_frac_low": 0.0,
+            "clip_frac_high": 1.0,
+            "loss": 0.5,
+            "grad_norm": 1.0,
+        },
+        {
+            "tokens": 1.0,
+            "entropy": 0.0,
+            "approx_kl": 0.1,
+            "clip_frac_low": 1.0,
+            "clip_frac_high": 0.0,
+            "loss": 1.5,
+            "grad_norm": 3.0,
+        },
+    ]
+    record = summarize(samples, scores, updates, training_seconds=2.0)
+    assert record["entropy"] == pytest.approx(1.0) and record["approx_kl"] == pytest.approx(0.1)
+    assert record["loss"] == 1.0 and record["grad_norm"] == 2.0 and record["kl"] == 0.0
+    assert record["reward_mean"] == 0.5 and record["shaped_reward_mean"] == 0.25
+    assert record["tool_calls"] == 1.0 and record["truncated"] == 0.5
+    assert record["response_length"] == 1.5 and record["generation_seconds"] == 0.5

@@ -15,6 +15,7 @@ from agentic_jax.training import (
     make_optimizer,
     make_schedule,
     make_train_step,
+    make_update,
     weight_decay_mask,
 )
 from agentic_jax.training.loop import train
@@ -225,3 +226,36 @@ def test_a_batch_that_does_not_split_over_the_processes_is_refused(tmp_path, mon
     monkeypatch.setattr(jax, "process_count", lambda: 3)
     with pytest.raises(ValueError, match="batch_size=16 must divide by the 3 processes"):
         train(str(tmp_path), batch_size=16)
+
+
+def _metric_loss(params, batch, key):
+    """A loss whose metrics exercise every reduction: a sum, a max and a min over rows."""
+    del key
+    x = batch["x"] @ params["w"]
+    rows = jnp.float32(x.shape[0])
+    return jnp.sum(x), rows, {"x_sum": jnp.sum(x), "x_max": jnp.max(x), "x_min": jnp.min(x)}
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    st.sampled_from([1, 2, 4, 8]),
+    st.lists(st.floats(-100, 100, allow_nan=False), min_size=24, max_size=24),
+)
+def test_make_update_reduces_sums_maxima_and_minima_exactly_over_micro_batches(accum, values):
+    """Micro-batch metrics reduce as what they are: a ``*_max`` metric is the max over the whole
+    batch, not the sum of the micro-batches' maxima."""
+    x = np.asarray(values, np.float32).reshape(8, 3)
+    params = {"w": jnp.asarray([1.0, -2.0, 0.5])}
+    optimizer = optax.sgd(0.1)
+    update = jax.jit(make_update(_metric_loss, optimizer, accum_steps=accum))
+    state, metrics = update(TrainState.create(params, optimizer, 0), None, {"x": jnp.asarray(x)})
+    rows = x @ np.asarray([1.0, -2.0, 0.5], np.float32)
+    np.testing.assert_allclose(metrics["x_max"], rows.max(), rtol=1e-6)
+    np.testing.assert_allclose(metrics["x_min"], rows.min(), rtol=1e-6)
+    np.testing.assert_allclose(metrics["x_sum"], rows.sum(), rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(metrics["loss"], rows.mean(), rtol=1e-5, atol=1e-4)
+    assert metrics["count"] == 8
+    # The gradient of the mean is the column mean of x, whatever the split.
+    np.testing.assert_allclose(
+        state.params["w"], params["w"] - 0.1 * x.mean(axis=0), rtol=1e-5, atol=1e-5
+    )

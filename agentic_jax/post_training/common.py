@@ -1,4 +1,4 @@
-"""What every post-training trainer shares: per-token log-probs, a scalar head, and what is trained.
+"""What every post-training trainer shares: per-token log-probs, scalar heads, fingerprints.
 
 Conventions (all trainers):
 
@@ -6,22 +6,18 @@ Conventions (all trainers):
   (a completion's or an assistant turn's tokens).  :func:`token_logprobs` scores position ``t``
   as the log-probability of ``tokens[:, t]`` given ``tokens[:, :t]``, so its result lines up with
   ``tokens`` and ``mask`` (column 0, which has no context, is 0).
-* What is trained is chosen by a `Finetune`: `FullFinetune` trains every parameter; LoRA
-  (``agentic_jax.models.lora``) trains adapters over a frozen base.  A trainer holds the
-  *trainable* tree in its ``TrainState`` (so the optimizer only sees it) and the frozen base
-  apart, and calls ``finetune.model_params(trainable, base, key)`` to get the parameters the
-  model runs with.
+* Every trainer updates through ``training.make_update`` (micro-batches, exact reduction, one
+  optax apply); what is trained is its *finetune*: ``training.FullFinetune`` or LoRA
+  (``agentic_jax.models.lora``) over a frozen base.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from agentic_jax.models import TransformerConfig, hidden_states, logits_from_hidden
 from agentic_jax.rl.numerics import expectation
@@ -102,24 +98,6 @@ def last_index(mask) -> jax.Array:
     return jnp.max(jnp.where(mask, idx, 0), axis=1)
 
 
-@dataclasses.dataclass(frozen=True)
-class FullFinetune:
-    """Trains every parameter: the trainable tree *is* the model's parameters; no frozen base."""
-
-    def init(self, params, key=None):
-        del key
-        return params
-
-    def model_params(self, trainable, base=None, key=None):
-        del base, key
-        return trainable
-
-    def merged(self, trainable, base=None):
-        """The plain model parameters to save or serve."""
-        del base
-        return trainable
-
-
 def tree_fingerprint(tree) -> str:
     """A short SHA-256 of a pytree's structure and values: the identity of a frozen model
     (a resumed run checks its reference model is the one it started with)."""
@@ -128,90 +106,6 @@ def tree_fingerprint(tree) -> str:
         digest.update(jax.tree_util.keystr(path).encode())
         digest.update(np.ascontiguousarray(jax.device_get(leaf)).tobytes())
     return digest.hexdigest()[:16]
-
-
-def split_micro(batch: dict, accum_steps: int) -> dict:
-    """``[B, ...] -> [accum_steps, B / accum_steps, ...]`` for every array of ``batch``."""
-    rows = {x.shape[0] for x in jax.tree.leaves(batch)}
-    if len(rows) != 1:
-        raise ValueError(f"batch arrays disagree on the number of rows: {sorted(rows)}")
-    (rows,) = rows
-    if rows % accum_steps:
-        raise ValueError(
-            f"a batch of {rows} rows does not split into accum_steps={accum_steps} micro-batches"
-        )
-    return jax.tree.map(lambda x: x.reshape(accum_steps, rows // accum_steps, *x.shape[1:]), batch)
-
-
-def make_update(
-    loss_fn,
-    optimizer: optax.GradientTransformation,
-    finetune=FullFinetune(),
-    *,
-    accum_steps: int = 1,
-    dropout: bool = True,
-):
-    """A jitted ``update(state, base, batch) -> (state, metrics)`` for a sum-and-count loss.
-
-    ``loss_fn(params, batch, key) -> (total, count, metrics)`` (sums, like ``rl.LossOutput``).
-    The batch is split into ``accum_steps`` micro-batches whose totals, counts, metric sums and
-    gradients are *summed*; the gradient is divided once by the whole count, so the update equals
-    the one-batch update whatever ``accum_steps`` (the exact accumulation the losses are designed
-    for).  ``state`` is a ``TrainState`` over the trainable tree; ``base`` the frozen one (or
-    None).  The key of micro-batch ``i`` is ``fold_in(state.step_key(), i)`` (dropout, sampling
-    inside losses).  ``dropout=False`` runs the model without dropout: on-policy RL compares
-    its log-probs with ``old_logp`` computed without it, and dropout noise would move the
-    importance ratio off 1 and trip the clip before the policy changed (TRL disables dropout for
-    PPO and GRPO too).  Metrics: the summed ``metrics``, ``loss = total / count``, ``count``,
-    ``grad_norm`` (before clipping).
-    """
-
-    def grads_of(trainable, base, micro, key):
-        def objective(t):
-            total, count, metrics = loss_fn(
-                finetune.model_params(t, base, key if dropout else None), micro, key
-            )
-            return total, (count, metrics)
-
-        return jax.value_and_grad(objective, has_aux=True)(trainable)
-
-    @jax.jit
-    def update(state, base, batch):
-        micro = split_micro(batch, accum_steps)
-        key = state.step_key()
-
-        def body(carry, xs):
-            index, mb = xs
-            (total, (count, metrics)), grads = grads_of(
-                state.params, base, mb, jax.random.fold_in(key, index)
-            )
-            acc = jax.tree.map(jnp.add, carry, (grads, total, count, metrics))
-            return acc, None
-
-        shapes = jax.eval_shape(
-            lambda: grads_of(state.params, base, jax.tree.map(lambda x: x[0], micro), key)
-        )
-        (_, (_, metric_shapes)), _ = shapes
-        zeros = jax.tree.map(
-            lambda p: jnp.zeros(p.shape, jnp.float32),
-            (state.params, jnp.zeros(()), jnp.zeros(()), metric_shapes),
-        )
-        (grads, total, count, metrics), _ = jax.lax.scan(
-            body, zeros, (jnp.arange(accum_steps), micro)
-        )
-        denom = jnp.maximum(count, 1e-9)
-        grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, state.params)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        metrics = {
-            **metrics,
-            "loss": total / denom,
-            "count": count,
-            "grad_norm": optax.tree.norm(grads),
-        }
-        return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
-
-    return update
 
 
 def on_device(tree):

@@ -117,7 +117,7 @@ def evaluate_loss(
     loss, params, batch: dict[str, np.ndarray], size: int
 ) -> tuple[float, float, dict]:
     """``(mean loss, count, metric sums)`` of a sum-and-count ``loss(params, batch, key)`` (as
-    ``common.make_update`` takes it) over every row of ``batch``, in chunks of ``size`` rows."""
+    ``training.make_update`` takes it) over every row of ``batch``, in chunks of ``size`` rows."""
     sums = None
     for chunk in padded_chunks(batch, size):
         out = jax.device_get(loss(params, chunk, None))

@@ -46,8 +46,6 @@ from agentic_jax.inference.decoding.sampling import SamplingParams
 from agentic_jax.models import TransformerConfig
 from agentic_jax.models.export import load_checkpoint
 from agentic_jax.post_training.common import (
-    FullFinetune,
-    make_update,
     next_prompts,
     sequence_logprobs,
     tree_fingerprint,
@@ -67,6 +65,7 @@ from agentic_jax.post_training.runner import TrainerRun
 from agentic_jax.post_training.tasks import TaskSpec
 from agentic_jax.rl import REFERENCE_FREE_LOSSES, preference_loss, preference_metrics
 from agentic_jax.training.optim import make_optimizer, make_schedule
+from agentic_jax.training.update import FullFinetune, make_update
 
 # Per-pair statistics the loss reports (weighted sums in a batch), and their logged names.
 STAT_NAMES = {
@@ -310,7 +309,7 @@ def train_preference(
     optimizer = make_optimizer(schedule)
     frozen = None if isinstance(finetune, FullFinetune) else base
     loss = pair_loss(config, objective)
-    update = make_update(loss, optimizer, finetune)
+    update = jax.jit(make_update(loss, optimizer, finetune))
     evaluate = jax.jit(loss)
     run = TrainerRun(workdir)
     learner, meta, start = Progress.resume(

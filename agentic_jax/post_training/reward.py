@@ -45,10 +45,8 @@ from agentic_jax.envs.text import Task, Tool
 from agentic_jax.models import TransformerConfig
 from agentic_jax.models.export import load_checkpoint
 from agentic_jax.post_training.common import (
-    FullFinetune,
     init_scalar_head,
     last_index,
-    make_update,
     next_prompts,
     token_scores,
 )
@@ -57,6 +55,7 @@ from agentic_jax.post_training.runner import TrainerRun
 from agentic_jax.post_training.tasks import TaskSpec
 from agentic_jax.rl import bradley_terry_loss, process_reward_loss
 from agentic_jax.training.optim import make_optimizer, make_schedule
+from agentic_jax.training.update import FullFinetune, make_update
 
 REWARD_KINDS = ("outcome", "process")
 HEAD_FILE = "reward_head.npz"
@@ -399,7 +398,7 @@ def train_reward_model(
     optimizer = make_optimizer(schedule)
     model = WithHead(finetune)
     frozen = None if isinstance(finetune, FullFinetune) else base
-    update = make_update(loss, optimizer, model)
+    update = jax.jit(make_update(loss, optimizer, model))
     evaluate = jax.jit(loss)
     trainable = model.init(init_reward_model(base, config), jax.random.key(seed))
     run = TrainerRun(workdir)

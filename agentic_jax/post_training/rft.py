@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from agentic_jax.data.packing import next_token_example
 from agentic_jax.inference.decoding.sampling import SamplingParams
 from agentic_jax.models.export import load_checkpoint
-from agentic_jax.post_training.common import FullFinetune, make_update, next_prompts
+from agentic_jax.post_training.common import next_prompts
 from agentic_jax.post_training.rollout import collect
 from agentic_jax.post_training.runner import TrainerRun
 from agentic_jax.post_training.sft import chat_batches, sft_loss
@@ -29,6 +29,7 @@ from agentic_jax.post_training.tasks import TaskSpec
 from agentic_jax.training.optim import make_optimizer, make_schedule
 from agentic_jax.training.state import TrainState
 from agentic_jax.training.step import model_batch
+from agentic_jax.training.update import FullFinetune, make_update
 
 
 @gin.configurable
@@ -58,7 +59,7 @@ def train_rft(
         peak_lr=peak_lr, total_steps=rounds * steps_per_round, kind="constant", warmup_steps=0
     )
     optimizer = make_optimizer(schedule)
-    update = make_update(sft_loss(config), optimizer, finetune)
+    update = jax.jit(make_update(sft_loss(config), optimizer, finetune))
     run = TrainerRun(workdir)
     state, meta, start = run.start(
         TrainState.create(finetune.init(base, jax.random.key(seed)), optimizer, seed),

@@ -33,13 +33,13 @@ from agentic_jax.data.packing import next_token_example, pack_batches
 from agentic_jax.data.tokenizer import Tokenizer
 from agentic_jax.models import TransformerConfig, forward
 from agentic_jax.models.export import load_checkpoint
-from agentic_jax.post_training.common import FullFinetune, make_update
 from agentic_jax.post_training.runner import TrainerRun
 from agentic_jax.post_training.tasks import TaskSpec
 from agentic_jax.training.loss import cross_entropy
 from agentic_jax.training.optim import make_optimizer, make_schedule
 from agentic_jax.training.state import TrainState
 from agentic_jax.training.step import model_batch
+from agentic_jax.training.update import FullFinetune, make_update
 
 
 def chat_examples(
@@ -183,7 +183,7 @@ def train_sft(
     optimizer = make_optimizer(schedule)
     trainable = finetune.init(base, jax.random.key(seed))
     frozen = None if isinstance(finetune, FullFinetune) else base
-    update = make_update(sft_loss(config), optimizer, finetune, accum_steps=accum_steps)
+    update = jax.jit(make_update(sft_loss(config), optimizer, finetune, accum_steps=accum_steps))
 
     run = TrainerRun(workdir)
     state, meta, start = run.start(
@@ -210,7 +210,8 @@ def train_sft(
                     evaluate_chats(finetune.model_params(state.params, frozen), config, heldout)
                 )
                 bar.write(
-                    f"step {step}: held-out loss {last['eval_loss']:.4f}, accuracy {last['eval_accuracy']:.3f}"
+                    f"step {step}: held-out loss {last['eval_loss']:.4f}, "
+                    f"accuracy {last['eval_accuracy']:.3f}"
                 )
             run.write(last)
             bar.update(1)

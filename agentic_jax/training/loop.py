@@ -263,7 +263,7 @@ def train(
                 bar.update(1)
                 if step % log_every == 0 or step == steps:
                     flush()
-                    if primary and (step == log_every or step == steps):
+                    if primary and step in (log_every, steps):
                         gin_config.save_config(workdir, operative=True)
                 if step % eval_every == 0 or step == steps:
                     flush()

@@ -50,7 +50,7 @@ def make_schedule(
     else:
         # A warmup reaching into the last ``decay_fraction`` shortens the decay, which must still
         # end at ``total_steps``.
-        decay_steps = min(max(int(round(total_steps * decay_fraction)), 1), max(rest, 1))
+        decay_steps = min(max(round(total_steps * decay_fraction), 1), max(rest, 1))
         stable = max(rest - decay_steps, 0)
         after = optax.join_schedules(
             [optax.constant_schedule(peak_lr), optax.linear_schedule(peak_lr, final, decay_steps)],

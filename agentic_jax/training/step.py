@@ -1,14 +1,14 @@
-"""The jitted train and eval steps: forward, loss, gradient accumulation and the optax update."""
+"""The pretraining train and eval steps: next-token cross-entropy on packed batches."""
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import optax
 
 from agentic_jax.models import TransformerConfig, forward, hidden_states, lm_head_weight
 from agentic_jax.training.loss import cross_entropy
 from agentic_jax.training.state import TrainState
+from agentic_jax.training.update import make_update
 from pallas_kernels import fused_cross_entropy as fused_cross_entropy_loss
 
 BATCH_KEYS = ("tokens", "targets", "segment_ids", "positions", "loss_mask")
@@ -47,15 +47,6 @@ def batch_loss(
     return total, jnp.sum(mask, dtype=jnp.float32), {"nll": total}
 
 
-def _split_micro(batch, accum_steps: int):
-    rows = batch["tokens"].shape[0]
-    if rows % accum_steps:
-        raise ValueError(
-            f"batch of {rows} rows does not split into accum_steps={accum_steps} micro-batches"
-        )
-    return jax.tree.map(lambda x: x.reshape(accum_steps, rows // accum_steps, *x.shape[1:]), batch)
-
-
 def make_train_step(
     config: TransformerConfig,
     optimizer: optax.GradientTransformation,
@@ -65,50 +56,30 @@ def make_train_step(
     accum_steps: int = 1,
     fused_cross_entropy: bool = False,
 ):
-    """Returns ``step(state, batch) -> (state, metrics)``, not yet jitted.
+    """Returns ``step(state, batch) -> (state, metrics)``, not yet jitted: next-token
+    cross-entropy through :func:`~agentic_jax.training.update.make_update`, the update path of
+    every trainer, so ``accum_steps`` changes memory use but not the update."""
 
-    Gradients of the micro-batches are *summed* with their token counts and divided once by the
-    total count, so ``accum_steps`` changes memory use but not the update.
-    """
+    def loss_fn(params, batch, key):
+        del key  # pretraining runs without dropout
+        return batch_loss(
+            params, config, batch, z_loss=z_loss, fused_cross_entropy=fused_cross_entropy
+        )
 
-    def grad_fn(params, micro):
-        def loss(p):
-            total, count, m = batch_loss(
-                p, config, micro, z_loss=z_loss, fused_cross_entropy=fused_cross_entropy
-            )
-            return total, (count, m["nll"])
-
-        return jax.value_and_grad(loss, has_aux=True)(params)
+    update = make_update(loss_fn, optimizer, accum_steps=accum_steps)
 
     def step(state: TrainState, batch):
-        micro = _split_micro(model_batch(batch), accum_steps)
-
-        def body(carry, mb):
-            (total, (count, nll)), grads = grad_fn(state.params, mb)
-            acc_g, acc_t, acc_c, acc_n = carry
-            return (
-                jax.tree.map(jnp.add, acc_g, grads),
-                acc_t + total,
-                acc_c + count,
-                acc_n + nll,
-            ), None
-
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), state.params)
-        init = (zeros, jnp.zeros(()), jnp.zeros(()), jnp.zeros(()))
-        (grads, total, count, nll), _ = jax.lax.scan(body, init, micro)
-        denom = jnp.maximum(count, 1.0)
-        grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, state.params)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        new_state, m = update(state, None, model_batch(batch))
+        nll = m["nll"] / jnp.maximum(m["count"], 1e-9)
         metrics = {
-            "loss": total / denom,
-            "nll": nll / denom,
-            "perplexity": jnp.exp(nll / denom),
-            "grad_norm": optax.tree.norm(grads),
+            "loss": m["loss"],
+            "nll": nll,
+            "perplexity": jnp.exp(nll),
+            "grad_norm": m["grad_norm"],
             "lr": schedule(state.step),
-            "tokens": count,
+            "tokens": m["count"],
         }
-        return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+        return new_state, metrics
 
     return step
 
