@@ -22,6 +22,7 @@ gVisor, and keep this for catching accidents of well-meaning models.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -144,10 +145,9 @@ def run_python(
                 proc.wait(timeout=timeout_s)
                 timed_out = False
             except subprocess.TimeoutExpired:
-                try:
+                # ProcessLookupError: it ended on its own just now.
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:  # it ended on its own just now
-                    pass
                 proc.wait()
                 timed_out = True
             timed_out = timed_out or proc.returncode == -signal.SIGXCPU

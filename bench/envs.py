@@ -140,25 +140,22 @@ def learning_curves(path: str, quick: bool):
     ppo = classic_rl.PPOConfig(num_updates=max(3, 60 // scale))
     reinforce = classic_rl.ReinforceConfig(num_steps=128, num_updates=max(3, 120 // scale))
     dqn = classic_rl.DQNConfig(num_iterations=max(300, 12000 // scale), log_every=200)
-    for name, train, per_point, config in (
-        ("PPO", classic_rl.make_ppo(CartPole(), ppo), ppo.num_envs * ppo.num_steps, ppo),
+    for name, train, per_point in (
+        ("PPO", classic_rl.make_ppo(CartPole(), ppo), ppo.num_envs * ppo.num_steps),
         (
             "REINFORCE + baseline",
             classic_rl.make_reinforce(CartPole(), reinforce),
             reinforce.num_envs * reinforce.num_steps,
-            reinforce,
         ),
         (
             "DQN (double, uniform replay)",
             classic_rl.make_dqn(CartPole(), dqn),
             dqn.num_envs * dqn.log_every,
-            dqn,
         ),
         (
             "DQN (double, prioritised replay)",
             classic_rl.make_dqn(CartPole(), dqn.__class__(**{**dqn.__dict__, "prioritized": True})),
             dqn.num_envs * dqn.log_every,
-            dqn,
         ),
     ):
         curves = _seeds(train, seeds)

@@ -117,7 +117,10 @@ def main() -> None:
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     results_path = os.path.join(args.out, "results.json")
-    results = json.load(open(results_path)) if os.path.exists(results_path) else {}
+    results = {}
+    if os.path.exists(results_path):
+        with open(results_path) as f:
+            results = json.load(f)
     gin_config.parse(["post_training_tasks"], args.gin_param)
     with gin.config_scope("rl"):
         spec = TaskSpec()
@@ -148,8 +151,8 @@ def main() -> None:
             flush=True,
         )
     print(
-        "\n| method | held-out success, pass@1 (95% CI) | vs SFT (95% CI) | greedy success | tool calls / episode "
-        "| training s |"
+        "\n| method | held-out success, pass@1 (95% CI) | vs SFT (95% CI) | greedy success "
+        "| tool calls / episode | training s |"
     )
     print("|---|---|---|---|---|---|")
     for method in args.methods:

@@ -75,7 +75,7 @@ def flash_attention(
     f32 or bf16; accumulation is f32.  A query that sees no key returns zeros.
     ``interpret=None`` compiles on TPU and interprets on CPU (see ``backend``).
     """
-    b, t, s, n, kh, h = check_attention_inputs(
+    _b, t, s, n, kh, h = check_attention_inputs(
         q, k, v, segment_ids, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap
     )
     _check_dtypes(q, k, v)

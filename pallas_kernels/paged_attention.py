@@ -197,7 +197,7 @@ def paged_attention_reference(
     del interpret
     _check_paged_inputs(q, k_pages, v_pages, block_tables, lengths)
     b = q.shape[0]
-    _, page_size, kv_heads, h = k_pages.shape
+    _, _page_size, kv_heads, h = k_pages.shape
 
     def gather(pages):
         return pages[block_tables].reshape(b, -1, kv_heads, h)

@@ -118,7 +118,7 @@ def ring_attention(
     ``sharding.activate``); batch and heads are sharded by ``rules`` (default: the active rules).
     T and S must divide by the ring size.
     """
-    b, t, s, n, kh, h = check_attention_inputs(
+    b, t, s, _n, _kh, h = check_attention_inputs(
         q, k, v, segment_ids, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap
     )
     if mesh is None:

@@ -552,7 +552,7 @@ def test_polling_a_non_streaming_agent_and_timeouts_cancel_the_remote_task():
         assert agent.send("quiet").text == "QUIET"
     with remote(app, timeout_s=0.5, poll_interval_s=0.01) as agent:
         started = time.monotonic()
-        with pytest.raises(DelegationError, match="did not settle the task within 0.5s"):
+        with pytest.raises(DelegationError, match=r"did not settle the task within 0\.5s"):
             agent.send("hang")
         assert time.monotonic() - started < 5
     assert len(executor.canceled) == 1
@@ -561,7 +561,7 @@ def test_polling_a_non_streaming_agent_and_timeouts_cancel_the_remote_task():
 def test_missing_credentials_fail_at_card_resolution():
     app, _ = echo_server()
     agent = RemoteAgent("http://echo.test", transport=httpx.ASGITransport(app))
-    with pytest.raises(DelegationError, match="could not resolve the agent card.*401") as error:
+    with pytest.raises(DelegationError, match=r"could not resolve the agent card.*401") as error:
         delegate_tool(agent)
     assert not error.value.transient
     agent.close()

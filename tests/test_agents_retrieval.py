@@ -116,7 +116,7 @@ def test_bad_input_is_named(tmp_path):
         Retriever.from_documents(["x", "y"], ids=["a", "a"])
     with pytest.raises(FileNotFoundError, match="no file or directory"):
         Retriever.from_path(tmp_path / "missing")
-    with pytest.raises(ValueError, match="no .txt/.md files"):
+    with pytest.raises(ValueError, match=r"no \.txt/\.md files"):
         Retriever.from_path(tmp_path)
     with pytest.raises(ValueError, match="k must be at least 1"):
         Retriever.from_documents(["x"]).search("x", k=0)

@@ -80,7 +80,7 @@ def test_load_reads_flat_files_and_agent_skills_directories(tmp_path):
     ],
 )
 def test_malformed_skill_files_fail_naming_the_problem(text, problem):
-    with pytest.raises(SkillError, match="bad.md") as error:
+    with pytest.raises(SkillError, match=r"bad\.md") as error:
         parse_skill(text, "bad.md")
     assert problem in str(error.value)
 

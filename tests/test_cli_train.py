@@ -24,7 +24,7 @@ FAST = [
 
 
 def _params(*extra):
-    return sum((["--gin_param", p] for p in FAST + list(extra)), [])
+    return [arg for p in FAST + list(extra) for arg in ("--gin_param", p)]
 
 
 def test_train_writes_checkpoints_metrics_plot_and_configs(tmp_path):

@@ -137,9 +137,9 @@ def test_cartpole_random_policy_episode_length_and_time_limit():
     lengths = tr.info["episode_length"][tr.info["episode_done"]]
     assert 15.0 < float(lengths.mean()) < 30.0  # a random policy balances ~22 steps
     short = CartPole().default_params.replace(max_steps=5)
-    obs, state = CartPole().reset(jax.random.key(0), short)
+    _obs, state = CartPole().reset(jax.random.key(0), short)
     for _ in range(5):
-        obs, state, _, terminated, truncated, _ = CartPole().step(
+        _obs, state, _, terminated, truncated, _ = CartPole().step(
             jax.random.key(1), state, 0, short
         )
     assert bool(truncated) and not bool(terminated) and int(state.time) == 0

@@ -167,7 +167,7 @@ def test_step_jit_compiles_once_with_static_shapes():
     step = jax.jit(step)
     obs, state = env.reset(jax.random.key(0))
     for i in range(5):
-        new_obs, state, reward, terminated, truncated, info = step(
+        new_obs, state, reward, _terminated, _truncated, _info = step(
             jax.random.key(i), state, jnp.int32(i % 2)
         )
         assert new_obs.shape == obs.shape and new_obs.dtype == obs.dtype and reward.shape == ()

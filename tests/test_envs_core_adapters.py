@@ -46,7 +46,7 @@ def test_a_gymnax_env_without_truncation_is_refused_by_name():
         default_params = None
 
     with pytest.raises(
-        TypeError, match="OldCartPole has no is_truncated: GymnaxEnv needs gymnax >= 1.0"
+        TypeError, match=r"OldCartPole has no is_truncated: GymnaxEnv needs gymnax >= 1\.0"
     ):
         envs.GymnaxEnv(OldCartPole())
 

@@ -196,7 +196,8 @@ def test_hard_tasks_stay_within_the_calculator_and_their_demonstrations_earn_the
 
 @pytest.mark.parametrize("order", [1, -1])
 def test_a_mixed_env_keeps_the_calculator_every_family_needs(tokenizer, order):
-    """Countdown(10)'s solutions pass the 48 bytes of Arithmetic's calculator: the merged tool still runs them."""
+    """Countdown(10)'s solutions pass the 48 bytes of Arithmetic's calculator: the merged tool
+    still runs them."""
     generators = [Arithmetic(1), Countdown(10)][::order]
     env = task_env(tokenizer, generators, range(2), max_length=640, action_length=ACTION)
     (tool,) = env.tools

@@ -350,7 +350,10 @@ def _action(tokenizer, text, *, close=True, tail=""):
 
 
 def _call(expression):
-    return f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}\n</tool_call>'
+    return (
+        f'<tool_call>\n{{"name": "calculator", '
+        f'"arguments": {{"expression": "{expression}"}}}}\n</tool_call>'
+    )
 
 
 def test_tool_results_are_masked_out_of_the_policy_loss(tokenizer, arithmetic):

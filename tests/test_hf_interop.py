@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors import safe_open
-from safetensors.numpy import save_file
+from safetensors.numpy import load_file, save_file
 
 from agentic_jax.data.documents import write_documents
 from agentic_jax.data.tokenizer import IM_END, Tokenizer, train_tokenizer
@@ -249,8 +249,7 @@ def saved(tmp_path):
     """A small single-file checkpoint and its tensors, to corrupt."""
     params = _random_params(BASE)
     save_hf_checkpoint(tmp_path, BASE, params)
-    with safe_open(str(tmp_path / SINGLE_FILE), framework="numpy") as f:
-        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    tensors = load_file(str(tmp_path / SINGLE_FILE))
     return tmp_path, tensors, params
 
 
@@ -313,7 +312,7 @@ def test_missing_files_are_named(tmp_path, saved):
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "nowhere")):
         load_hf_checkpoint(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="config.json"):
+    with pytest.raises(FileNotFoundError, match=r"config\.json"):
         load_hf_checkpoint(tmp_path / "empty")
     path, _, _ = saved
     (path / SINGLE_FILE).unlink()

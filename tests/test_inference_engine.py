@@ -256,7 +256,7 @@ def test_rejected_requests_leave_the_engine_unchanged(params):
             engine.add_request(r)
     # A batch is checked whole before any of it is queued.
     for batch in ([request, bad[0]], [Request([1], request_id="a"), Request([2], request_id="a")]):
-        with pytest.raises(ValueError, match="token ids|repeat"):
+        with pytest.raises(ValueError, match=r"token ids|repeat"):
             engine.generate(batch)
         assert not engine.has_unfinished()
     [done] = engine.generate([request])

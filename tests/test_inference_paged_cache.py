@@ -1,6 +1,7 @@
 """Decoding through a paged KV cache reproduces the full forward pass at every position."""
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -80,7 +81,7 @@ def test_prefill_chunks_then_decode_equal_the_forward_pass(decode):
     # Two prefill chunks of different lengths per row (the second sees the first through the
     # pages, as a prompt with a cached prefix does), then one token at a time.
     bounds = [(0, 0), (5, 3), (9, 9)]
-    for (s0, s1), (e0, e1) in zip(bounds, bounds[1:]):
+    for (s0, s1), (e0, e1) in itertools.pairwise(bounds):
         batch = _batch(tables, (s0, s1), (e0, e1), 8)
         logits, cache = step(
             params, cache=cache, tokens=_tokens(seqs, (s0, s1), (e0, e1), 8), batch=batch

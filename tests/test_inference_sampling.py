@@ -155,7 +155,7 @@ _rows = st.tuples(
 def test_truncation_keeps_what_a_sorted_walk_keeps(rows):
     logits = np.array([z for z, _ in rows], np.float32)
     kept = _kept(filtered(jnp.asarray(logits), _arrays(*(p for _, p in rows))))
-    for b, (z, p) in enumerate(rows):
+    for b, (_z, p) in enumerate(rows):
         want, close = _kept_by_sorting(logits[b], p)
         if not close:
             np.testing.assert_array_equal(kept[b], want, err_msg=str(p))

@@ -175,7 +175,10 @@ def test_chunked_padding_keys_stay_hidden_for_any_segment_id(seg_id, s, causal):
 def test_fully_masked_rows_are_zero_with_finite_grads(impl):
     q, k, v = _qkv(3, t=8, s=8)
     seg = (jnp.full((2, 8), 5), jnp.ones((2, 8), jnp.int32))  # no key shares a query's segment
-    f = lambda q, k, v: attention(q, k, v, segment_ids=seg, implementation=impl, chunk_size=4)
+
+    def f(q, k, v):
+        return attention(q, k, v, segment_ids=seg, implementation=impl, chunk_size=4)
+
     np.testing.assert_array_equal(jax.jit(f)(q, k, v), 0.0)
     grads = jax.jit(jax.grad(lambda *a: jnp.sum(f(*a)), argnums=(0, 1, 2)))(q, k, v)
     assert all(np.isfinite(g).all() for g in grads)

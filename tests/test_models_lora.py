@@ -220,7 +220,7 @@ def test_adapter_checkpoint_round_trip_and_wrong_base(base, tmp_path):
     jax.tree.map(np.testing.assert_array_equal, loaded, adapters)
     assert {x.dtype for x in jax.tree.leaves(loaded)} == {jnp.dtype(jnp.bfloat16)}
     other = tree_fingerprint(jax.tree.map(lambda x: x + 1, base))
-    with pytest.raises(ValueError, match="trained on base .* not on this base"):
+    with pytest.raises(ValueError, match=r"trained on base .* not on this base"):
         load_adapters(tmp_path / "ad", base_fingerprint=other)
     with pytest.raises(FileExistsError):
         save_adapters(tmp_path / "ad", adapters, lora_config, fingerprint)
@@ -249,13 +249,13 @@ def test_bad_config_values_are_named(kwargs, error, match):
 def test_mismatched_adapters_are_rejected(base):
     lora = LoRA(LoraConfig(rank=2, targets=("q",)))
     adapters = _random_adapters(lora, base, 0)
-    with pytest.raises(ValueError, match="do not match LoraConfig.targets"):
+    with pytest.raises(ValueError, match=r"do not match LoraConfig\.targets"):
         LoRA(LoraConfig(rank=2, targets=("q", "k"))).model_params(adapters, base)
     with pytest.raises(ValueError, match=r"adapter 'q' has shapes .* rank 3 need"):
         LoRA(LoraConfig(rank=3, targets=("q",))).merged(adapters, base)
     with pytest.raises(ValueError, match="already carry LoRA adapters"):
         lora.model_params(adapters, lora.model_params(adapters, base))
-    with pytest.raises(TypeError, match="LoRA.config must be a LoraConfig"):
+    with pytest.raises(TypeError, match=r"LoRA\.config must be a LoraConfig"):
         LoRA({"rank": 2})
 
 

@@ -1,6 +1,7 @@
 """`agentic-jax train` as two processes on localhost, each with 4 fake CPU devices forming one
 8-device mesh, trains exactly like a single process fed the same global batches."""
 
+import contextlib
 import json
 import os
 import pathlib
@@ -98,7 +99,7 @@ def run_two_processes(workdir, logdir) -> None:
         "tiny",
         "--workdir",
         workdir,
-        *sum((["--gin_param", p] for p in GIN), []),
+        *(arg for p in GIN for arg in ("--gin_param", p)),
     ]
     launches = [
         (
@@ -117,25 +118,27 @@ def run_two_processes(workdir, logdir) -> None:
             ),
         ),
     ]
-    logs = [open(os.path.join(logdir, f"process{i}.log"), "w") for i in range(PROCESSES)]
-    procs = [
-        subprocess.Popen(c, env=e, stdout=log, stderr=subprocess.STDOUT)
-        for (c, e), log in zip(launches, logs)
-    ]
-    try:
-        deadline = time.monotonic() + TIMEOUT_S
-        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-            if any(p.poll() not in (None, 0) for p in procs):
-                break  # one failed: the other would wait for it until the heartbeat timeout
-            time.sleep(0.2)
-        codes = [p.poll() for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-        for log in logs:
-            log.close()
+    with contextlib.ExitStack() as stack:  # closes the logs once the processes are gone
+        logs = [
+            stack.enter_context(open(os.path.join(logdir, f"process{i}.log"), "w"))
+            for i in range(PROCESSES)
+        ]
+        procs = [
+            subprocess.Popen(c, env=e, stdout=log, stderr=subprocess.STDOUT)
+            for (c, e), log in zip(launches, logs)
+        ]
+        try:
+            deadline = time.monotonic() + TIMEOUT_S
+            while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+                if any(p.poll() not in (None, 0) for p in procs):
+                    break  # one failed: the other would wait for it until the heartbeat timeout
+                time.sleep(0.2)
+            codes = [p.poll() for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
     if codes != [0] * PROCESSES:
         tails = [pathlib.Path(log.name).read_text()[-3000:] for log in logs]
         pytest.fail(

@@ -124,9 +124,10 @@ def test_the_tiling_rule_is_mosaics_own(monkeypatch):
     """A key tile the planner refuses on TPU is one Mosaic's lowering refuses too, so the
     planner's error (which names the block size to change) is not stricter than needed."""
     module = importlib.import_module("pallas_kernels.flash_attention")
-    unchecked = lambda blocks, t, s, check_tpu_layout: plan_tiling(
-        blocks, t, s, check_tpu_layout=False
-    )
+
+    def unchecked(blocks, t, s, check_tpu_layout):
+        return plan_tiling(blocks, t, s, check_tpu_layout=False)
+
     monkeypatch.setattr(module, "plan_tiling", unchecked)
     q, k, v = attention_args(2048, 2048)
     segments = (Spec((2, 2048), jnp.int32), Spec((2, 2048), jnp.int32))

@@ -258,15 +258,17 @@ def test_request_errors_are_400s_and_internal_errors_500s():
     ],
 )
 def test_a_body_of_unknown_length_is_an_error_that_closes_the_connection(header, status):
-    with OpenAIServer(_Completer(), model_name=MODEL) as server:
-        with socket.create_connection(server.httpd.server_address[:2], timeout=10) as s:
-            s.sendall(
-                f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{header}\r\n\r\n"
-                "2\r\n{}\r\n0\r\n\r\n".encode()
-            )
-            response = b""
-            while chunk := s.recv(4096):  # ends when the server closes the connection
-                response += chunk
+    with (
+        OpenAIServer(_Completer(), model_name=MODEL) as server,
+        socket.create_connection(server.httpd.server_address[:2], timeout=10) as s,
+    ):
+        s.sendall(
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{header}\r\n\r\n"
+            "2\r\n{}\r\n0\r\n\r\n".encode()
+        )
+        response = b""
+        while chunk := s.recv(4096):  # ends when the server closes the connection
+            response += chunk
     assert response.startswith(b"HTTP/1.1 " + status) and b"Connection: close" in response
 
 

@@ -52,7 +52,9 @@ def test_ring_matches_reference_value_and_grad(mesh_name, case):
         out = fn(q, k, v, **kwargs)
         return jnp.sum(out * w), out
 
-    grad = lambda fn: jax.jit(jax.grad(lambda *a: loss(fn, *a), argnums=(0, 1, 2), has_aux=True))
+    def grad(fn):
+        return jax.jit(jax.grad(lambda *a: loss(fn, *a), argnums=(0, 1, 2), has_aux=True))
+
     with activate(mesh):
         ring_grads, ring_out = grad(ring_attention)(q, k, v)
     ref_grads, ref_out = grad(reference_attention)(q, k, v)
@@ -74,6 +76,8 @@ def test_ring_passes_kv_blocks_instead_of_gathering():
 
 def test_ring_rejects_indivisible_lengths():
     q, k, v, _, _ = inputs(30, 30, 2, 2)
-    with activate(make_mesh({"sequence": 4, "tensor": 2})):
-        with pytest.raises(ValueError, match="divide by sequence=4"):
-            ring_attention(q, k, v)
+    with (
+        activate(make_mesh({"sequence": 4, "tensor": 2})),
+        pytest.raises(ValueError, match="divide by sequence=4"),
+    ):
+        ring_attention(q, k, v)

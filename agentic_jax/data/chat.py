@@ -221,10 +221,9 @@ def render_ids(
     ids = tokenizer.encode("", add_bos=add_bos)  # [BOS] or []; raises if there is no BOS.
     mask = [0] * len(ids)
     for piece in _pieces(messages, add_generation_prompt):
-        if piece.special:
-            piece_ids = [tokenizer.token_id(piece.text)]
-        else:
-            piece_ids = tokenizer.encode(piece.text)
+        piece_ids = (
+            [tokenizer.token_id(piece.text)] if piece.special else tokenizer.encode(piece.text)
+        )
         ids += piece_ids
         mask += [int(piece.assistant)] * len(piece_ids)
     return RenderedIds(np.asarray(ids, np.int32), np.asarray(mask, np.int32))

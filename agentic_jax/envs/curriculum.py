@@ -87,7 +87,8 @@ class PassRateFilter:
         )
 
     def update(self, state: PassRateState, tasks: jax.Array, successes: jax.Array) -> PassRateState:
-        """Adds outcomes (``successes`` in [0, 1] for each entry of ``tasks``); re-estimates every ``period``."""
+        """Adds outcomes (``successes`` in [0, 1] for each entry of ``tasks``); re-estimates
+        every ``period``."""
         successes = state.successes.at[tasks].add(jnp.asarray(successes, jnp.float32))
         attempts = state.attempts.at[tasks].add(1.0)
         state = state.replace(successes=successes, attempts=attempts, updates=state.updates + 1)
@@ -140,7 +141,8 @@ class PrioritizedLevelReplay:
         )
 
     def replay_distribution(self, state: LevelReplayState) -> jax.Array:
-        """``(1 - rho) P_S + rho P_C`` over seen levels: rank prioritisation ``(1/rank)^(1/beta)`` and staleness."""
+        """``(1 - rho) P_S + rho P_C`` over seen levels: rank prioritisation
+        ``(1/rank)^(1/beta)`` and staleness."""
         masked = jnp.where(state.seen, state.scores, -jnp.inf)
         rank = (
             jnp.empty_like(state.last_sampled)
@@ -183,7 +185,8 @@ class PrioritizedLevelReplay:
     def update(
         self, state: LevelReplayState, levels: jax.Array, scores: jax.Array
     ) -> LevelReplayState:
-        """Sets each played level's score to the mean of its new ``scores`` (several episodes may share one)."""
+        """Sets each played level's score to the mean of its new ``scores`` (several episodes
+        may share one)."""
         total = jnp.zeros_like(state.scores).at[levels].add(jnp.asarray(scores, jnp.float32))
         count = jnp.zeros_like(state.scores).at[levels].add(1.0)
         return state.replace(

@@ -49,7 +49,8 @@ class ToolPool:
         )
 
     def map(self, calls: Sequence[Callable[[], str]]) -> list[str]:
-        """Results in order; a call still running at the deadline gives `TIMEOUT`, one that raised its error."""
+        """Results in order; a call still running at the deadline gives `TIMEOUT`, one that
+        raised its error."""
         futures = [self.executor.submit(call) for call in calls]
         concurrent.futures.wait(futures, timeout=self.timeout_s)
         results = []
@@ -122,7 +123,8 @@ class HostTextState:
 
 
 class HostTextEnv:
-    """`TextEnv`'s rules with host tools: batched ``reset``/``step`` over numpy arrays (see the module doc)."""
+    """`TextEnv`'s rules with host tools: batched ``reset``/``step`` over numpy arrays (see the
+    module doc)."""
 
     def __init__(
         self,

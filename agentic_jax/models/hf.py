@@ -418,7 +418,7 @@ def _write_safetensors(path: Path, tensors: list[tuple[_Tensor, Any]], dtype: np
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
-        for t, produce in tensors:
+        for _t, produce in tensors:
             np.ascontiguousarray(produce(), dtype=dtype).tofile(f)
 
 

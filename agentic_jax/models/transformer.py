@@ -278,7 +278,7 @@ def hidden_states(
     else:
         states = []
         for i in range(config.n_layers):
-            x, st = block(x, *jax.tree.map(lambda a: a[i], (params["layers"], layer_state)))
+            x, st = block(x, *jax.tree.map(lambda a, i=i: a[i], (params["layers"], layer_state)))
             states.append(st)
         layer_state = (
             jax.tree.map(lambda *a: jnp.stack(a), *states) if states[0] is not None else None

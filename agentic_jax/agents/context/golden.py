@@ -73,10 +73,10 @@ def compare(
     """Compares ``new`` with ``golden``; fails below ``min_similarity`` or above
     ``max_token_overhead``, or if the run stopped for another reason."""
     similarity = difflib.SequenceMatcher(None, golden.tools, new.tools, autojunk=False).ratio()
-    if golden.tokens:
-        overhead = new.tokens / golden.tokens - 1
-    else:  # a golden run of no (counted) tokens: any token at all is unbounded overhead
-        overhead = math.inf if new.tokens else 0.0
+    # A golden run of no (counted) tokens: any token at all is unbounded overhead.
+    overhead = (
+        new.tokens / golden.tokens - 1 if golden.tokens else (math.inf if new.tokens else 0.0)
+    )
     problems = []
     if golden.tools != new.tools:
         if sorted(golden.tools) == sorted(new.tools):

@@ -244,10 +244,9 @@ class RemoteAgent:
 
     @staticmethod
     async def _cancel_quietly(client, task_id: str) -> None:
-        try:
+        # It may have settled meanwhile; the timeout is what gets reported.
+        with contextlib.suppress(A2AError, httpx.HTTPError):
             await client.cancel_task(CancelTaskRequest(id=task_id))
-        except (A2AError, httpx.HTTPError):
-            pass  # it may have settled meanwhile; the timeout is what gets reported
 
     def close(self) -> None:
         """Closes the connection and the client's event-loop thread."""

@@ -172,7 +172,9 @@ class _TaskRun:
             answer = self.answers.get(timeout=self.input_timeout_s)
         except queue.Empty:
             self.canceled = True
-            raise ToolError(f"no answer within {self.input_timeout_s}s; the task is abandoned")
+            raise ToolError(
+                f"no answer within {self.input_timeout_s}s; the task is abandoned"
+            ) from None
         if answer is None:
             raise ToolError("the task was canceled")
         return answer

@@ -24,8 +24,9 @@ This module drives the official SDK (``mcp``, 2.x) from the synchronous harness:
 * **Reconnection.**  A dropped connection (or a Streamable HTTP session the server no longer
   knows) is noticed by the request that hits it; the next request reconnects, with up to
   ``reconnect.max_attempts`` attempts spaced by exponential backoff with full jitter
-  (``RetryPolicy``: attempt k waits ``uniform(0, min(max_delay, base_delay * 2**k))``).  Listing and reading requests are then retried once; a tool call is
-  not (it may have had effects before the connection dropped): that is the executor's decision.
+  (``RetryPolicy``: attempt k waits ``uniform(0, min(max_delay, base_delay * 2**k))``).
+  Listing and reading requests are then retried once; a tool call is not (it may have had
+  effects before the connection dropped): that is the executor's decision.
 * **Several servers.**  :class:`MCPClient` names each tool ``<server>__<tool>``, so tools of
   different servers never collide.
 """

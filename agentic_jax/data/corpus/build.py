@@ -89,9 +89,11 @@ def _module_documents(tree: ast.Module, module: str, docstrings: _Docstrings) ->
             if (doc := docstrings.take(node)) is not None:
                 sections.append((f"{module}.{node.name}", doc))
             for child in node.body:
-                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    if (doc := docstrings.take(child)) is not None:
-                        sections.append((f"{module}.{node.name}.{child.name}", doc))
+                if (
+                    isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and (doc := docstrings.take(child)) is not None
+                ):
+                    sections.append((f"{module}.{node.name}.{child.name}", doc))
             class_docs.append(_sections_to_doc(sections))
     yield _sections_to_doc(module_sections)
     yield from class_docs

@@ -62,7 +62,8 @@ def tool_turns(tool: Tool, arguments: Iterable[str], task: Task) -> tuple[Messag
 
 
 def _combine(left: tuple[str, int], op: str, right: tuple[str, int]) -> str:
-    """Infix text of ``left op right`` with the parentheses Python's precedence needs (operands: (text, prec))."""
+    """Infix text of ``left op right`` with the parentheses Python's precedence needs
+    (operands: (text, prec))."""
     left_text = f"({left[0]})" if left[1] < _PRECEDENCE[op] else left[0]
     right_text = f"({right[0]})" if right[1] <= _PRECEDENCE[op] else right[0]
     return f"{left_text} {op} {right_text}"
@@ -101,7 +102,8 @@ def task_env(
     seeds: Iterable[int],
     **kwargs,
 ) -> TextEnv:
-    """A `TextEnv` over the tasks of ``seeds`` from each generator, with their tools, verifiers and turn limit.
+    """A `TextEnv` over the tasks of ``seeds`` from each generator, with their tools, verifiers
+    and turn limit.
 
     Several generators make one multi-task env: the union of their tools
     (by name) and a `ByFamily` reward that scores each task with its own
@@ -198,7 +200,8 @@ class Arithmetic(Generator):
 
 
 class Countdown(Generator):
-    """Make a target from ``difficulty + 1`` numbers with ``+ - * /`` (each number at most once, exact division).
+    """Make a target from ``difficulty + 1`` numbers with ``+ - * /`` (each number at most
+    once, exact division).
 
     The target comes from a random solution that uses every number with
     positive intermediate results.  With tools, the demonstration checks its

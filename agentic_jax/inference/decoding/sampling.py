@@ -34,8 +34,9 @@ ratios in RL and speculative decoding need) and under the raw model (``log_softm
 step 1).
 
 Keys: ``sample`` takes one key (row ``i`` uses ``fold_in(key, i)``) or ``[B]`` keys.  A row whose
-params carry a ``seed`` uses ``key(seed mod 2**32)`` (:func:`seed_key`) instead, so its tokens do not depend on the batch it
-runs in; either way ``step`` (the number of tokens the sequence has generated) is folded in last.
+params carry a ``seed`` uses ``key(seed mod 2**32)`` (:func:`seed_key`) instead, so its tokens do
+not depend on the batch it runs in; either way ``step`` (the number of tokens the sequence has
+generated) is folded in last.
 """
 
 from __future__ import annotations
