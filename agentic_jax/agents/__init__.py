@@ -1,17 +1,15 @@
-"""The agent harness: policies, tools, agent loops, context management, workflows, tracing and an
-OpenAI-compatible server.  See ``docs/agents.md``.
+"""The agent harness: loops, the tool runtime, policy backends, context and tracing, protocols and
+multi-agent teams.  See ``docs/agents.md`` and the house map, ``docs/architecture.md``.
 
-Modules: ``policy`` (the protocol, :class:`ScriptedPolicy`), ``jax_policy``, ``http_policy``,
-``chat_model`` (engine-backed chat with constrained tool calls), ``server``; ``tools``,
-``executor``, ``sandbox``, ``builtin_tools``; ``react``, ``plan_execute``, ``reflexion``,
-``verify``, with ``agent``, ``budget`` and ``loop_detection``; ``context``, ``tokens``; ``graph``,
-``workflows``; ``tracing``, ``golden``; ``session`` (what ``agentic-jax agent`` runs);
-``retrieval`` (local BM25 search); the ``multi_agent`` package (team patterns, ``agentic-jax
-team``).
-Also ``skills`` (the skill registry), ``a2a`` / ``a2a_client`` (Agent2Agent serving and
-delegation, ``agentic-jax a2a-server``), and ``mcp_client`` / ``mcp_server`` (Model Context
-Protocol tools, resources and prompts, ``agentic-jax mcp-server``).
-Heavy backends (``jax_policy``, ``chat_model``, ``server``) are imported from their modules.
+Sub-packages: ``loops`` (ReAct, plan-and-execute, Reflexion, generate-verify-retry, workflows,
+the state graph), ``tools`` (``@tool``, the executor, built-in tools, BM25 search, budgets, loop
+detection), ``policies`` (the ``Policy`` protocol and ``ScriptedPolicy``, ``JaxPolicy``,
+``HTTPPolicy``), ``context`` (token counting, context budgeting, tracing, golden runs),
+``protocols`` (MCP client and server, A2A server and client, skills), ``multi_agent`` (team
+patterns, ``agentic-jax team``); ``session`` is what ``agentic-jax agent`` runs.  The names
+below are the ones an agent is built from; heavy backends (``policies.jax_policy``) are imported
+from their modules.  The model-backed chat and the OpenAI-compatible server are serving:
+``agentic_jax.inference.serving``.
 """
 
 from agentic_jax.agents.context.golden import Comparison, Trajectory, compare, compare_events

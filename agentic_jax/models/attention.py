@@ -10,7 +10,8 @@
 
 Online softmax over chunks c with running max m, normaliser l and accumulator a:
 
-    m' = max(m, max_j s_j),  l' = l e^{m - m'} + sum_j e^{s_j - m'},  a' = a e^{m - m'} + sum_j e^{s_j - m'} v_j
+    m' = max(m, max_j s_j),  l' = l e^{m - m'} + sum_j e^{s_j - m'},
+    a' = a e^{m - m'} + sum_j e^{s_j - m'} v_j
 
 and o = a / l, lse = m + log l.  The backward pass uses P = exp(s - lse),
 dV = P^T dO, dS = P (dO V^T - rowsum(dO * O)), dQ = dS K, dK = dS^T Q.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
+import einops
 import jax
 import jax.numpy as jnp
 
@@ -77,7 +79,7 @@ def chunked_attention(
     chunk_size=128,
 ):
     """Memory-linear attention: online softmax over key/value chunks with a recomputing VJP."""
-    b, t, s, n, kh, h = check_attention_inputs(
+    b, t, s, _n, _kh, h = check_attention_inputs(
         q, k, v, segment_ids, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap
     )
     if chunk_size < 1:
@@ -111,7 +113,12 @@ class _Static(NamedTuple):
 
 def _split_chunks(x, chunk):
     """[B, S, ...] -> [S / chunk, B, chunk, ...] for scanning."""
-    return jnp.moveaxis(x.reshape(x.shape[0], -1, chunk, *x.shape[2:]), 1, 0)
+    return einops.rearrange(x, "b (n c) ... -> n b c ...", c=chunk)
+
+
+def _group_heads(x, kv_heads: int):
+    """[B, T, N, H] -> [B, T, K, G, H]: the G query heads that share each of the K kv heads."""
+    return einops.rearrange(x.astype(jnp.float32), "b t (k g) h -> b t k g h", k=kv_heads)
 
 
 def _chunk_scores(st: _Static, qg, k_c, q_seg, k_seg_c, idx):
@@ -134,7 +141,7 @@ def _chunk_scores(st: _Static, qg, k_c, q_seg, k_seg_c, idx):
 def _forward(st: _Static, q, k, v, q_seg, k_seg):
     b, t, n, h = q.shape
     kh = k.shape[2]
-    qg = q.astype(jnp.float32).reshape(b, t, kh, n // kh, h)
+    qg = _group_heads(q, kh)
 
     def step(carry, xs):
         m, l, acc = carry
@@ -164,7 +171,7 @@ def _forward(st: _Static, q, k, v, q_seg, k_seg):
     seen = l > 0
     out = jnp.where(seen[..., None], acc / jnp.where(seen, l, 1.0)[..., None], 0.0)
     lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), jnp.inf)
-    out = jnp.moveaxis(out, 3, 1).reshape(b, t, n, h)
+    out = einops.rearrange(out, "b k g t h -> b t (k g) h")
     return out.astype(q.dtype), lse
 
 
@@ -180,12 +187,9 @@ def _flash_fwd(st, q, k, v, q_seg, k_seg):
 
 def _flash_bwd(st, residuals, d_out):
     q, k, v, q_seg, k_seg, out, lse = residuals
-    b, t, n, h = q.shape
     kh = k.shape[2]
-    g = n // kh
-    qg = q.astype(jnp.float32).reshape(b, t, kh, g, h)
-    dog = d_out.astype(jnp.float32).reshape(b, t, kh, g, h)
-    delta = jnp.einsum("btkgh,btkgh->bkgt", dog, out.astype(jnp.float32).reshape(b, t, kh, g, h))
+    qg, dog = _group_heads(q, kh), _group_heads(d_out, kh)
+    delta = jnp.einsum("btkgh,btkgh->bkgt", dog, _group_heads(out, kh))
 
     def step(dq, xs):
         idx, k_c, v_c, seg_c = xs
@@ -210,12 +214,9 @@ def _flash_bwd(st, residuals, d_out):
     )
     dq, (dk, dv) = jax.lax.scan(step, jnp.zeros_like(qg), xs)
 
-    def unchunk(x):
-        return jnp.moveaxis(x, 0, 1).reshape(b, -1, kh, h)
-
-    dk, dv = unchunk(dk), unchunk(dv)
+    dk, dv = (einops.rearrange(x, "n b c k h -> b (n c) k h") for x in (dk, dv))
     return (
-        dq.reshape(b, t, n, h).astype(q.dtype),
+        einops.rearrange(dq, "b t k g h -> b t (k g) h").astype(q.dtype),
         dk.astype(k.dtype),
         dv.astype(v.dtype),
         None,

@@ -14,8 +14,9 @@ loaded into any log tool.  Each carries ``run``, ``seq``, ``time`` and ``kind``:
 
 Events of a multi-agent run also name the ``agent`` they belong to (see :meth:`Tracer.scoped`).
 
-When ``opentelemetry-api`` is installed, each event is also an OpenTelemetry span (child of the
-run's span), so runs show up in Jaeger, Honeycomb or any OTLP backend configured in the process.
+Each event is also an OpenTelemetry span (child of the run's span), so runs show up in Jaeger,
+Honeycomb or any OTLP backend configured in the process; without a configured SDK the spans are
+the API's no-ops.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from opentelemetry import trace
 
 from agentic_jax.agents.policies.base import AssistantMessage
 from agentic_jax.agents.tools.budget import Pricing
@@ -42,14 +45,6 @@ CONTENT_LIMIT = 2000
 def _arguments(call: ToolCall) -> dict | str:
     """JSON-ready arguments; text that never parsed as a JSON object is recorded as it is."""
     return call.arguments if isinstance(call.arguments, str) else dict(call.arguments)
-
-
-def _otel_tracer():
-    try:
-        from opentelemetry import trace
-    except ImportError:
-        return None
-    return trace.get_tracer("agentic_jax.agents")
 
 
 def _attributes(event: Event) -> dict:
@@ -81,7 +76,7 @@ class Tracer:
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.events: list[Event] = []
         self.fields: dict[str, Any] = {}
-        self._otel = _otel_tracer() if otel else None
+        self._otel = trace.get_tracer("agentic_jax.agents") if otel else None
         # Shared with the scoped views (``copy.copy`` keeps these references), which may run in
         # threads: the lock, and the stack of open ``agent.run`` spans, innermost last, so that
         # a view made before ``run_start`` still parents its spans to the run, and a nested
@@ -120,8 +115,6 @@ class Tracer:
     def _span(self, event: Event) -> None:
         if self._otel is None:
             return
-        from opentelemetry import trace
-
         kind = event["kind"]
         with self._lock:
             parent = self._open_runs[-1] if self._open_runs else None
