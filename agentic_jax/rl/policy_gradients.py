@@ -12,6 +12,7 @@ whose sums and counts reduce exactly across micro-batches and shards. Log-ratios
 to ±20 before `exp`.
 """
 
+import functools
 import inspect
 from typing import NamedTuple
 
@@ -182,60 +183,11 @@ def _clipped(x: _Tokens, ratio, adv):
     return jnp.maximum(-adv * ratio, -adv * jnp.clip(ratio, 1.0 - x.eps_low, 1.0 + x.eps_high))
 
 
-def _clipped_surrogate(
-    logp,
-    old_logp,
-    advantages,
-    mask,
+_ARRAYS = ("logp", "old_logp", "advantages", "mask")
+
+
+def _shared_options(
     *,
-    epsilon,
-    epsilon_high,
-    aggregation,
-    max_length,
-    segment_ids,
-    ref_logp,
-    kl_coef,
-    kl_estimator,
-    entropy,
-    entropy_coef,
-    dual_clip=None,
-) -> LossOutput:
-    """The token-level clipped surrogate of ppo / grpo / bnpo / dr_grpo / dapo."""
-    if dual_clip is not None:
-        check.static_range("dual_clip", dual_clip, 1.0, float("inf"), low_open=True)
-    x = _tokens(logp, old_logp, advantages, mask, segment_ids, epsilon, epsilon_high)
-    loss = _clipped(x, x.ratio, x.adv)
-    if dual_clip is not None:
-        loss = jnp.where(x.adv < 0, jnp.minimum(loss, -x.adv * dual_clip), loss)
-    return _output(
-        x,
-        loss,
-        x.ratio,
-        aggregation=aggregation,
-        max_length=max_length,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
-
-
-# --- Token level: one function per variant ----------------------------------------------------
-#
-# Every variant takes logp, old_logp, mask [B, T] and advantages [B] or [B, T], and these
-# keyword arguments (documented in `policy_loss`): epsilon, epsilon_high, aggregation (its
-# default is the variant's, `DEFAULT_AGGREGATION`), max_length, segment_ids, ref_logp,
-# kl_coef, kl_estimator, entropy, entropy_coef; before them, its own hyperparameters.
-
-
-def ppo_loss(
-    logp,
-    old_logp,
-    advantages,
-    mask,
-    *,
-    dual_clip: float | None = 3.0,
     epsilon: float = 0.2,
     epsilon_high: float | None = None,
     aggregation: str = "token-mean",
@@ -246,326 +198,158 @@ def ppo_loss(
     kl_estimator: str = "k3",
     entropy=None,
     entropy_coef: float = 0.0,
-) -> LossOutput:
+):
+    """The keyword arguments every token-level loss takes (documented in `policy_loss`)."""
+
+
+_SHARED = tuple(inspect.signature(_shared_options).parameters.values())
+_TOKENS_OPTIONS = ("epsilon", "epsilon_high", "segment_ids")  # the shared options `_tokens` takes
+
+
+def _token_loss(aggregation: str, *, epsilon_high_if_none: float | None = None):
+    """Makes a variant's public loss from its core ``core(x: _Tokens, **own) -> (ℓ_t, ratio)``.
+
+    The public function takes ``logp, old_logp, advantages, mask``, the core's own keyword
+    arguments and the shared ones (`_shared_options`, with ``aggregation`` defaulting to the
+    variant's); its signature says exactly that, so `policy_loss` and ``help()`` read it.  It
+    validates the inputs (`_tokens`), runs the core, then adds the KL and entropy terms, computes
+    the metrics and aggregates (`_output`).  ``epsilon_high_if_none``: what ``epsilon_high=None``
+    means for this variant (DAPO's clip-higher default); otherwise ε.
+    """
+
+    def make(core):
+        own = [p for name, p in inspect.signature(core).parameters.items() if name != "x"]
+        shared = [p.replace(default=aggregation) if p.name == "aggregation" else p for p in _SHARED]
+        arrays = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in _ARRAYS]
+        signature = inspect.Signature([*arrays, *own, *shared], return_annotation=LossOutput)
+
+        @functools.wraps(core)
+        def loss(*args, **kwargs) -> LossOutput:
+            bound = signature.bind(*args, **kwargs)  # a TypeError names a wrong argument
+            bound.apply_defaults()
+            a = bound.arguments
+            high = a["epsilon_high"]
+            x = _tokens(
+                *(a[n] for n in _ARRAYS),
+                a["segment_ids"],
+                a["epsilon"],
+                epsilon_high_if_none if high is None else high,
+            )
+            per_token, ratio = core(x, **{p.name: a[p.name] for p in own})
+            return _output(
+                x,
+                per_token,
+                ratio,
+                **{p.name: a[p.name] for p in _SHARED if p.name not in _TOKENS_OPTIONS},
+            )
+
+        loss.__signature__ = signature
+        return loss
+
+    return make
+
+
+# --- Token level: one function per variant ----------------------------------------------------
+#
+# Each takes logp, old_logp, mask [B, T] and advantages [B] or [B, T], its own hyperparameters
+# and the shared options (`_shared_options`); see `_token_loss`.
+
+
+def _surrogate(x: _Tokens):
+    return _clipped(x, x.ratio, x.adv), x.ratio
+
+
+@_token_loss("token-mean")
+def ppo_loss(x: _Tokens, *, dual_clip: float | None = 3.0):
     """PPO's clipped surrogate, with dual clip: ℓ_t = max(−Aρ, −A·clip(ρ, 1 − ε, 1 + ε_high)),
     and min(ℓ_t, −c·A) for A < 0 (`dual_clip` c > 1, None for none); token-mean.
 
     Schulman et al. (2017), "Proximal Policy Optimization Algorithms", arXiv:1707.06347;
     dual clip: Ye et al. (2020), "Mastering Complex Control in MOBA Games", arXiv:1912.09729.
     """
-    return _clipped_surrogate(
-        logp,
-        old_logp,
-        advantages,
-        mask,
-        dual_clip=dual_clip,
-        epsilon=epsilon,
-        epsilon_high=epsilon_high,
-        aggregation=aggregation,
-        max_length=max_length,
-        segment_ids=segment_ids,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
+    loss, ratio = _surrogate(x)
+    if dual_clip is not None:
+        check.static_range("dual_clip", dual_clip, 1.0, float("inf"), low_open=True)
+        loss = jnp.where(x.adv < 0, jnp.minimum(loss, -x.adv * dual_clip), loss)
+    return loss, ratio
 
 
-def grpo_loss(
-    logp,
-    old_logp,
-    advantages,
-    mask,
-    *,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    aggregation: str = "seq-mean-token-mean",
-    max_length: int | None = None,
-    segment_ids=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
-) -> LossOutput:
+@_token_loss("seq-mean-token-mean")
+def grpo_loss(x: _Tokens):
     """GRPO: ℓ_t = max(−Aρ, −A·clip(ρ, 1 − ε, 1 + ε_high)), averaged per sequence, then over
     sequences (seq-mean-token-mean); the KL term usually comes with `ref_logp`, `kl_coef`.
 
     Shao et al. (2024), "DeepSeekMath", arXiv:2402.03300.
     """
-    return _clipped_surrogate(
-        logp,
-        old_logp,
-        advantages,
-        mask,
-        epsilon=epsilon,
-        epsilon_high=epsilon_high,
-        aggregation=aggregation,
-        max_length=max_length,
-        segment_ids=segment_ids,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
+    return _surrogate(x)
 
 
-def bnpo_loss(
-    logp,
-    old_logp,
-    advantages,
-    mask,
-    *,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    aggregation: str = "token-mean",
-    max_length: int | None = None,
-    segment_ids=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
-) -> LossOutput:
+@_token_loss("token-mean")
+def bnpo_loss(x: _Tokens):
     """BNPO: ℓ_t = max(−Aρ, −A·clip(ρ, 1 − ε, 1 + ε_high)), normalised over the batch's tokens
     (token-mean).
 
     Xiao et al. (2025), "BNPO: Beta Normalization Policy Optimization", arXiv:2506.02864.
     """
-    return _clipped_surrogate(
-        logp,
-        old_logp,
-        advantages,
-        mask,
-        epsilon=epsilon,
-        epsilon_high=epsilon_high,
-        aggregation=aggregation,
-        max_length=max_length,
-        segment_ids=segment_ids,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
+    return _surrogate(x)
 
 
-def dr_grpo_loss(
-    logp,
-    old_logp,
-    advantages,
-    mask,
-    *,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    aggregation: str = "seq-mean-token-sum-norm",
-    max_length: int | None = None,
-    segment_ids=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
-) -> LossOutput:
+@_token_loss("seq-mean-token-sum-norm")
+def dr_grpo_loss(x: _Tokens):
     """Dr. GRPO: ℓ_t = max(−Aρ, −A·clip(ρ, 1 − ε, 1 + ε_high)), token sums divided by a fixed
     `max_length` (default T) per sequence (seq-mean-token-sum-norm): no length bias.
 
     Liu et al. (2025), "Understanding R1-Zero-Like Training", arXiv:2503.20783.
     """
-    return _clipped_surrogate(
-        logp,
-        old_logp,
-        advantages,
-        mask,
-        epsilon=epsilon,
-        epsilon_high=epsilon_high,
-        aggregation=aggregation,
-        max_length=max_length,
-        segment_ids=segment_ids,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
+    return _surrogate(x)
 
 
-def dapo_loss(
-    logp,
-    old_logp,
-    advantages,
-    mask,
-    *,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    aggregation: str = "token-mean",
-    max_length: int | None = None,
-    segment_ids=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
-) -> LossOutput:
+@_token_loss("token-mean", epsilon_high_if_none=DAPO_EPSILON_HIGH)
+def dapo_loss(x: _Tokens):
     """DAPO: ℓ_t = max(−Aρ, −A·clip(ρ, 1 − ε, 1 + ε_high)) with a decoupled upper clip
     ("clip-higher": `epsilon_high` None means `DAPO_EPSILON_HIGH` = 0.28), token-mean.
 
     Yu et al. (2025), "DAPO: An Open-Source LLM RL System at Scale", arXiv:2503.14476.
     """
-    return _clipped_surrogate(
-        logp,
-        old_logp,
-        advantages,
-        mask,
-        epsilon=epsilon,
-        epsilon_high=DAPO_EPSILON_HIGH if epsilon_high is None else epsilon_high,
-        aggregation=aggregation,
-        max_length=max_length,
-        segment_ids=segment_ids,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
+    return _surrogate(x)
 
 
-def gspo_loss(
-    logp,
-    old_logp,
-    advantages,
-    mask,
-    *,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    aggregation: str = "seq-mean-token-mean",
-    max_length: int | None = None,
-    segment_ids=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
-) -> LossOutput:
+@_token_loss("seq-mean-token-mean")
+def gspo_loss(x: _Tokens):
     """GSPO: one ratio per sequence, s = exp(mean_t log ρ_t), clipped, with the sequence
     advantage Ā: ℓ = max(−Ā·s, −Ā·clip(s, 1 − ε, 1 + ε_high)); the `ratio` metrics are of s.
 
     Zheng et al. (2025), "Group Sequence Policy Optimization", arXiv:2507.18071.
     """
-    x = _tokens(logp, old_logp, advantages, mask, segment_ids, epsilon, epsilon_high)
     ratio = jnp.exp(x.seq_mean(x.log_ratio))
-    return _output(
-        x,
-        _clipped(x, ratio, x.seq_mean(x.adv)),
-        ratio,
-        aggregation=aggregation,
-        max_length=max_length,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
+    return _clipped(x, ratio, x.seq_mean(x.adv)), ratio
 
 
-def gspo_token_loss(
-    logp,
-    old_logp,
-    advantages,
-    mask,
-    *,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    aggregation: str = "seq-mean-token-mean",
-    max_length: int | None = None,
-    segment_ids=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
-) -> LossOutput:
+@_token_loss("seq-mean-token-mean")
+def gspo_token_loss(x: _Tokens):
     """GSPO-token: ℓ_t = max(−A_t·s_t, −A_t·clip(s_t, 1 − ε, 1 + ε_high)) with
     s_t = sg[s]·π(y_t)/sg[π(y_t)] (the value of GSPO's sequence ratio s, the gradient of one
     token), allowing per-token advantages; equals GSPO when A is constant over a sequence.
 
     Zheng et al. (2025), "Group Sequence Policy Optimization", arXiv:2507.18071.
     """
-    x = _tokens(logp, old_logp, advantages, mask, segment_ids, epsilon, epsilon_high)
     ratio = jnp.exp(sg(x.seq_mean(x.log_ratio)) + x.logp - sg(x.logp))
-    return _output(
-        x,
-        _clipped(x, ratio, x.adv),
-        ratio,
-        aggregation=aggregation,
-        max_length=max_length,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
+    return _clipped(x, ratio, x.adv), ratio
 
 
-def cispo_loss(
-    logp,
-    old_logp,
-    advantages,
-    mask,
-    *,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    aggregation: str = "token-mean",
-    max_length: int | None = None,
-    segment_ids=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
-) -> LossOutput:
+@_token_loss("token-mean")
+def cispo_loss(x: _Tokens):
     """CISPO: ℓ_t = −sg[clip(ρ, 1 − ε, 1 + ε_high)]·A·log π — clips the importance weight,
     never a token's gradient; token-mean.
 
     MiniMax (2025), "MiniMax-M1: Scaling Test-Time Compute Efficiently", arXiv:2506.13585.
     """
-    x = _tokens(logp, old_logp, advantages, mask, segment_ids, epsilon, epsilon_high)
     weight = sg(jnp.clip(x.ratio, 1.0 - x.eps_low, 1.0 + x.eps_high))
-    return _output(
-        x,
-        -weight * x.adv * x.logp,
-        x.ratio,
-        aggregation=aggregation,
-        max_length=max_length,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
+    return -weight * x.adv * x.logp, x.ratio
 
 
-def sapo_loss(
-    logp,
-    old_logp,
-    advantages,
-    mask,
-    *,
-    sapo_tau_pos: float = 1.0,
-    sapo_tau_neg: float = 1.05,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    aggregation: str = "seq-mean-token-mean",
-    max_length: int | None = None,
-    segment_ids=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
-) -> LossOutput:
+@_token_loss("seq-mean-token-mean")
+def sapo_loss(x: _Tokens, *, sapo_tau_pos: float = 1.0, sapo_tau_neg: float = 1.05):
     """SAPO: ℓ_t = −(4/τ)·σ(τ(ρ − 1))·A, a smooth gate instead of a hard clip, with
     τ = `sapo_tau_pos` if A > 0 else `sapo_tau_neg` (both > 0); ε, ε_high only set the
     clip_frac metrics.
@@ -574,98 +358,32 @@ def sapo_loss(
     """
     check.static_range("sapo_tau_pos", sapo_tau_pos, 0.0, float("inf"), low_open=True)
     check.static_range("sapo_tau_neg", sapo_tau_neg, 0.0, float("inf"), low_open=True)
-    x = _tokens(logp, old_logp, advantages, mask, segment_ids, epsilon, epsilon_high)
     tau = jnp.where(x.adv > 0, sapo_tau_pos, sapo_tau_neg)
-    return _output(
-        x,
-        -jax.nn.sigmoid(tau * (x.ratio - 1.0)) * (4.0 / tau) * x.adv,
-        x.ratio,
-        aggregation=aggregation,
-        max_length=max_length,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
+    return -jax.nn.sigmoid(tau * (x.ratio - 1.0)) * (4.0 / tau) * x.adv, x.ratio
 
 
-def gpg_loss(
-    logp,
-    old_logp,
-    advantages,
-    mask,
-    *,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    aggregation: str = "token-mean",
-    max_length: int | None = None,
-    segment_ids=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
-) -> LossOutput:
+@_token_loss("token-mean")
+def gpg_loss(x: _Tokens):
     """GPG: ℓ_t = −A·log π, the plain policy gradient, no ratio and no clip (ε, ε_high only
     set the clip_frac metrics); token-mean.
 
     Chu et al. (2025), "GPG: A Simple and Strong RL Baseline", arXiv:2504.02546.
     """
-    x = _tokens(logp, old_logp, advantages, mask, segment_ids, epsilon, epsilon_high)
-    return _output(
-        x,
-        -x.adv * x.logp,
-        x.ratio,
-        aggregation=aggregation,
-        max_length=max_length,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
+    return -x.adv * x.logp, x.ratio
 
 
-def geo_mean_loss(
-    logp,
-    old_logp,
-    advantages,
-    mask,
-    *,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    aggregation: str = "seq-mean-token-mean",
-    max_length: int | None = None,
-    segment_ids=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
-) -> LossOutput:
+@_token_loss("seq-mean-token-mean")
+def geo_mean_loss(x: _Tokens):
     """GMPO: ℓ = −Ā·exp(mean_t clip_A(log ρ_t)), the geometric instead of the arithmetic mean
     of token ratios; log ρ_t is clipped to [−ε, ε_high] on the side the advantage pushes it
     (above for A > 0, below for A < 0). The `ratio` metrics are of the sequence ratio.
 
     Zhao et al. (2025), "Geometric-Mean Policy Optimization", arXiv:2507.20673.
     """
-    x = _tokens(logp, old_logp, advantages, mask, segment_ids, epsilon, epsilon_high)
     sign = jnp.sign(x.adv)
     clipped = jnp.clip(x.log_ratio, -x.eps_low, x.eps_high)
     ratio = jnp.exp(x.seq_mean(sign * jnp.minimum(sign * x.log_ratio, sign * clipped)))
-    return _output(
-        x,
-        -x.seq_mean(x.adv) * ratio,
-        ratio,
-        aggregation=aggregation,
-        max_length=max_length,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
+    return -x.seq_mean(x.adv) * ratio, ratio
 
 
 def _covariance(x: _Tokens):
@@ -692,26 +410,14 @@ def _top_fraction(priority, eligible, fraction, valid):
     return (chosen & eligible.ravel()).reshape(priority.shape)
 
 
+@_token_loss("token-mean")
 def clip_cov_loss(
-    logp,
-    old_logp,
-    advantages,
-    mask,
+    x: _Tokens,
     *,
     cov_fraction: float = 2e-4,
     clip_cov_bounds: tuple[float, float] = (1.0, 5.0),
     key=None,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    aggregation: str = "token-mean",
-    max_length: int | None = None,
-    segment_ids=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
-) -> LossOutput:
+):
     """Clip-Cov: ℓ_t = max(−Aρ, −A·clip(ρ, 1 − ε, 1 + ε_high)), the clipped surrogate, and
     ℓ_t = 0 (no gradient) on a fraction of high-covariance tokens; token-mean.
 
@@ -722,47 +428,18 @@ def clip_cov_loss(
     Cui et al. (2025), "The Entropy Mechanism of RL for Reasoning LMs", arXiv:2505.22617.
     """
     check.static_range("cov_fraction", cov_fraction, 0.0, 1.0, low_open=True)
-    x = _tokens(logp, old_logp, advantages, mask, segment_ids, epsilon, epsilon_high)
-    loss = _clipped(x, x.ratio, x.adv)
+    loss, ratio = _surrogate(x)
     clipped = -x.adv * jnp.clip(x.ratio, 1.0 - x.eps_low, 1.0 + x.eps_high) > -x.adv * x.ratio
     cov = _covariance(x)
     low, high = clip_cov_bounds
     eligible = (x.mask > 0) & ~clipped & (cov > low) & (cov < high)
     priority = cov if key is None else jax.random.uniform(key, cov.shape)
     detached = _top_fraction(priority, eligible, cov_fraction, x.mask > 0)
-    return _output(
-        x,
-        jnp.where(detached, 0.0, loss),
-        x.ratio,
-        aggregation=aggregation,
-        max_length=max_length,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
+    return jnp.where(detached, 0.0, loss), ratio
 
 
-def kl_cov_loss(
-    logp,
-    old_logp,
-    advantages,
-    mask,
-    *,
-    cov_fraction: float = 2e-4,
-    kl_cov_coef: float = 1.0,
-    epsilon: float = 0.2,
-    epsilon_high: float | None = None,
-    aggregation: str = "token-mean",
-    max_length: int | None = None,
-    segment_ids=None,
-    ref_logp=None,
-    kl_coef: float = 0.0,
-    kl_estimator: str = "k3",
-    entropy=None,
-    entropy_coef: float = 0.0,
-) -> LossOutput:
+@_token_loss("token-mean")
+def kl_cov_loss(x: _Tokens, *, cov_fraction: float = 2e-4, kl_cov_coef: float = 1.0):
     """KL-Cov: ℓ_t = −Aρ + `kl_cov_coef`·|log ρ| on the max(1, ⌊`cov_fraction`·n_valid⌋) valid
     tokens of highest covariance (A − Ā)·(log π − mean log π), −Aρ elsewhere; token-mean
     (ε, ε_high only set the clip_frac metrics). The selection is over the whole batch.
@@ -770,20 +447,9 @@ def kl_cov_loss(
     Cui et al. (2025), "The Entropy Mechanism of RL for Reasoning LMs", arXiv:2505.22617.
     """
     check.static_range("cov_fraction", cov_fraction, 0.0, 1.0, low_open=True)
-    x = _tokens(logp, old_logp, advantages, mask, segment_ids, epsilon, epsilon_high)
     selected = _top_fraction(_covariance(x), x.mask > 0, cov_fraction, x.mask > 0)
-    return _output(
-        x,
-        -x.adv * x.ratio + jnp.where(selected, kl_cov_coef * jnp.abs(x.log_ratio), 0.0),
-        x.ratio,
-        aggregation=aggregation,
-        max_length=max_length,
-        ref_logp=ref_logp,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy=entropy,
-        entropy_coef=entropy_coef,
-    )
+    per_token = -x.adv * x.ratio + jnp.where(selected, kl_cov_coef * jnp.abs(x.log_ratio), 0.0)
+    return per_token, x.ratio
 
 
 # --- Token level: the one table and its dispatcher --------------------------------------------
@@ -807,7 +473,6 @@ POLICY_LOSS_FUNCTIONS = {
 
 POLICY_LOSSES = tuple(POLICY_LOSS_FUNCTIONS)
 
-_ARRAYS = ("logp", "old_logp", "advantages", "mask")
 _OPTIONS = {
     loss_type: {
         name: parameter.default
