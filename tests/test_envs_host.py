@@ -28,6 +28,7 @@ from agentic_jax.envs.text import (
     Task,
     TextEnv,
     Tool,
+    TurnRewards,
 )
 
 TINY_CORPUS = pathlib.Path(__file__).parent / "data" / "tiny_corpus.txt"
@@ -72,11 +73,19 @@ def _drive(reset, step, params, script, batch):
     return history
 
 
-def test_host_env_matches_the_jitted_env_on_the_same_tool_calls(tokenizer):
+@pytest.mark.parametrize(
+    "turn_rewards", [TurnRewards(), TurnRewards(valid_call=0.1, invalid_call=-0.2, milestone=0.5)]
+)
+def test_host_env_matches_the_jitted_env_on_the_same_tool_calls(tokenizer, turn_rewards):
     generator = MultiHop(2, tool="search")
     tasks = generator.tasks(range(3))
     tools = (Calculator(), Lookup(), Search())
-    options = {"tools": tools, "max_length": MAX_LENGTH, "action_length": ACTION}
+    options = {
+        "tools": tools,
+        "max_length": MAX_LENGTH,
+        "action_length": ACTION,
+        "turn_rewards": turn_rewards,
+    }
     jitted = TextEnv(tokenizer, tasks, generator.reward, **options)
     host = HostTextEnv(
         tokenizer, tasks, generator.reward, pool=ToolPool(4, timeout_s=30.0), **options
@@ -128,7 +137,16 @@ def test_host_env_matches_the_jitted_env_on_the_same_tool_calls(tokenizer):
     for (j_obs, *j_out, j_info), (h_obs, *h_out, h_info) in zip(jit_history, host_history):
         for j, h in zip(j_out, h_out):  # reward, terminated, truncated
             np.testing.assert_allclose(j, h, atol=1e-6)
-        for key in ("task", "tool_call", "malformed_call"):
+        for key in (
+            "task",
+            "tool_call",
+            "malformed_call",
+            "call_ok",
+            "milestone_hit",
+            "milestones",
+            "turn_start",
+            "turn_length",
+        ):
             np.testing.assert_array_equal(j_info[key], h_info[key])
         for key in ("tokens", "loss_mask", "length"):
             np.testing.assert_array_equal(
@@ -136,9 +154,19 @@ def test_host_env_matches_the_jitted_env_on_the_same_tool_calls(tokenizer):
             )
             np.testing.assert_array_equal(j_obs[key], h_obs[key])
     rewards = np.stack([h[1] for h in host_history])
-    np.testing.assert_allclose(rewards[:, 0], [0, 0, 1])
-    np.testing.assert_allclose(rewards[:, 1], [0, 0, 0.1])  # format only
-    np.testing.assert_allclose(rewards[:, 3], [1, 0, 1])
+    if turn_rewards == TurnRewards():
+        np.testing.assert_allclose(rewards[:, 0], [0, 0, 1])
+        np.testing.assert_allclose(rewards[:, 1], [0, 0, 0.1])  # format only
+    else:
+        np.testing.assert_allclose(rewards[:, 0], [0.1, 0.1, 1])  # valid calls, then the answer
+        assert rewards[0, 1] == pytest.approx(-0.2)  # division by zero: the call failed
+        # The demonstration's first search result is a milestone; repeating the search reaches
+        # another milestone only where the demonstration shows that same result again.
+        again = task.milestones.count(task.milestones[0])
+        expected = [0.1 + 0.5 * (turn < again) for turn in range(3)]
+        np.testing.assert_allclose(rewards[:, 4], expected, rtol=1e-6)
+    invalid = turn_rewards.invalid_call  # row 3's second turn: an unbalanced expression
+    np.testing.assert_allclose(rewards[:, 3], [1, invalid, 1], rtol=1e-6)
     assert [bool(h[3][4]) for h in host_history] == [False, False, True]
     transcript = tokenizer.decode(host_history[2][4]["final_observation"]["tokens"][2])
     assert (

@@ -20,14 +20,17 @@ from agentic_jax.envs.text import (
     Search,
     Task,
     Text,
+    TurnRewards,
     Vocab,
     calculator,
+    demonstration_actions,
     detokenize,
     encode_int,
     parse_call,
     parse_call_host,
     task_env,
 )
+from agentic_jax.envs.text.strings import count, find, starts_with
 
 EXPR_BYTES = 48
 INT32_MAX = 2**31 - 1
@@ -62,6 +65,33 @@ def test_detokenize_reports_overflow_and_special_tokens_as_text(tokenizer, vocab
     ids = np.asarray(tokenizer.encode("12 + 30") + [tokenizer.token_id(IM_END)], np.int32)
     data, length = detokenize(vocab, ids, np.ones_like(ids, bool), 4)
     assert int(length) == len("12 + 30<|im_end|>") and bytes(np.asarray(data)) == b"12 +"
+
+
+_STRING_SIZE = 24
+_search = jax.jit(
+    lambda data, length, at: (
+        find(Text(data, length), b"ab"),
+        count(Text(data, length), b"ab"),
+        starts_with(Text(data, length), b"aba", at),
+    )
+)
+
+
+@given(
+    st.text(alphabet="abx", max_size=_STRING_SIZE).map(str.encode),
+    st.integers(-2, _STRING_SIZE + 2),
+    st.integers(0, 4),
+)
+def test_byte_search_is_pythons_within_the_text_length(data, at, slack):
+    """`find`, `count` and `starts_with` see only the first ``length`` bytes, as Python slicing."""
+    length = max(len(data) - slack, 0)
+    buffer = np.zeros(_STRING_SIZE, np.uint8)
+    buffer[: len(data)] = np.frombuffer(data, np.uint8)
+    first, hits, starts = _search(buffer, np.int32(length), np.int32(at))
+    visible = data[:length]
+    overlapping = sum(visible.startswith(b"ab", i) for i in range(len(visible)))
+    assert int(first) == visible.find(b"ab") and int(hits) == overlapping
+    assert bool(starts) == (at >= 0 and visible.startswith(b"aba", at))
 
 
 _encode_ints = jax.jit(jax.vmap(encode_int, in_axes=(None, 0)))
@@ -446,3 +476,40 @@ def test_a_long_answering_turn_is_scored_in_full_as_on_the_host(tokenizer, arith
         bool(terminated)
         and float(reward) == pytest.approx(generator.reward.host(content, task)) == 1.0
     )
+
+
+def test_a_wrong_second_tool_call_lowers_that_turns_reward_only(tokenizer):
+    """Replaying a demonstration earns valid-call and milestone rewards on each tool turn; the
+    same episode with its second call changed to a wrong one earns less on that turn alone."""
+    generator = Arithmetic(2)
+    rewards = TurnRewards(valid_call=0.1, invalid_call=-0.1, milestone=0.5)
+    env = task_env(
+        tokenizer, generator, range(2), max_length=400, action_length=ACTION, turn_rewards=rewards
+    )
+    task = generator.tasks(range(1))[0]
+    actions = demonstration_actions(task.render(tokenizer), ACTION, env.vocab.pad_id)
+    first, second = (
+        m.tool_calls[0].arguments["expression"] for m in task.demonstration if m.tool_calls
+    )
+    wrong = np.array(_action(tokenizer, _call(f"{second} + 1")))
+    assert len(actions) == 3 and first != second
+
+    def play(script):
+        _, state = env.reset_task(0, env.default_params)
+        out = []
+        for action in script:
+            _, state, reward, _, _, info = env.step_env(
+                jax.random.key(0), state, jnp.asarray(action), env.default_params
+            )
+            out.append((float(reward), bool(info["milestone_hit"]), int(info["milestones"])))
+        return out
+
+    right = play(actions)
+    changed = play([actions[0], wrong, actions[2]])
+    assert right[0] == changed[0] == (pytest.approx(0.6), True, 1)
+    assert right[1] == (pytest.approx(0.6), True, 2) and changed[1] == (
+        pytest.approx(0.1),
+        False,
+        1,
+    )  # a valid call, but its result is no milestone
+    assert right[2][0] == changed[2][0] == 1.0  # the same final answer, the same verifier reward

@@ -54,6 +54,7 @@ from agentic_jax.agents.tools.base import (
 )
 from agentic_jax.agents.tools.budget import Budget, BudgetTracker, Pricing, StopReason
 from agentic_jax.agents.tools.builtin import python_tool
+from agentic_jax.agents.tools.env_tools import env_tool
 from agentic_jax.agents.tools.executor import RetryPolicy, ToolExecutor, ToolResult
 from agentic_jax.agents.tools.loop_detection import LoopDetector
 from agentic_jax.data.chat import ToolSpec
@@ -105,6 +106,7 @@ __all__ = [
     "compare",
     "compare_events",
     "console_sink",
+    "env_tool",
     "extractive_summary",
     "load",
     "parallel",

@@ -5,10 +5,13 @@ a subprocess, anything doing I/O.  `HostTextEnv` is the non-jitted twin of
 ``Vectorized(TextEnv)``: the same ``reset(keys[B], params)`` /
 ``step(keys[B], state, actions[B, A], params)`` signatures, the same
 transcript observations, masks, auto-reset and ``info`` keys, over numpy
-arrays -- so one trainer loop drives either.  The episode rules (turn
-extent, tool-message template, turn and token budgets, reward only on the
-answering turn) are the jitted env's, and on calls both can run the two give
-the same rewards and transcripts.
+arrays -- so one trainer loop drives either (``reset_tasks`` / ``step_env`` and
+``batched`` mirror `TextEnv`'s too).  The episode rules (turn extent,
+tool-message template, turn and token budgets, the verifier's reward on the
+answering turn and `TurnRewards` on tool turns) are the jitted env's, and on
+calls both can run the two give the same rewards and transcripts.  A tool's
+result is an error when it starts with ``error`` (every tool's error messages
+do); each result is tokenized once and appended as ids.
 
 Tool calls of a batch run concurrently on a `ToolPool`
 (``concurrent.futures.ThreadPoolExecutor``) under one deadline, so a slow or
@@ -27,9 +30,10 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from agentic_jax.data.tokenizer import IM_END, Tokenizer
-from agentic_jax.envs.text.env import tool_message_template, turn_extent
+from agentic_jax.envs.text.env import TurnRewards, tool_message_template, turn_extent
 from agentic_jax.envs.text.rewards import Reward
 from agentic_jax.envs.text.tasks import Task
 from agentic_jax.envs.text.tools import MALFORMED, Tool, parse_call_host
@@ -85,7 +89,7 @@ class PythonSandbox(Tool):
         self.timeout_s, self.memory_mb = timeout_s, memory_mb
 
     def run(self, argument, task, vocab, messages):
-        raise NotImplementedError("PythonSandbox runs only in a HostTextEnv")
+        raise TypeError("PythonSandbox runs only in a HostTextEnv")
 
     def run_host(self, argument, task):
         done = run_python(argument, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
@@ -97,15 +101,39 @@ class PythonSandbox(Tool):
         return done.stdout.strip()
 
 
+class HostFunction(Tool):
+    """A Python function as a host tool: a call ``{"name": name, "arguments": {...}}`` runs
+    ``fn(**arguments)`` and its text is the tool message.  ``fn`` checks its own arguments; an
+    exception it raises (a bad argument, a failed request) becomes an ``error: ...`` message,
+    which counts as an invalid call.  This is how the harness's ``@tool`` functions and MCP
+    servers' tools play in RL rollouts (``agents.tools.env_tool``).  Host only."""
+
+    messages = ()
+
+    def __init__(self, name: str, fn: Callable[..., str], argument_bytes: int = 4096):
+        super().__init__(argument_bytes)
+        self.name, self.fn, self.argument = name, fn, ""
+
+    def host_argument(self, arguments):
+        return dict(arguments)
+
+    def run(self, argument, task, vocab, messages):
+        raise TypeError(f"the host tool {self.name!r} runs only in a HostTextEnv")
+
+    def run_host(self, argument, task):
+        del task
+        return str(self.fn(**argument))
+
+
 @dataclasses.dataclass(frozen=True)
 class HostTextParams:
     task_weights: np.ndarray  # float [N], as `TextEnvParams.task_weights`
     max_turns: int
 
 
-@dataclasses.dataclass
+@struct.dataclass
 class HostTextState:
-    """Batched numpy state with the fields of `TextEnvState`."""
+    """Batched numpy state with the fields of `TextEnvState` (a pytree of numpy arrays)."""
 
     time: np.ndarray
     task: np.ndarray
@@ -113,6 +141,7 @@ class HostTextState:
     loss_mask: np.ndarray
     length: np.ndarray
     turn: np.ndarray
+    reached: np.ndarray  # bool [B, M]: milestones reached, as `TextEnvState.reached`
 
     def observation(self) -> dict:
         return {
@@ -137,6 +166,7 @@ class HostTextEnv:
         action_length: int = 96,
         max_turns: int = 4,
         pool: ToolPool | None = None,
+        turn_rewards: TurnRewards = TurnRewards(),
     ):
         self.tokenizer, self.tasks, self.reward, self.tools = (
             tokenizer,
@@ -145,6 +175,9 @@ class HostTextEnv:
             tuple(tools),
         )
         self.max_length, self.action_length = max_length, action_length
+        self.turn_rewards = turn_rewards
+        self.milestones = [t.milestones for t in self.tasks]
+        self.max_milestones = max(1, *map(len, self.milestones))
         self.pool = pool or ToolPool()
         vocab = Vocab.build(tokenizer)
         self.stop_ids, self.pad_id = vocab.stop_ids, vocab.pad_id
@@ -169,6 +202,7 @@ class HostTextEnv:
             state.tokens[row] = self.pad_id
             state.tokens[row, : len(prompt)] = prompt
             state.loss_mask[row] = 0
+            state.reached[row] = False
             state.time[row], state.task[row], state.length[row], state.turn[row] = (
                 0,
                 task,
@@ -178,7 +212,13 @@ class HostTextEnv:
 
     def reset(self, keys, params: HostTextParams | None = None):
         params = params or self.default_params
-        size = len(keys)
+        return self.reset_tasks(self._sample_tasks(keys, params))
+
+    def reset_tasks(self, tasks, params: HostTextParams | None = None):
+        """First observations and state of one episode of each of ``tasks`` (rows of the task
+        list; trainers that choose their prompts start here, as with `TextEnv.reset_task`)."""
+        tasks = np.asarray(tasks, np.int32)
+        size = len(tasks)
         state = HostTextState(
             np.zeros(size, np.int32),
             np.zeros(size, np.int32),
@@ -186,9 +226,19 @@ class HostTextEnv:
             np.zeros((size, self.max_length), np.int32),
             np.zeros(size, np.int32),
             np.zeros(size, np.int32),
+            np.zeros((size, self.max_milestones), bool),
         )
-        self._reset_rows(state, np.arange(size), self._sample_tasks(keys, params))
+        self._reset_rows(state, np.arange(size), tasks)
         return state.observation(), state
+
+    @property
+    def batched(self):
+        """``(reset_tasks, step_env)`` with `TextEnv.batched`'s signatures, for trainers that
+        drive either env (params are unused: they are this env's own)."""
+        return (
+            lambda tasks, params: self.reset_tasks(tasks),
+            lambda keys, state, actions, params: self.step_env(state, actions, self.default_params),
+        )
 
     def _parse(self, action: np.ndarray):
         """Turn length, answer content, and the call (tool, argument) or None for an answering turn."""
@@ -207,6 +257,28 @@ class HostTextEnv:
         )
 
     def step(self, keys, state: HostTextState, actions, params: HostTextParams | None = None):
+        """`step_env`, then finished rows start a new episode (as `Env.step` auto-resets)."""
+        params = params or self.default_params
+        obs, state, reward, terminated, truncated, info = self.step_env(state, actions, params)
+        info["final_observation"] = obs
+        done = np.flatnonzero(terminated | truncated)
+        reset_keys = jax.vmap(lambda key: jax.random.split(key)[1])(
+            keys
+        )  # as `Env.step` splits its key
+        self._reset_rows(state, done, self._sample_tasks(reset_keys, params)[done])
+        return state.observation(), state, reward, terminated, truncated, info
+
+    def _milestone(self, row: int, state: HostTextState, result: str) -> bool:
+        """Marks and reports the first milestone of the row's task not reached before that
+        ``result`` equals (as `TextEnv`)."""
+        for m, milestone in enumerate(self.milestones[state.task[row]]):
+            if milestone == result and not state.reached[row, m]:
+                state.reached[row, m] = True
+                return True
+        return False
+
+    def step_env(self, state: HostTextState, actions, params: HostTextParams | None = None):
+        """One turn of every row, without resetting finished ones (`TextEnv.step_env`)."""
         params = params or self.default_params
         actions = np.asarray(actions, np.int32)
         state = dataclasses.replace(
@@ -233,6 +305,9 @@ class HostTextEnv:
             np.zeros(size, bool),
             np.zeros(size, bool),
         )
+        call_ok, hit = np.zeros(size, bool), np.zeros(size, bool)
+        turn_start = state.length.copy()
+        rewards = self.turn_rewards
         for i, (length, content, call) in enumerate(parsed):
             start = state.length[i]
             state.tokens[i, start : start + length] = actions[i, :length]
@@ -244,6 +319,11 @@ class HostTextEnv:
                 terminated[i] = True
                 reward[i] = self.reward.host(content, self.tasks[state.task[i]])
                 continue
+            call_ok[i] = call[0] is not None and not result_of[i].startswith("error")
+            hit[i] = self._milestone(i, state, result_of[i])
+            reward[i] = (rewards.valid_call if call_ok[i] else rewards.invalid_call) + (
+                rewards.milestone if hit[i] else 0.0
+            )
             closing = [] if actions[i, length - 1] == self.im_end_id else [self.im_end_id]
             message = (
                 closing + self.head + self.tokenizer.encode(result_of[i], special=False) + self.tail
@@ -257,11 +337,10 @@ class HostTextEnv:
             "task": state.task.copy(),
             "tool_call": np.array([p[2] is not None for p in parsed]),
             "malformed_call": np.array([p[2] is not None and p[2][0] is None for p in parsed]),
-            "final_observation": state.observation(),
+            "call_ok": call_ok,
+            "milestone_hit": hit,
+            "milestones": state.reached.sum(axis=1).astype(np.int32),
+            "turn_start": turn_start,
+            "turn_length": np.array([p[0] for p in parsed], np.int32),
         }
-        done = np.flatnonzero(terminated | truncated)
-        reset_keys = jax.vmap(lambda key: jax.random.split(key)[1])(
-            keys
-        )  # as `Env.step` splits its key
-        self._reset_rows(state, done, self._sample_tasks(reset_keys, params)[done])
         return state.observation(), state, reward, terminated, truncated, info

@@ -1,3 +1,4 @@
 """The tool runtime: ``@tool`` and its schemas (``base``), execution with timeouts, retries and
 approval gates (``executor``), the built-in tools (``builtin``: calculator, sandboxed Python),
-local BM25 search (``retrieval``), budgets and loop detection."""
+local BM25 search (``retrieval``), budgets and loop detection; ``env_tools`` turns a tool into
+one of the RL environments' host tools."""

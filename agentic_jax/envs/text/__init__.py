@@ -18,7 +18,13 @@ Supervised warm-start data: ``Task.render`` / `demonstration_batch`.
 """
 
 from agentic_jax.envs.text import calculator
-from agentic_jax.envs.text.env import TextEnv, TextEnvParams, TextEnvState, tool_message_template
+from agentic_jax.envs.text.env import (
+    TextEnv,
+    TextEnvParams,
+    TextEnvState,
+    TurnRewards,
+    tool_message_template,
+)
 from agentic_jax.envs.text.generators import Arithmetic, Countdown, Generator, MultiHop, task_env
 from agentic_jax.envs.text.rewards import (
     ByFamily,
@@ -68,6 +74,7 @@ __all__ = [
     "TextEnvState",
     "ThinkAnswerFormat",
     "Tool",
+    "TurnRewards",
     "Vocab",
     "Weighted",
     "build_bank",

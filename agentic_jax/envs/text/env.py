@@ -16,6 +16,15 @@ stops at ``<|im_end|>``.  The turn ends at its first ``<|im_end|>``/EOS
   verifier's reward.  Without tools every turn is an answer, i.e. a
   single-turn verifiable task (prompt -> completion -> reward).
 
+**Rewards per turn.**  The answering turn earns the verifier's reward.  A tool turn earns what
+the env's `TurnRewards` give (all 0 by default, so only the final answer counts): ``valid_call``
+for a well-formed call to a known tool whose arguments it accepts (the result is not an error),
+``invalid_call`` (a penalty) for any other call, and ``milestone`` when the call's result is one of
+the task's milestones not reached before (`Task.milestones`: each calculator sub-result, each hop
+of a lookup chain, as the demonstration passes through them).  ``info`` reports ``turn_start``
+and ``turn_length`` (the token span of the turn), ``call_ok``, ``milestone_hit`` and
+``milestones`` (how many the episode has reached, a potential for shaping).
+
 The episode is truncated (reward 0) when the last of ``params.max_turns``
 assistant turns calls a tool instead of answering, or when the token budget
 ``max_length`` cannot hold the tool message plus another full action (the
@@ -35,6 +44,7 @@ token, with ``loss_mask`` equal to its assistant mask.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 
@@ -76,6 +86,17 @@ class TextEnvState(EnvState):
     loss_mask: jax.Array  # int32 [max_length]
     length: jax.Array  # int32 []
     turn: jax.Array  # int32 []: assistant turns taken
+    reached: jax.Array  # bool [M]: the task's milestones this episode's tool results reached
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnRewards:
+    """What a tool turn earns (see the module docstring); the answering turn earns the
+    verifier's reward.  All 0 is the final-answer-only reward."""
+
+    valid_call: float = 0.0
+    invalid_call: float = 0.0
+    milestone: float = 0.0
 
 
 def tool_message_template(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
@@ -139,11 +160,13 @@ class TextEnv(Env):
         payload_bytes: int | None = None,
         answer_bytes: int | None = None,
         bank_sizes: dict | None = None,
+        turn_rewards: TurnRewards = TurnRewards(),
     ):
         if len({t.name for t in tools}) != len(tools):
             raise ValueError("tool names must be unique")
         self.tokenizer, self.reward, self.tools = tokenizer, reward, tuple(tools)
         self.max_length, self.action_length, self.max_turns = max_length, action_length, max_turns
+        self.turn_rewards = turn_rewards
         self.bank_sizes = dict(bank_sizes or {})
         search = [t for t in self.tools if isinstance(t, Search)]
         if search:
@@ -229,22 +252,23 @@ class TextEnv(Env):
             jnp.full((self.max_length,), self.vocab.pad_id, jnp.int32), 0, prompt, prompt_length
         )
         zero = jnp.int32(0)
-        state = TextEnvState(zero, task, tokens, jnp.zeros_like(tokens), prompt_length, zero)
+        reached = jnp.zeros(params.tasks.milestone_length.shape[1:], bool)
+        state = TextEnvState(
+            zero, task, tokens, jnp.zeros_like(tokens), prompt_length, zero, reached
+        )
         return self.observation(state), state
 
     def _tool_result(self, payload: Text, task: TaskBank, vocab: Vocab):
-        """Content ids of the tool message for a call payload (an error message if malformed)."""
+        """Content ids and length of the tool message for a call payload (an error message if
+        malformed), whether it was malformed, and whether the tool gave a result."""
         index, value = parse_call(payload, self.tools)
+        arguments = [substring(value, 0, value.length, t.argument_bytes) for t in self.tools]
         results = [
-            tool.run(
-                substring(value, 0, value.length, tool.argument_bytes),
-                task,
-                vocab,
-                jax.tree.map(jnp.asarray, messages),
-            )
-            for tool, messages in zip(self.tools, self.tool_messages)
+            tool.run(argument, task, vocab, jax.tree.map(jnp.asarray, messages))
+            for tool, argument, messages in zip(self.tools, arguments, self.tool_messages)
         ]
         results.append((jnp.asarray(self.malformed), len(self.malformed)))
+        succeeded = [t.succeeded(a, task, vocab) for t, a in zip(self.tools, arguments)]
         width = max(ids.shape[0] for ids, _ in results)
         padded = [pack([r], width, vocab.pad_id) for r in results]
         choice = jnp.where(index < 0, len(self.tools), index)
@@ -252,7 +276,24 @@ class TextEnv(Env):
             jnp.stack([ids for ids, _ in padded])[choice],
             jnp.stack([n for _, n in padded])[choice],
             index < 0,
+            jnp.stack([*succeeded, jnp.bool_(False)])[choice],
         )
+
+    @staticmethod
+    def _milestone(result, result_length, task: TaskBank, reached):
+        """The first milestone not reached before that ``result`` equals: ``(hit, reached)``."""
+        width = min(result.shape[0], task.milestones.shape[1])
+        same = (
+            jnp.all(
+                (task.milestones[:, :width] == result[None, :width])
+                | (jnp.arange(width)[None] >= result_length),
+                axis=1,
+            )
+            & (task.milestone_length == result_length)
+            & (result_length <= width)
+        )
+        new = same & ~reached
+        return jnp.any(new), reached | (jnp.arange(new.shape[0]) == jnp.argmax(new)) & new
 
     def _tool_message(self, action, turn_length, task: TaskBank, vocab: Vocab):
         """Whether the turn calls a tool, whether the call is malformed, and the tool message to append."""
@@ -267,7 +308,7 @@ class TextEnv(Env):
                 vocab, action, (position > call_start) & (position < call_end), self.payload_bytes
             )
         )
-        result, result_length, malformed = self._tool_result(payload, task, vocab)
+        result, result_length, malformed, succeeded = self._tool_result(payload, task, vocab)
         closed = action[jnp.maximum(turn_length - 1, 0)] == self.im_end_id
         message = pack(
             [
@@ -279,7 +320,7 @@ class TextEnv(Env):
             1 + len(self.head) + result.shape[0] + len(self.tail),
             vocab.pad_id,
         )
-        return call_end > call_start, malformed, message
+        return call_end > call_start, malformed, succeeded, (result, result_length), message
 
     def step_env(self, key, state, action, params):
         vocab, task = params.vocab, params.tasks.row(state.task)
@@ -294,10 +335,15 @@ class TextEnv(Env):
                 self.answer_bytes,
             )
         )
+        reached, hit, call_ok = state.reached, jnp.bool_(False), jnp.bool_(False)
         if self.tools:
-            tool_turn, malformed, (message, message_length) = self._tool_message(
-                action, turn_length, task, vocab
+            tool_turn, malformed, succeeded, (result, result_length), (message, message_length) = (
+                self._tool_message(action, turn_length, task, vocab)
             )
+            call_ok = tool_turn & ~malformed & succeeded
+            hit, after = self._milestone(result, result_length, task, reached)
+            hit = tool_turn & hit
+            reached = jnp.where(hit, after, reached)
         else:  # single-turn: every turn answers
             tool_turn, malformed, (message, message_length) = (
                 jnp.bool_(False),
@@ -319,8 +365,23 @@ class TextEnv(Env):
             loss_mask=loss_mask,
             length=length + shown,
             turn=turn,
+            reached=reached,
         )
-        reward = jnp.where(tool_turn, 0.0, self.reward(content, task))
+        rewards = self.turn_rewards
+        tool_reward = (
+            jnp.where(call_ok, rewards.valid_call, rewards.invalid_call)
+            + jnp.where(hit, rewards.milestone, 0.0)
+        ).astype(jnp.float32)
+        reward = jnp.where(tool_turn, tool_reward, self.reward(content, task))
         truncated = tool_turn & (~fits | (turn >= params.max_turns))
-        info = {"task": state.task, "tool_call": tool_turn, "malformed_call": tool_turn & malformed}
+        info = {
+            "task": state.task,
+            "tool_call": tool_turn,
+            "malformed_call": tool_turn & malformed,
+            "call_ok": call_ok,
+            "milestone_hit": hit,
+            "milestones": jnp.sum(reached, dtype=jnp.int32),
+            "turn_start": state.length,
+            "turn_length": turn_length,
+        }
         return self.observation(next_state), next_state, reward, ~tool_turn, truncated, info

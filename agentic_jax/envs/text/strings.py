@@ -35,13 +35,29 @@ class Text(NamedTuple):
 
 
 def matches_at(text: Text, pattern: bytes) -> jax.Array:
-    """bool [size]: ``pattern`` occurs at each start position (entirely within ``text``)."""
+    """bool [size]: ``pattern`` occurs at each start position (entirely within ``text``).
+
+    One shifted comparison per pattern byte (static slices, no gather), which XLA fuses and
+    vectorises over a batch of episodes.
+    """
     size, width = text.data.shape[0], len(pattern)
-    starts = jnp.arange(size)
-    window = text.data[jnp.minimum(starts[:, None] + jnp.arange(width), size - 1)]
-    return jnp.all(window == jnp.asarray(np.frombuffer(pattern, np.uint8)), axis=1) & (
-        starts + width <= jnp.minimum(text.length, size)
+    padded = jnp.concatenate([text.data, jnp.zeros((width,), jnp.uint8)])
+    hits = jnp.arange(size) + width <= jnp.minimum(text.length, size)
+    for offset, byte in enumerate(pattern):
+        hits &= padded[offset : offset + size] == byte
+    return hits
+
+
+def starts_with(text: Text, pattern: bytes, at) -> jax.Array:
+    """``pattern`` occurs at position ``at`` (entirely within ``text``): one window, not a search."""
+    size, width = text.data.shape[0], len(pattern)
+    window = jax.lax.dynamic_slice(
+        jnp.concatenate([text.data, jnp.zeros((width,), jnp.uint8)]),
+        (jnp.clip(at, 0, size),),
+        (width,),
     )
+    expected = jnp.asarray(np.frombuffer(pattern, np.uint8))
+    return (at >= 0) & (at + width <= jnp.minimum(text.length, size)) & jnp.all(window == expected)
 
 
 def find(text: Text, pattern: bytes, start=0) -> jax.Array:

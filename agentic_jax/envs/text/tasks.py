@@ -44,6 +44,13 @@ class Task:
     difficulty: int = 0
     family: str = ""  # which verifier applies when a bank mixes task families (`rewards.ByFamily`)
 
+    @property
+    def milestones(self) -> tuple[str, ...]:
+        """The tool results a correct solution passes through, in order: the contents of the
+        demonstration's tool messages (each calculator sub-result, each hop of a lookup chain).
+        A turn whose tool result is one of them has made progress (`TurnRewards.milestone`)."""
+        return tuple(m.content for m in self.demonstration if m.role == "tool")
+
     def conversation(self, correct: bool = True) -> tuple[Message, ...]:
         return self.prompt + (self.demonstration if correct else self.corrupted)
 
@@ -128,6 +135,8 @@ class TaskBank:
     family: jax.Array  # int32 [N]: index of the task's family in ``build_bank(families=...)``
     table: Table
     corpus: Corpus
+    milestones: jax.Array  # int32 [N, M, milestone_tokens]: `Task.milestones`, tokenized
+    milestone_length: jax.Array  # int32 [N, M]; -1 marks an empty slot
 
     @property
     def size(self) -> int:
@@ -198,6 +207,8 @@ def build_bank(
     doc_tokens: int | None = None,
     embedding_dim: int = 64,
     families: Sequence[str] = (),
+    max_milestones: int | None = None,
+    milestone_tokens: int | None = None,
 ) -> TaskBank:
     """Packs ``tasks`` for a jitted env; each size defaults to the largest need (fix them to reuse a jit).
 
@@ -233,6 +244,14 @@ def build_bank(
         np.int32,
         "documents",
     )
+    # Milestones are tool output too: tokenized as the tool messages that show them.
+    milestones, milestone_length = _pad_groups(
+        [[tokenizer.encode(m, special=False) for m in t.milestones] for t in tasks],
+        max_milestones,
+        milestone_tokens,
+        np.int32,
+        "milestones",
+    )
     return TaskBank(
         prompt=_pad(prompts, prompt_tokens, np.int32, "prompt"),
         prompt_length=np.asarray([len(p) for p in prompts], np.int32),
@@ -251,4 +270,6 @@ def build_bank(
             _embed_documents(tasks, docs.shape[:2], embedding_dim),
             np.asarray([len(t.documents) for t in tasks], np.int32),
         ),
+        milestones=milestones,
+        milestone_length=milestone_length,
     )

@@ -30,7 +30,7 @@ import numpy as np
 
 from agentic_jax.data.tokenizer import Tokenizer
 from agentic_jax.envs.text import calculator
-from agentic_jax.envs.text.strings import Text, embed, equals, find, strip, substring
+from agentic_jax.envs.text.strings import Text, embed, equals, starts_with, strip, substring
 from agentic_jax.envs.text.tasks import Task, TaskBank
 from agentic_jax.envs.text.vocab import Vocab, encode_int, pack
 
@@ -82,6 +82,19 @@ class Tool:
         """The same content as text (host)."""
         raise NotImplementedError
 
+    def host_argument(self, arguments: dict) -> object | None:
+        """What `run_host` takes from a call's ``arguments`` object, or None when they do not fit
+        the tool: here, exactly one string under ``self.argument`` (as `parse_call` reads)."""
+        if set(arguments) != {self.argument} or not isinstance(arguments[self.argument], str):
+            return None
+        return arguments[self.argument]
+
+    def succeeded(self, argument: Text, task: TaskBank, vocab: Vocab) -> jax.Array:
+        """Whether ``run`` gives a result rather than an error message (jit); on the host a
+        result is an error when it starts with ``error``, as every tool's error messages do."""
+        del argument, task, vocab
+        return jnp.bool_(True)
+
 
 class Calculator(Tool):
     """Integer arithmetic (``calculator.py``): the value, or an error message."""
@@ -103,6 +116,9 @@ class Calculator(Tool):
             vocab.pad_id,
         )
 
+    def succeeded(self, argument, task, vocab):
+        return calculator.evaluate(argument.data, argument.length).error == calculator.OK
+
     def run_host(self, argument, task):
         result = calculator.evaluate_text(argument, self.argument_bytes)
         return (
@@ -118,11 +134,17 @@ class Lookup(Tool):
     name, argument = "lookup", "key"
     messages = (NOT_FOUND,)
 
-    def run(self, argument, task, vocab, messages):
+    @staticmethod
+    def _hits(argument: Text, task: TaskBank) -> jax.Array:
+        """``bool [K]``: which keys of the task's table equal the argument."""
         table = task.table
-        hits = jax.vmap(lambda key, length: equals(Text(key, length), argument))(
+        return jax.vmap(lambda key, length: equals(Text(key, length), argument))(
             table.keys, table.key_length
         )
+
+    def run(self, argument, task, vocab, messages):
+        table = task.table
+        hits = self._hits(argument, task)
         index = jnp.argmax(hits)
         missing_ids, missing_length = messages[0][0], messages[1][0]
         found = jnp.any(hits)
@@ -134,6 +156,9 @@ class Lookup(Tool):
             max(table.values.shape[-1], missing_ids.shape[0]),
             vocab.pad_id,
         )
+
+    def succeeded(self, argument, task, vocab):
+        return jnp.any(self._hits(argument, task))
 
     def run_host(self, argument, task):
         return dict(task.facts).get(argument, NOT_FOUND)
@@ -194,7 +219,7 @@ def parse_call(payload: Text, tools: Sequence[Tool]) -> tuple[jax.Array, Text]:
     value_end = end - 3  # before '"}}'
     index, value_start = jnp.int32(-1), end
     for i, tool in enumerate(tools):  # the prefixes differ, so at most one matches
-        named = (find(payload, tool.call_prefix, start) == start) & (
+        named = starts_with(payload, tool.call_prefix, start) & (
             start + len(tool.call_prefix) <= value_end
         )
         index, value_start = (
@@ -207,7 +232,7 @@ def parse_call(payload: Text, tools: Sequence[Tool]) -> tuple[jax.Array, Text]:
         & (position < value_end)
         & jnp.isin(payload.data, jnp.asarray([ord('"'), ord("\\")], jnp.uint8))
     )
-    well_formed = payload.fits & (find(payload, b'"}}', value_end) == value_end) & ~escaped
+    well_formed = payload.fits & starts_with(payload, b'"}}', value_end) & ~escaped
     return jnp.where(well_formed, index, -1), substring(
         payload, value_start, value_end, payload.data.shape[0]
     )
@@ -233,10 +258,7 @@ def parse_call_host(payload: str, tools: Sequence[Tool]) -> tuple[Tool | None, s
     ):
         return None, ""
     tool, arguments = named[call["name"]], call["arguments"]
-    if (
-        not isinstance(arguments, dict)
-        or set(arguments) != {tool.argument}
-        or not isinstance(arguments[tool.argument], str)
-    ):
+    argument = tool.host_argument(arguments) if isinstance(arguments, dict) else None
+    if argument is None:
         return None, ""
-    return tool, arguments[tool.argument]
+    return tool, argument
