@@ -20,6 +20,7 @@ from agentic_jax.rl.distillation import (
 )
 from agentic_jax.rl.kl import KL_ESTIMATORS, kl_penalized_rewards, kl_penalty
 from agentic_jax.rl.kto import KTO_LOSSES, kto_loss, kto_reference_point
+from agentic_jax.rl.off_policy import IMPORTANCE_LEVELS, IMPORTANCE_METHODS, importance_weights
 from agentic_jax.rl.policy_gradients import (
     DAPO_EPSILON_HIGH,
     DEFAULT_AGGREGATION,
@@ -50,7 +51,21 @@ from agentic_jax.rl.preference import (
     preference_loss,
     preference_metrics,
 )
+from agentic_jax.rl.reward_combination import (
+    REWARD_COMBINATIONS,
+    STEP_AGGREGATIONS,
+    aggregate_steps,
+    combine_rewards,
+)
 from agentic_jax.rl.reward_model import bradley_terry_loss, plackett_luce_loss, process_reward_loss
+from agentic_jax.rl.turns import (
+    TURN_GROUP_ESTIMATORS,
+    efficiency_penalty,
+    slice_turns,
+    spread_over_turns,
+    turn_group_advantages,
+    turn_returns,
+)
 from agentic_jax.rl.types import LossOutput, combine_outputs, psum_output
 from agentic_jax.rl.value_learning import (
     double_q_learning_loss,
@@ -69,26 +84,34 @@ __all__ = [
     "DIVERGENCES",
     "F_DIVERGENCES",
     "GROUP_ESTIMATORS",
+    "IMPORTANCE_LEVELS",
+    "IMPORTANCE_METHODS",
     "KL_ESTIMATORS",
     "KTO_LOSSES",
     "POLICY_LOSSES",
     "POLICY_LOSS_FUNCTIONS",
     "PREFERENCE_LOSSES",
     "REFERENCE_FREE_LOSSES",
+    "REWARD_COMBINATIONS",
+    "STEP_AGGREGATIONS",
+    "TURN_GROUP_ESTIMATORS",
     "KLController",
     "LossOutput",
     "adaptive_kl_controller",
     "aggregate",
+    "aggregate_steps",
     "bnpo_loss",
     "bradley_terry_loss",
     "cispo_loss",
     "clip_cov_loss",
     "clipped_surrogate_loss",
     "combine_outputs",
+    "combine_rewards",
     "dapo_loss",
     "distillation_loss",
     "double_q_learning_loss",
     "dr_grpo_loss",
+    "efficiency_penalty",
     "entropy_loss",
     "fixed_kl_controller",
     "gae",
@@ -98,6 +121,7 @@ __all__ = [
     "grpo_loss",
     "gspo_loss",
     "gspo_token_loss",
+    "importance_weights",
     "kl_cov_loss",
     "kl_penalized_rewards",
     "kl_penalty",
@@ -119,8 +143,12 @@ __all__ = [
     "sapo_loss",
     "segment_mean",
     "self_distillation_loss",
+    "slice_turns",
+    "spread_over_turns",
     "td_error",
     "td_lambda",
     "token_gae",
     "topk_distillation_loss",
+    "turn_group_advantages",
+    "turn_returns",
 ]
