@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import task_tokenizer
+from tiny_tasks import SHORT
 
 from agentic_jax import rl
-from agentic_jax.envs.text import Arithmetic, Reward
+from agentic_jax.envs.text import Arithmetic
 from agentic_jax.models import TransformerConfig, forward, init_params
 from agentic_jax.models.export import load_checkpoint, load_model, save_model
 from agentic_jax.models.lora import LoRA, LoraConfig
@@ -48,23 +49,6 @@ from agentic_jax.training.state import TrainState
 from sharding.partition import path_str
 
 
-class HasDigit(Reward):
-    """A trivially learnable reward: 1 when the answer holds a digit, which a random policy does about
-    half the time (the tokenizer is fit on arithmetic), so every group carries signal."""
-
-    def __call__(self, content, task):
-        size = content.data.shape[0]
-        data = content.data[:size]
-        inside = jnp.arange(size) < content.length
-        return jnp.any(inside & (data >= ord("0")) & (data <= ord("9"))).astype(jnp.float32)
-
-
-class DigitArithmetic(Arithmetic):
-    def __init__(self):
-        super().__init__(1, use_tools=False)
-        self.reward = HasDigit()
-
-
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A run directory (model/ + tokenizer.json) with a tiny random model."""
@@ -86,9 +70,6 @@ def run_dir(tmp_path_factory):
 
 TOOLS = TaskSpec(
     generators=(Arithmetic(1),), num_train=16, num_heldout=4, max_length=128, action_length=32
-)
-SHORT = TaskSpec(
-    generators=(DigitArithmetic(),), num_train=16, num_heldout=4, max_length=96, action_length=16
 )
 
 
@@ -550,11 +531,11 @@ def test_advantages_are_group_relative_over_the_kept_rows(run_dir):
     samples = sample(setup, learner, StepRandom(5, 2))
     rewards = np.asarray([0.0, 1.0, 1.0, 0.5, 0.5, 2.0], np.float32)
     scores = score(setup, learner, samples)._replace(rewards=rewards)
-    batch, critic_batch = advantages(setup, learner, samples, scores)
+    batch, critic_batch, off_policy = advantages(setup, learner, samples, scores)
     expected = rl.group_advantages(jnp.asarray(rewards.reshape(2, 3)), estimator="grpo")
     np.testing.assert_allclose(batch["advantages"], np.asarray(expected).ravel(), rtol=1e-5)
     np.testing.assert_array_equal(batch["mask"], samples.rollouts.loss_mask)
-    assert critic_batch is None and "ref_logp" not in batch
+    assert critic_batch is None and "ref_logp" not in batch and off_policy == {}
 
 
 def test_learn_applies_epochs_times_minibatches_updates(run_dir):
@@ -562,7 +543,7 @@ def test_learn_applies_epochs_times_minibatches_updates(run_dir):
     learner = init_learner(setup)
     samples = sample(setup, learner, StepRandom(5, 1))
     scores = score(setup, learner, samples)
-    batch, _ = advantages(
+    batch, _, _ = advantages(
         setup,
         learner,
         samples,
@@ -589,6 +570,11 @@ def test_summarize_reports_token_means_of_the_updates():
         turns=np.array([1, 1]),
         tool_calls=np.array([2, 0]),
         truncated=np.array([False, True]),
+        behaviour_logp=np.zeros((2, 4), np.float32),
+        turn_rewards=np.array([[1.0], [0.0]], np.float32),
+        turn_spans=np.array([[[1, 3]], [[1, 2]]], np.int32),
+        turn_mask=np.ones((2, 1), np.int32),
+        milestones=np.zeros((2, 1), np.int32),
         generation_seconds=0.5,
     )
     samples = Samples(r, np.array([True, True]), 1, 0.0, None, 2, 0.5)

@@ -23,6 +23,42 @@ from agentic_jax.models import TransformerConfig, hidden_states, logits_from_hid
 from agentic_jax.rl.numerics import expectation
 
 
+def token_logits(
+    params,
+    config: TransformerConfig,
+    tokens,
+    *,
+    segment_ids=None,
+    positions=None,
+    temperature: float = 1.0,
+):
+    """``z[B, L, V]``: the logits (divided by ``temperature``) that predict ``tokens[:, t]``, read
+    at position ``t − 1``, so they line up with ``tokens`` and a loss mask (column 0, which has no
+    context, is 0).  Float32."""
+    tokens = jnp.asarray(tokens)
+    h = hidden_states(params, config, tokens, positions=positions, segment_ids=segment_ids)
+    z = logits_from_hidden(params, config, h)[:, :-1].astype(jnp.float32) / temperature
+    return jnp.concatenate([jnp.zeros_like(z[:, :1]), z], axis=1)
+
+
+def logprobs_of(z, tokens, *, segment_ids=None, with_entropy: bool = False):
+    """``log softmax(z)[b, t, tokens[b, t]]`` from `token_logits` ``z`` (0 in column 0 and, for
+    packed rows, at each segment's first token); with ``with_entropy`` also the entropy of each
+    distribution, ``H_t = −Σ p·log p`` with ``0·log 0 = 0`` (logits of −inf, a masked
+    vocabulary entry, give no NaN: ``rl.numerics.expectation``)."""
+    tokens = jnp.asarray(tokens)
+    log_probs = jax.nn.log_softmax(z, axis=-1)
+    logp = jnp.take_along_axis(log_probs, tokens[..., None], axis=-1)[..., 0]
+    no_context = jnp.arange(tokens.shape[1]) == 0
+    first = no_context
+    if segment_ids is not None:  # a segment's first token is predicted from the previous segment
+        first = first | (segment_ids != jnp.roll(segment_ids, 1, axis=1))
+    logp = jnp.where(first, 0.0, logp)
+    if not with_entropy:
+        return logp
+    return logp, jnp.where(no_context, 0.0, -expectation(log_probs, log_probs))
+
+
 def token_logprobs(
     params,
     config: TransformerConfig,
@@ -36,24 +72,18 @@ def token_logprobs(
     """``logp[B, L]``: log π(tokens[:, t] | tokens[:, :t]) under ``softmax(logits / temperature)``.
 
     Column 0 is 0 (no context).  With ``with_entropy`` also returns the entropy ``[B, L]`` of the
-    distribution each token was drawn from, ``H_t = −Σ p·log p`` with ``0·log 0 = 0`` (logits of
-    −inf, a masked vocabulary entry, give no NaN: ``rl.numerics.expectation``).  Float32.
-    Packed rows (``segment_ids``) score a segment's first token as 0 as well.
+    distribution each token was drawn from (`logprobs_of`).  Float32.  Packed rows
+    (``segment_ids``) score a segment's first token as 0 as well.
     """
-    tokens = jnp.asarray(tokens)
-    h = hidden_states(params, config, tokens, positions=positions, segment_ids=segment_ids)
-    z = logits_from_hidden(params, config, h)[:, :-1] / temperature
-    log_z = jax.nn.logsumexp(z, axis=-1)
-    logp = jnp.take_along_axis(z, tokens[:, 1:, None], axis=-1)[..., 0] - log_z
-    pad = jnp.zeros_like(logp[:, :1])
-    if segment_ids is not None:  # a segment's first token is predicted from the previous segment
-        logp = jnp.where(segment_ids[:, 1:] == segment_ids[:, :-1], logp, 0.0)
-    logp = jnp.concatenate([pad, logp], axis=1)
-    if not with_entropy:
-        return logp
-    log_probs = z - log_z[..., None]
-    entropy = -expectation(log_probs, log_probs)
-    return logp, jnp.concatenate([pad, entropy], axis=1)
+    z = token_logits(
+        params,
+        config,
+        tokens,
+        segment_ids=segment_ids,
+        positions=positions,
+        temperature=temperature,
+    )
+    return logprobs_of(z, tokens, segment_ids=segment_ids, with_entropy=with_entropy)
 
 
 def sequence_logprobs(params, config: TransformerConfig, tokens, mask, **kwargs):

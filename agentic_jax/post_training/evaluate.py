@@ -13,6 +13,7 @@ import dataclasses
 import jax
 import numpy as np
 
+from agentic_jax.envs.host import HostTextEnv
 from agentic_jax.envs.text import TextEnv, TextEnvParams
 from agentic_jax.eval import pass_at_k
 from agentic_jax.inference.decoding.sampling import SamplingParams
@@ -70,7 +71,7 @@ def _play(
 def evaluate_policy(
     params,
     config: TransformerConfig,
-    env: TextEnv,
+    env: TextEnv | HostTextEnv,
     env_params: TextEnvParams | None = None,
     *,
     samples: int = 0,
@@ -81,7 +82,8 @@ def evaluate_policy(
 ) -> Evaluation:
     """Greedy success on every task of the env's bank (or ``tasks``), plus pass@k from ``samples``."""
     env_params = env.default_params if env_params is None else env_params
-    tasks = np.arange(env_params.tasks.size) if tasks is None else np.asarray(tasks)
+    count = np.shape(env_params.task_weights)[0]
+    tasks = np.arange(count) if tasks is None else np.asarray(tasks)
     key = jax.random.key(0) if key is None else key
     greedy = _play(
         params, config, env, env_params, tasks, 1, SamplingParams(temperature=0.0), key, batch_rows

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
+from agentic_jax import rl
 from agentic_jax.data.chat import Message, ToolCall, render_ids
 from agentic_jax.data.tokenizer import Tokenizer
 from agentic_jax.envs.text import Task, Tool
@@ -312,6 +313,17 @@ class RewardModel:
             self.params, self.config, jnp.asarray(tokens), jnp.asarray(mask), self.max_steps
         )
         return np.asarray(logits), np.asarray(valid)
+
+    def episode_rewards(self, tokens, mask, *, aggregation: str = "min") -> np.ndarray:
+        """``float32 [B]``: the reward of each episode (a transcript and its policy-token mask),
+        as an RL trainer uses it: an outcome model's score at the last policy token; a process
+        model's step probabilities σ(logit) aggregated over the episode's steps (its turns) by
+        ``aggregation`` (``rl.aggregate_steps``: min, product, last or mean)."""
+        if self.kind == "outcome":
+            return self.scores(tokens, mask)
+        logits, valid = self.step_scores(tokens, mask)
+        probabilities = jax.nn.sigmoid(jnp.asarray(logits))
+        return np.asarray(rl.aggregate_steps(probabilities, jnp.asarray(valid), mode=aggregation))
 
 
 _score = jax.jit(score, static_argnums=1)

@@ -1,34 +1,39 @@
-"""Online RL from verifiable rewards: one trainer for GRPO, DAPO, Dr. GRPO, GSPO, RLOO, REINFORCE++, PPO.
+"""Online RL for tool-using agents: one trainer for GRPO, DAPO, Dr. GRPO, GSPO, RLOO, REINFORCE++, PPO.
 
 Each step (:func:`rl_step`) runs five named phases, each a function of its own:
 
 1. :func:`sample`: ``prompts_per_step`` train tasks, in a fresh seeded permutation every epoch,
    or drawn from a pass-rate curriculum (``envs.curriculum.PassRateFilter``: tasks solved
-   sometimes but not always), then ``group_size`` episodes of each with the current policy
-   (``rollout.collect``: the KV-cache decoder inside the jitted ``TextEnv``; single-turn answers
-   or multi-turn tool use).  DAPO's **dynamic sampling** drops groups whose rewards are all
-   equal (zero advantage, no gradient) and samples more prompts, up to ``max_sampling_rounds``.
-2. :func:`score`: the verifier's reward, optionally minus ``kl_coef · Σ_t (log π_old − log
-   π_ref)`` when the KL goes into the reward, and minus DAPO's soft overlong penalty
-   ``clip(((L_max − L_buffer) − L) / L_buffer, −1, 0)`` for responses longer than
-   ``L_max − L_buffer`` tokens; the log-probs of the sampled tokens under the sampling policy
-   (``old_logp``; no dropout, LoRA's included, so the ratio of the first minibatch is 1) and the
-   frozen reference.
-3. :func:`advantages`: group-relative (``rl.group_advantages``: grpo, dr_grpo, rloo,
-   reinforce_pp, ...) or, for PPO, token-level GAE (``rl.token_gae``) from a critic: a
-   transformer trunk with a scalar head, initialised from the policy, trained with the clipped
-   value loss.
+   sometimes but not always), then ``group_size`` episodes of each with the sampler's policy
+   (`RLSetup.sampler`: the current one, or one ``staleness`` updates old, in ``sampler_dtype``)
+   through ``rollout.collect``: padded ``generate`` calls or the serving engine, in the jitted
+   ``TextEnv`` or its host twin (``host_tools``: Python tools, the sandbox).  The rollouts keep
+   the sampled ids, the sampler's log-probs, and each turn's reward and token span.  DAPO's
+   **dynamic sampling** drops groups whose rewards are all equal (zero advantage, no gradient)
+   and samples more prompts, up to ``max_sampling_rounds``.
+2. :func:`score`: the env's rewards summed over turns, optionally combined with a reward
+   model's (weighted sum or GDPO), minus DAPO's overlong penalty, the efficiency term and the
+   KL when it goes into the reward; the sampled tokens' log-probs under the current policy
+   (``old_logp``) and the frozen reference.
+3. :func:`advantages`: per episode, group-relative (``rl.group_advantages``) or, for PPO,
+   token-level GAE (``rl.token_gae``) from a critic (a trunk with a scalar head, initialised
+   from the policy, trained with the clipped value loss); per turn (``credit="turn"``),
+   group-relative turn returns or GAE over turns; optionally one row per turn
+   (``slice_turns``), importance weights against the sampler (``correction``) and the
+   teacher's transcripts of self-distillation.
 4. :func:`learn`: ``epochs`` (μ) passes over ``minibatches`` minibatches with
-   ``rl.policy_loss`` (its ``loss_type`` decides the surrogate and the aggregation) through
-   ``training.make_update``, with the reference's log-probs for the KL term in the loss
-   (``kl_coef`` with ``kl_in_reward=False``), AdamW (β2 = 0.95, clipping at 1.0).
-5. :func:`summarize`: the step's metrics record.
+   ``rl.policy_loss`` (its ``loss_type`` decides the surrogate and the aggregation), plus the
+   self-distillation KL, through ``training.make_update``, with the reference's log-probs for
+   the KL term in the loss (``kl_coef`` with ``kl_in_reward=False``), AdamW (β2 = 0.95,
+   clipping at 1.0).
+5. :func:`summarize`: the step's metrics record, the stability monitors' signals included.
 
 All of a step's randomness comes from :class:`StepRandom` (the run seed and the step), so a
 step is reproducible from ``(seed, step)`` and the learner it starts from.  Every algorithm is a
-named gin config (``configs/rl_*.gin``) over `RLConfig`.  The checkpoint holds the trainable
-parameters, optimizer states, RNG, step, prompt position and curriculum state, and the reference
-model's fingerprint, so a killed run resumes exactly.
+named gin config (``configs/rl_*.gin``) over `RLConfig`; docs/post_training.md gives each
+option's formula and paper.  The checkpoint holds the trainable parameters, optimizer states,
+RNG, step, prompt position, curriculum state, the stale sampler's history, the monitors' state
+and the reference model's fingerprint, so a killed run resumes exactly.
 """
 
 from __future__ import annotations
@@ -48,19 +53,30 @@ from tqdm.auto import tqdm
 
 from agentic_jax import rl
 from agentic_jax.envs.curriculum import PassRateFilter, PassRateState
-from agentic_jax.envs.text import TextEnv
+from agentic_jax.envs.host import HostTextEnv
+from agentic_jax.envs.text import Task, TextEnv
 from agentic_jax.inference.decoding.sampling import SamplingParams
 from agentic_jax.models import TransformerConfig
 from agentic_jax.models.export import load_checkpoint
 from agentic_jax.post_training.common import (
     init_scalar_head,
+    logprobs_of,
     next_prompts,
+    token_logits,
     token_logprobs,
     token_values,
     tree_fingerprint,
 )
 from agentic_jax.post_training.evaluate import evaluate_policy
-from agentic_jax.post_training.rollout import Rollouts, collect
+from agentic_jax.post_training.monitors import (
+    MonitorConfig,
+    RLStopped,
+    StabilityMonitor,
+    step_diagnostics,
+)
+from agentic_jax.post_training.privileged import CONTEXTS, teacher_rows
+from agentic_jax.post_training.reward import RewardModel, load_reward_model
+from agentic_jax.post_training.rollout import ROLLOUT_BACKENDS, Rollouts, collect
 from agentic_jax.post_training.runner import TrainerRun
 from agentic_jax.post_training.tasks import TaskSpec
 from agentic_jax.training.optim import make_optimizer, make_schedule
@@ -68,6 +84,7 @@ from agentic_jax.training.state import TrainState
 from agentic_jax.training.update import FullFinetune, make_update
 
 CURRICULA = (None, "pass_rate")
+CREDITS = ("episode", "turn")
 
 
 @gin.configurable
@@ -95,11 +112,39 @@ class RLConfig:
     max_response_length: int | None = (
         None  # L_max (policy tokens); default: the env's action_length
     )
-    gamma: float = 1.0  # PPO: discount and GAE λ over response tokens
+    gamma: float = 1.0  # PPO: discount and GAE λ over response tokens (over turns: credit)
     lam: float = 0.95
     value_coef: float = 0.5
     value_clip: float = 0.2
     critic_lr: float = 1e-4
+    # Credit over turns: "episode" (one advantage per episode, or per token for PPO) or "turn"
+    # (each turn's return Σ_{j≥k} γ^{j−k} r_j: group-relative per turn for grpo / dr_grpo /
+    # rloo, GAE over turns from the critic for "gae"); slice_turns trains one row per turn.
+    credit: str = "episode"
+    turn_gamma: float = 1.0
+    slice_turns: bool = False
+    shaping_coef: float = 0.0  # potential Φ = coef × milestones reached, on turn rewards
+    efficiency_per_call: float = 0.0  # R_eff on successful episodes: −c·calls − t·tokens
+    efficiency_per_token: float = 0.0
+    # Learned rewards (train_rl's reward_model): weights of (verifier, reward model), combined by
+    # "sum" or "gdpo" (each normalised within its group first); a PRM's steps by step_aggregation.
+    reward_weights: tuple[float, float] = (1.0, 1.0)
+    reward_combination: str = "sum"
+    step_aggregation: str = "min"
+    # Off-policy correction of the sampler's log-probs: None, "tis" or "mis", per "token" or
+    # "sequence", capped at correction_cap; a sampler in sampler_dtype, or staleness updates old.
+    correction: str | None = None
+    correction_level: str = "token"
+    correction_cap: float = 2.0
+    sampler_dtype: str | None = None
+    staleness: int = 0
+    # On-policy self-distillation: distill_coef · KL(π ‖ teacher) on the policy's tokens, the
+    # teacher being the reference model or the current one (stop-gradient) with privileged
+    # context (distill_context); policy_coef 0 trains on the distillation alone.
+    distill_coef: float = 0.0
+    distill_context: str = "solution"
+    distill_teacher: str = "reference"
+    policy_coef: float = 1.0
 
     def __post_init__(self):
         if self.loss_type not in rl.POLICY_LOSSES:
@@ -125,6 +170,32 @@ class RLConfig:
             raise ValueError(
                 f"group-relative advantages need group_size >= 2, got {self.group_size}"
             )
+        for name, value, allowed in (
+            ("credit", self.credit, CREDITS),
+            ("reward_combination", self.reward_combination, rl.REWARD_COMBINATIONS),
+            ("step_aggregation", self.step_aggregation, rl.STEP_AGGREGATIONS),
+            ("correction", self.correction, (None, *rl.IMPORTANCE_METHODS)),
+            ("correction_level", self.correction_level, rl.IMPORTANCE_LEVELS),
+            ("sampler_dtype", self.sampler_dtype, (None, "bfloat16", "float16", "float32")),
+            ("distill_context", self.distill_context, CONTEXTS),
+            ("distill_teacher", self.distill_teacher, ("reference", "current")),
+        ):
+            if value not in allowed:
+                raise ValueError(f"RLConfig.{name}={value!r}; expected one of {allowed}")
+        if self.credit == "turn" and self.advantage not in ("gae", *rl.TURN_GROUP_ESTIMATORS):
+            raise ValueError(
+                f"RLConfig.credit='turn' takes advantage='gae' or one of "
+                f"{rl.TURN_GROUP_ESTIMATORS}, got {self.advantage!r}"
+            )
+        if self.staleness < 0 or self.policy_coef < 0 or self.distill_coef < 0:
+            raise ValueError("RLConfig.staleness, policy_coef and distill_coef must be >= 0")
+        if self.slice_turns and self.advantage == "gae":
+            raise ValueError(
+                "RLConfig.slice_turns trains one row per turn with group-relative advantages; "
+                "with a critic (advantage='gae') use credit='turn' instead"
+            )
+        if self.policy_coef == 0 and self.distill_coef == 0:
+            raise ValueError("RLConfig.policy_coef and distill_coef are both 0: nothing to train")
         rows = self.group_size * self.prompts_per_step
         if rows % (self.minibatches * self.accum_steps):
             raise ValueError(
@@ -141,6 +212,7 @@ class Learner:
     critic: TrainState | None
     curriculum: PassRateState | None
     prompt_position: jax.Array  # int32: prompts drawn so far (the permutation iterator)
+    history: tuple = ()  # the policy's trainable parameters of the last `staleness` steps
 
 
 def overlong_penalty(lengths, max_length: int, buffer: int) -> np.ndarray:
@@ -150,11 +222,16 @@ def overlong_penalty(lengths, max_length: int, buffer: int) -> np.ndarray:
     return np.clip(((max_length - buffer) - np.asarray(lengths, np.float32)) / buffer, -1.0, 0.0)
 
 
-def _policy_loss(config: TransformerConfig, algo: RLConfig, max_length: int):
+def _policy_loss(config: TransformerConfig, algo: RLConfig, max_length: int, teacher=None):
+    """The policy's loss: ``policy_coef`` × `rl.policy_loss`, plus ``distill_coef`` × the
+    on-policy self-distillation KL towards the teacher's distributions on the same tokens
+    (``teacher`` gives the reference's parameters for a frozen teacher, None for the current
+    policy, stop-gradient).  Both aggregate like the policy loss, so their totals add exactly."""
+    aggregation = rl.DEFAULT_AGGREGATION[algo.loss_type]
+
     def loss(params, batch, key):
-        logp, entropy = token_logprobs(
-            params, config, batch["tokens"], temperature=algo.temperature, with_entropy=True
-        )
+        z = token_logits(params, config, batch["tokens"], temperature=algo.temperature)
+        logp, entropy = logprobs_of(z, batch["tokens"], with_entropy=True)
         kl_in_loss = algo.kl_coef if (algo.kl_coef and not algo.kl_in_reward) else 0.0
         out = rl.policy_loss(
             logp,
@@ -172,7 +249,19 @@ def _policy_loss(config: TransformerConfig, algo: RLConfig, max_length: int):
             max_length=max_length,
             key=key,
         )
-        return out.total, out.count, out.metrics
+        total, metrics = algo.policy_coef * out.total, dict(out.metrics)
+        if algo.distill_coef:
+            source = jax.lax.stop_gradient(params) if teacher is None else teacher
+            teacher_z = token_logits(
+                source, config, batch["teacher_tokens"], temperature=algo.temperature
+            )
+            aligned = jnp.take_along_axis(teacher_z, batch["teacher_positions"][..., None], 1)
+            distill = rl.self_distillation_loss(
+                z, jax.lax.stop_gradient(aligned), batch["mask"], aggregation=aggregation
+            )
+            total = total + algo.distill_coef * distill.total
+            metrics["distill_kl"] = distill.total
+        return total, out.count, metrics
 
     return loss
 
@@ -266,7 +355,7 @@ class RLSetup:
 
     config: TransformerConfig
     algo: RLConfig
-    env: TextEnv
+    env: TextEnv | HostTextEnv
     base: dict  # the reference model (and LoRA's frozen base)
     frozen: dict | None  # the frozen base ``finetune.model_params`` needs, or None
     finetune: object
@@ -279,10 +368,13 @@ class RLSetup:
     critic_update: Callable | None
     logp_fn: Callable
     values_fn: Callable
+    tasks: tuple[Task, ...] = ()  # the env's tasks in bank order (self-distillation's hints)
+    reward_model: RewardModel | None = None
+    backend: str = "generate"  # rollout backend, see `rollout.collect`
 
     @property
     def num_tasks(self) -> int:
-        return int(self.env.default_params.tasks.size)
+        return int(np.shape(self.env.default_params.task_weights)[0])
 
     @property
     def ppo(self) -> bool:
@@ -291,6 +383,17 @@ class RLSetup:
     def policy_params(self, learner: Learner):
         """The parameters the policy runs with (LoRA's adapters merged into the frozen base)."""
         return self.finetune.model_params(learner.policy.params, self.frozen)
+
+    def sampler(self, learner: Learner):
+        """``(params, config)`` the sampler runs with: the policy of ``staleness`` updates ago
+        (the asynchronous recipe's stale rollouts), in ``sampler_dtype``."""
+        trainable = learner.history[0] if learner.history else learner.policy.params
+        params, config = self.finetune.model_params(trainable, self.frozen), self.config
+        if self.algo.sampler_dtype is not None:
+            dtype = jnp.dtype(self.algo.sampler_dtype)
+            params = jax.tree.map(lambda x: x.astype(dtype), params)
+            config = config.replace(dtype=self.algo.sampler_dtype)
+        return params, config
 
 
 class Samples(NamedTuple):
@@ -306,17 +409,20 @@ class Samples(NamedTuple):
 
 
 class Scores(NamedTuple):
-    """``score``'s result: shaped rewards, and the log-probs of the sampled tokens."""
+    """``score``'s result: the rewards the step optimises, and the sampled tokens' log-probs."""
 
-    rewards: np.ndarray  # float32 [B]: the verifier's, shaped (overlong penalty, KL in reward)
-    old_logp: np.ndarray  # float32 [B, L] under the policy that sampled
+    rewards: np.ndarray  # float32 [B]: the episode reward (combined, shaped)
+    old_logp: np.ndarray  # float32 [B, L] under the current policy (the trainer's π_old)
     ref_logp: np.ndarray  # float32 [B, L] under the reference model
+    turn_rewards: np.ndarray | None = None  # float32 [B, K] (shaped, with R_eff), credit="turn"
+    verifier: np.ndarray | None = None  # float32 [B]: Σ of the env's turn rewards
+    model_rewards: np.ndarray | None = None  # float32 [B]: the reward model's, when one is used
 
 
 def make_setup(
     config: TransformerConfig,
     base,
-    env: TextEnv,
+    env: TextEnv | HostTextEnv,
     algo: RLConfig,
     *,
     steps: int,
@@ -326,21 +432,26 @@ def make_setup(
     curriculum: str | None = None,
     max_response: int | None = None,
     seed: int = 0,
+    tasks=(),
+    reward_model: RewardModel | None = None,
+    backend: str = "generate",
 ) -> RLSetup:
     """The fixed part of a run, with the policy (and PPO's critic) updates compiled."""
     if curriculum not in CURRICULA:
         raise ValueError(f"train_rl.curriculum={curriculum!r}; expected one of {CURRICULA}")
-    max_response = (
-        max_response
-        or algo.max_response_length
-        or int(env.action_length * env.default_params.max_turns)
-    )
+    if backend not in ROLLOUT_BACKENDS:
+        raise ValueError(f"train_rl.backend={backend!r}; expected one of {ROLLOUT_BACKENDS}")
+    if algo.distill_coef and not tasks:
+        raise ValueError("self-distillation (RLConfig.distill_coef > 0) needs the env's tasks")
+    max_turns = int(env.default_params.max_turns)
+    max_response = max_response or algo.max_response_length or env.action_length * max_turns
     schedule = make_schedule(
         peak_lr=peak_lr, total_steps=steps, kind="constant", warmup_steps=min(warmup_steps, steps)
     )
     optimizer = make_optimizer(schedule)
+    teacher = base if algo.distill_teacher == "reference" else None
     update = make_update(
-        _policy_loss(config, algo, max_response),
+        _policy_loss(config, algo, max_response, teacher),
         optimizer,
         finetune,
         accum_steps=algo.accum_steps,
@@ -356,7 +467,7 @@ def make_setup(
         critic_update = jax.jit(
             make_update(_value_loss(config, algo), critic_optimizer, accum_steps=algo.accum_steps)
         )
-    num_tasks = int(env.default_params.tasks.size)
+    num_tasks = int(np.shape(env.default_params.task_weights)[0])
     return RLSetup(
         config=config,
         algo=algo,
@@ -373,27 +484,36 @@ def make_setup(
         critic_update=critic_update,
         logp_fn=jax.jit(lambda p, t: token_logprobs(p, config, t, temperature=algo.temperature)),
         values_fn=jax.jit(lambda p, t: token_values(p, config, t)),
+        tasks=tuple(tasks),
+        reward_model=reward_model,
+        backend=backend,
     )
 
 
 def init_learner(setup: RLSetup) -> Learner:
     """The learner before step 1: the policy from the base model (or fresh adapters), PPO's
-    critic from the base trunk with a zero head, the curriculum's prior."""
+    critic from the base trunk with a zero head, the curriculum's prior, and a stale sampler's
+    history filled with the initial policy."""
     base, seed = setup.base, setup.seed
     critic = None
     if setup.ppo:
         trunk_and_head = {"trunk": base, "head": init_scalar_head(setup.config)}
         critic = TrainState.create(trunk_and_head, setup.critic_optimizer, seed)
+    policy = TrainState.create(
+        setup.finetune.init(base, jax.random.key(seed)), setup.optimizer, seed
+    )
     return Learner(
-        TrainState.create(setup.finetune.init(base, jax.random.key(seed)), setup.optimizer, seed),
+        policy,
         critic,
         setup.pass_rate.init() if setup.pass_rate else None,
         jnp.int32(0),
+        (policy.params,) * setup.algo.staleness,
     )
 
 
 def sample(setup: RLSetup, learner: Learner, rand: StepRandom) -> Samples:
-    """Phase 1: ``prompts_per_step`` groups of ``group_size`` episodes with the current policy.
+    """Phase 1: ``prompts_per_step`` groups of ``group_size`` episodes with the sampler's policy
+    (`RLSetup.sampler`: the current one unless stale or in another precision).
 
     Prompts come from the seeded permutation stream (or the pass-rate curriculum).  With DAPO's
     dynamic sampling, groups whose rewards are all equal (zero advantage, no gradient) are
@@ -401,7 +521,7 @@ def sample(setup: RLSetup, learner: Learner, rand: StepRandom) -> Samples:
     its shape, padded with dropped groups that ``row_kept`` masks out.
     """
     algo, env = setup.algo, setup.env
-    params = setup.policy_params(learner)
+    params, config = setup.sampler(learner)
     sampling = SamplingParams(temperature=algo.temperature)
     parts, keep = [], []
     position, curriculum = int(learner.prompt_position), learner.curriculum
@@ -417,13 +537,14 @@ def sample(setup: RLSetup, learner: Learner, rand: StepRandom) -> Samples:
         position += algo.prompts_per_step
         r = collect(
             params,
-            setup.config,
+            config,
             env,
             env.default_params,
             prompts,
             group_size=algo.group_size,
             sampling=sampling,
             key=rand.rollout_key(round_),
+            backend=setup.backend,
         )
         if setup.pass_rate is not None:
             curriculum = setup.pass_rate.update(
@@ -449,61 +570,217 @@ def sample(setup: RLSetup, learner: Learner, rand: StepRandom) -> Samples:
     )
 
 
+def _shaped_turn_rewards(rollouts: Rollouts, algo: RLConfig) -> np.ndarray:
+    """The env's turn rewards with potential-based shaping: r_k + γ·Φ(s_{k+1}) − Φ(s_k) with
+    Φ = ``shaping_coef`` × milestones reached (0 at the start, and after the last turn, so the
+    episode's return changes by −Φ(s_0) = 0: the ranking of episodes, and the optimal policy, stay
+    as they are).  Ng, Harada & Russell (1999), "Policy invariance under reward transformations"."""
+    if not algo.shaping_coef:
+        return rollouts.turn_rewards
+    potential = algo.shaping_coef * rollouts.milestones * rollouts.turn_mask
+    before = np.concatenate([np.zeros_like(potential[:, :1]), potential[:, :-1]], axis=1)
+    last = rollouts.turn_mask * (np.arange(potential.shape[1]) == rollouts.turns[:, None] - 1)
+    discount = algo.turn_gamma * (1 - last)
+    shaped = jax.vmap(rl.potential_shaping)(
+        jnp.asarray(rollouts.turn_rewards),
+        jnp.asarray(discount, jnp.float32),
+        jnp.asarray(before, jnp.float32),
+        jnp.asarray(potential, jnp.float32),
+    )
+    return np.asarray(shaped) * rollouts.turn_mask
+
+
 def score(setup: RLSetup, learner: Learner, samples: Samples) -> Scores:
     """Phase 2: the rewards the step optimises and the log-probs of the sampled tokens.
 
-    Reward = verifier reward + DAPO's soft overlong penalty
-    ``clip(((L_max − L_buffer) − L) / L_buffer, −1, 0)`` (Yu et al. 2025), minus
-    ``kl_coef · Σ_t (log π_old − log π_ref)`` when the KL goes into the reward.  ``old_logp`` is
-    recomputed once under the policy that sampled (no dropout, so the first ratio is 1);
-    ``ref_logp`` under the frozen reference, for the KL term and the KL logged every step.
+    The verifier's reward of an episode is the sum of its turn rewards (the answer's verifier
+    reward, plus what tool turns earned: `TurnRewards`).  With a reward model it is combined with
+    the model's reward (`RewardModel.episode_rewards`) by ``rl.combine_rewards`` (a weighted sum,
+    or GDPO: each normalised within its group first).  Then DAPO's soft overlong penalty
+    ``clip(((L_max − L_buffer) − L) / L_buffer, −1, 0)`` (Yu et al. 2025), the efficiency term
+    R_eff (``rl.efficiency_penalty``: fewer calls and tokens for the same success) and, when the
+    KL goes into the reward, ``−kl_coef · Σ_t (log π_old − log π_ref)``.  ``old_logp`` is
+    recomputed under the current policy (no dropout, so the first ratio is 1), ``ref_logp`` under
+    the frozen reference.  For turn-level credit, the turn rewards are shaped
+    (`_shaped_turn_rewards`) and carry the episode's extra terms on its last turn.
     """
     algo, rollouts = setup.algo, samples.rollouts
     tokens = jnp.asarray(rollouts.tokens)
     old_logp = np.asarray(setup.logp_fn(setup.policy_params(learner), tokens))
     ref_logp = np.asarray(setup.logp_fn(setup.base, tokens))
-    rewards = rollouts.reward + overlong_penalty(
-        rollouts.response_length, setup.max_response, algo.overlong_buffer
+    verifier = (rollouts.turn_rewards * rollouts.turn_mask).sum(axis=1).astype(np.float32)
+    rewards, model_rewards = verifier, None
+    if setup.reward_model is not None:
+        model_rewards = setup.reward_model.episode_rewards(
+            rollouts.tokens, rollouts.loss_mask, aggregation=algo.step_aggregation
+        )
+        stacked = np.stack([verifier, model_rewards], axis=-1).reshape(-1, algo.group_size, 2)
+        rewards = np.asarray(
+            rl.combine_rewards(
+                jnp.asarray(stacked),
+                jnp.asarray(algo.reward_weights, jnp.float32),
+                method=algo.reward_combination,
+            )
+        ).reshape(-1)
+    extra = overlong_penalty(rollouts.response_length, setup.max_response, algo.overlong_buffer)
+    extra = extra + np.asarray(
+        rl.efficiency_penalty(
+            jnp.asarray(rollouts.success),
+            jnp.asarray(rollouts.tool_calls),
+            jnp.asarray(rollouts.response_length),
+            per_call=algo.efficiency_per_call,
+            per_token=algo.efficiency_per_token,
+        )
     )
     if algo.kl_coef and algo.kl_in_reward:
-        rewards = rewards - algo.kl_coef * np.sum(
-            (old_logp - ref_logp) * rollouts.loss_mask, axis=1
+        extra = extra - algo.kl_coef * np.sum((old_logp - ref_logp) * rollouts.loss_mask, axis=1)
+    rewards = (rewards + extra).astype(np.float32)
+    turn_rewards = None
+    if algo.credit == "turn":
+        last = rollouts.turn_mask * (
+            np.arange(rollouts.turn_mask.shape[1]) == rollouts.turns[:, None] - 1
         )
-    return Scores(rewards.astype(np.float32), old_logp, ref_logp)
+        turn_rewards = (_shaped_turn_rewards(rollouts, algo) + last * extra[:, None]).astype(
+            np.float32
+        )
+    return Scores(rewards, old_logp, ref_logp, turn_rewards, verifier, model_rewards)
+
+
+def _turn_values(setup: RLSetup, learner: Learner, tokens, turn_spans) -> jax.Array:
+    """The critic's value of the state each turn starts from, ``[B, K]``."""
+    values = setup.values_fn(learner.critic.params, tokens)
+    return jnp.take_along_axis(values, jnp.asarray(turn_spans[..., 0]), axis=1)
 
 
 def advantages(
     setup: RLSetup, learner: Learner, samples: Samples, scores: Scores
-) -> tuple[dict, dict | None]:
-    """Phase 3: the policy's training batch (tokens, mask, old log-probs, advantages, and the
-    reference log-probs when the KL is in the loss) and, for PPO, the critic's.
+) -> tuple[dict, dict | None, dict]:
+    """Phase 3: the policy's training batch, PPO's critic batch (or None) and the step's
+    off-policy metrics.
 
-    Group-relative advantages (``rl.group_advantages``) over the kept groups only, or, for PPO,
-    token-level GAE (``rl.token_gae``, the reward on each episode's last policy token) from the
-    critic's values, whitened over the batch (``rl.masked_whiten``).
+    Credit ``"episode"``: group-relative advantages (``rl.group_advantages``) over the kept
+    groups, or, for PPO, token-level GAE (``rl.token_gae``, the reward on each episode's last
+    policy token) from the critic, whitened over the batch.  Credit ``"turn"``: each turn's
+    return G_k = Σ_{j≥k} γ^{j−k} r_j (``rl.turn_returns``), normalised per turn within its group
+    (``rl.turn_group_advantages``), or GAE over turns from the critic's value of each turn's
+    first token (``rl.token_gae`` on the turn axis); each token gets its turn's advantage
+    (``rl.spread_over_turns``).  With ``slice_turns`` every turn becomes a row of its own
+    (``rl.slice_turns``).  With a ``correction``, the advantages are multiplied by the
+    importance weights of the current policy over the sampler (``rl.importance_weights``: TIS
+    or MIS, per token or sequence), which corrects a sampler that lags or runs in another
+    precision.  Self-distillation adds the teacher's transcripts (`privileged.teacher_rows`).
     """
     algo, rollouts = setup.algo, samples.rollouts
     tokens = jnp.asarray(rollouts.tokens)
     mask = jnp.asarray(rollouts.loss_mask * samples.row_kept[:, None], jnp.int32)
+    length = tokens.shape[1]
+    critic_batch = None
+    if algo.credit == "episode" and not setup.ppo:
+        adv = jnp.asarray(
+            _group_advantages(scores.rewards, rollouts.response_length, samples.row_kept, algo)
+        )
+    elif algo.credit == "episode":
+        old_values = setup.values_fn(learner.critic.params, tokens)
+        last_token = jnp.max(jnp.where(mask > 0, jnp.arange(length), 0), axis=1)
+        token_rewards = (
+            jnp.zeros(mask.shape, jnp.float32)
+            .at[jnp.arange(mask.shape[0]), last_token]
+            .set(jnp.asarray(scores.rewards))
+        )
+        token_adv, returns = rl.token_gae(
+            token_rewards, old_values, mask, gamma=algo.gamma, lam=algo.lam
+        )
+        adv = rl.masked_whiten(token_adv, mask)
+        critic_batch = {
+            "tokens": tokens,
+            "mask": mask,
+            "old_values": old_values,
+            "returns": returns,
+        }
+    else:
+        turn_mask = jnp.asarray(rollouts.turn_mask * samples.row_kept[:, None], jnp.int32)
+        turn_rewards = jnp.asarray(scores.turn_rewards)
+        spans = jnp.asarray(rollouts.turn_spans)
+        if setup.ppo:
+            turn_values = _turn_values(setup, learner, tokens, rollouts.turn_spans)
+            turn_adv, turn_ret = rl.token_gae(
+                turn_rewards, turn_values, turn_mask, gamma=algo.turn_gamma, lam=algo.lam
+            )
+            turn_adv = rl.masked_whiten(turn_adv, turn_mask)
+            starts = jax.nn.one_hot(spans[..., 0], length) * turn_mask[..., None]  # [B, K, T]
+            critic_batch = {
+                "tokens": tokens,
+                "mask": jnp.sum(starts, axis=1).astype(jnp.int32),
+                "old_values": setup.values_fn(learner.critic.params, tokens),
+                "returns": jnp.einsum("bkt,bk->bt", starts, turn_ret),
+            }
+        else:
+            returns = rl.turn_returns(turn_rewards, turn_mask, gamma=algo.turn_gamma)
+            groups = (-1, algo.group_size, returns.shape[1])
+            turn_adv = rl.turn_group_advantages(
+                returns.reshape(groups), turn_mask.reshape(groups), estimator=algo.advantage
+            ).reshape(returns.shape)
+        adv = rl.spread_over_turns(turn_adv, spans, length)
     batch = {"tokens": tokens, "mask": mask, "old_logp": jnp.asarray(scores.old_logp)}
     if algo.kl_coef and not algo.kl_in_reward:
         batch["ref_logp"] = jnp.asarray(scores.ref_logp)
-    if not setup.ppo:
-        batch["advantages"] = jnp.asarray(
-            _group_advantages(scores.rewards, rollouts.response_length, samples.row_kept, algo)
+    off_policy = {}
+    if algo.correction is not None:
+        weights, off_policy = rl.importance_weights(
+            batch["old_logp"],
+            jnp.asarray(rollouts.behaviour_logp),
+            mask,
+            method=algo.correction,
+            level=algo.correction_level,
+            cap=algo.correction_cap,
         )
-        return batch, None
-    old_values = setup.values_fn(learner.critic.params, tokens)
-    last_token = jnp.max(jnp.where(mask > 0, jnp.arange(mask.shape[1]), 0), axis=1)
-    token_rewards = (
-        jnp.zeros(mask.shape, jnp.float32)
-        .at[jnp.arange(mask.shape[0]), last_token]
-        .set(jnp.asarray(scores.rewards))
+        adv = (adv if adv.ndim == 2 else adv[:, None]) * weights
+        off_policy = {k: float(v) for k, v in off_policy.items()}
+    batch["advantages"] = adv
+    if algo.distill_coef:
+        bank = setup.env.default_params.tasks if isinstance(setup.env, TextEnv) else None
+        prompt_length = (
+            np.asarray(bank.prompt_length)[rollouts.task]
+            if bank is not None
+            else np.array([len(setup.env.prompts[t]) for t in rollouts.task])
+        )
+        teacher, positions = teacher_rows(
+            rollouts.tokens,
+            rollouts.length,
+            prompt_length,
+            [setup.tasks[t] for t in rollouts.task],
+            scores.verifier,
+            setup.env.tokenizer,
+            context=algo.distill_context,
+            width=length + TEACHER_HINT_TOKENS,
+        )
+        batch["teacher_tokens"], batch["teacher_positions"] = (
+            jnp.asarray(teacher),
+            jnp.asarray(positions),
+        )
+    if algo.slice_turns:
+        batch = _slice(batch, rollouts, samples.row_kept)
+    return batch, critic_batch, off_policy
+
+
+TEACHER_HINT_TOKENS = 96  # room the teacher's transcripts get for the privileged hint
+
+
+def _slice(batch: dict, rollouts: Rollouts, row_kept) -> dict:
+    """Trajectory slicing: row ``b·K + k`` is turn k of episode b, masked to that turn's tokens,
+    with the turn's advantage (its token advantages as computed, for episode-level credit)."""
+    turns = rollouts.turn_mask.shape[1]
+    masks = rl.slice_turns(
+        jnp.asarray(rollouts.turn_spans),
+        jnp.asarray(rollouts.turn_mask * row_kept[:, None]),
+        batch["tokens"].shape[1],
     )
-    adv, returns = rl.token_gae(token_rewards, old_values, mask, gamma=algo.gamma, lam=algo.lam)
-    batch["advantages"] = rl.masked_whiten(adv, mask)
-    critic_batch = {"tokens": tokens, "mask": mask, "old_values": old_values, "returns": returns}
-    return batch, critic_batch
+    sliced = {k: jnp.repeat(v, turns, axis=0) for k, v in batch.items()}
+    sliced["mask"] = (masks * sliced["mask"]).astype(jnp.int32)
+    adv = sliced["advantages"]
+    if adv.ndim == 1:
+        sliced["advantages"] = jnp.broadcast_to(adv[:, None], sliced["mask"].shape)
+    return sliced
 
 
 def learn(
@@ -534,11 +811,19 @@ def _rows(batch: dict, rows: np.ndarray) -> dict:
 
 
 def summarize(
-    samples: Samples, scores: Scores, updates: list[dict], *, training_seconds: float
+    samples: Samples,
+    scores: Scores,
+    updates: list[dict],
+    *,
+    training_seconds: float,
+    off_policy: dict | None = None,
+    group_size: int = 1,
 ) -> dict:
     """Phase 5: the step's record in ``metrics.jsonl``: rewards and success of the sampled
-    episodes, per-token means of the updates' metrics (entropy, approximate KL, clip
-    fractions), lengths, tool calls, sampling statistics, and generation vs training time."""
+    episodes (the verifier's and a reward model's apart, so reward hacking shows), per-token
+    means of the updates' metrics (entropy, approximate KL, clip fractions, self-distillation
+    KL), lengths, tool calls, sampling statistics, the off-policy mismatch, the stability
+    signals of ``monitors.step_diagnostics``, and generation vs training time."""
     rollouts = samples.rollouts
     tokens_seen = max(sum(float(m["tokens"]) for m in updates), 1.0)
 
@@ -566,6 +851,16 @@ def summarize(
         "generation_seconds": samples.seconds,
         "training_seconds": training_seconds,
     }
+    if scores.verifier is not None:
+        record["verifier_reward_mean"] = float(scores.verifier.mean())
+    if scores.model_rewards is not None:
+        record["model_reward_mean"] = float(scores.model_rewards.mean())
+    if scores.turn_rewards is not None:
+        record["turn_reward_mean"] = float(
+            scores.turn_rewards.sum() / max(rollouts.turn_mask.sum(), 1)
+        )
+    if "distill_kl" in updates[0]:
+        record["distill_kl"] = token_mean("distill_kl")
     if "kl" in updates[0]:
         record["kl"] = token_mean("kl")
     else:  # the k3 estimate of KL(π_old ‖ π_ref) over the sampled tokens
@@ -577,7 +872,31 @@ def summarize(
         record["value_error"] = sum(float(m["value_error"]) for m in updates) / max(
             sum(float(m["value_tokens"]) for m in updates), 1.0
         )
+    record.update(off_policy or {})
+    if group_size > 1:
+        record.update(_diagnostics(rollouts, scores, group_size))
     return record
+
+
+def _diagnostics(rollouts: Rollouts, scores: Scores, group_size: int) -> dict:
+    """``monitors.step_diagnostics`` of the step's episodes."""
+    prompts, responses, answers = [], [], []
+    for row in range(rollouts.tokens.shape[0]):
+        n = int(rollouts.length[row])
+        policy = rollouts.loss_mask[row, :n] > 0
+        first = int(np.argmax(policy)) if policy.any() else n
+        prompts.append(rollouts.tokens[row, :first])
+        responses.append(rollouts.tokens[row, :n][policy])
+        last = rollouts.turn_spans[row, max(int(rollouts.turns[row]) - 1, 0)]
+        answers.append(tuple(rollouts.tokens[row, last[0] : last[1]].tolist()))
+    return step_diagnostics(
+        rewards=scores.rewards,
+        lengths=rollouts.response_length,
+        group_size=group_size,
+        answers=[str(a) for a in answers],
+        prompt_ids=prompts,
+        response_ids=responses,
+    )
 
 
 def rl_step(setup: RLSetup, learner: Learner, step: int) -> tuple[Learner, dict]:
@@ -587,10 +906,18 @@ def rl_step(setup: RLSetup, learner: Learner, step: int) -> tuple[Learner, dict]
     samples = sample(setup, learner, rand)
     start = time.perf_counter()
     scores = score(setup, learner, samples)
-    batch, critic_batch = advantages(setup, learner, samples, scores)
+    batch, critic_batch, off_policy = advantages(setup, learner, samples, scores)
     policy, critic, updates = learn(setup, learner, batch, critic_batch, rand)
-    record = summarize(samples, scores, updates, training_seconds=time.perf_counter() - start)
-    learner = Learner(policy, critic, samples.curriculum, jnp.int32(samples.position))
+    record = summarize(
+        samples,
+        scores,
+        updates,
+        training_seconds=time.perf_counter() - start,
+        off_policy=off_policy,
+        group_size=setup.algo.group_size,
+    )
+    history = (*learner.history[1:], learner.policy.params) if learner.history else ()
+    learner = Learner(policy, critic, samples.curriculum, jnp.int32(samples.position), history)
     return learner, {"step": step, **record}
 
 
@@ -612,11 +939,21 @@ def train_rl(
     checkpoint_every: int = 10,
     seed: int = 0,
     progress: bool = True,
+    reward_model: str | None = None,
+    backend: str = "generate",
+    host_tools: bool = False,
+    monitor: MonitorConfig = MonitorConfig(),
 ) -> dict:
     """RL-trains the model of run ``init_from`` on ``tasks``' train problems; saves ``workdir/model``.
 
     The reference model for KL is ``init_from``'s model.  ``eval_every`` > 0 evaluates held-out
     success (greedy) and pass@k (``eval_samples`` samples) every that many steps and at the end.
+    ``reward_model``: a ``train_reward_model`` run whose model scores the episodes beside the
+    verifier (`RLConfig.reward_weights`).  ``backend``: how rollouts decode (`rollout.collect`).
+    ``host_tools``: episodes run in the host-side twin of the env (`TaskSpec.host_env`), whose
+    tools run in Python: the sandbox, any ``@tool`` function.  ``monitor``: the stability alarms
+    (`monitors.MonitorConfig`); an alarm it names in ``stop_on`` ends the run with `RLStopped`
+    after the step is written and checkpointed.
     """
     config, base, tokenizer = load_checkpoint(init_from)
     if config.max_seq_len < tasks.context_length:
@@ -624,7 +961,14 @@ def train_rl(
             f"the model's max_seq_len={config.max_seq_len} < the tasks' context length "
             f"{tasks.context_length} (TaskSpec.max_length + action_length)"
         )
-    env, heldout_env = tasks.env(tokenizer, "train"), tasks.env(tokenizer, "heldout")
+    scorer = None if reward_model is None else load_reward_model(reward_model)
+    if scorer is not None and scorer.tokenizer.fingerprint != tokenizer.fingerprint:
+        raise ValueError(
+            f"the reward model {reward_model} was trained with another tokenizer than "
+            f"{init_from}; it must score the policy's own token ids"
+        )
+    make_env = tasks.host_env if host_tools else tasks.env
+    env, heldout_env = make_env(tokenizer, "train"), make_env(tokenizer, "heldout")
     setup = make_setup(
         config,
         base,
@@ -638,10 +982,19 @@ def train_rl(
         max_response=algorithm.max_response_length
         or tasks.action_length * int(env.default_params.max_turns),
         seed=seed,
+        tasks=tasks.tasks("train") if algorithm.distill_coef else (),
+        reward_model=scorer,
+        backend=backend,
     )
     run = TrainerRun(workdir)
     meta = {"init_from": init_from, "reference": tree_fingerprint(base)}
     learner, meta, start = run.start(init_learner(setup), meta)
+    saved_monitor = meta.pop("monitor", None)
+    monitor_ = (
+        StabilityMonitor(monitor)
+        if saved_monitor is None
+        else StabilityMonitor.from_state(monitor, saved_monitor)
+    )
     last = {}
 
     def evaluate(step):
@@ -666,6 +1019,11 @@ def train_rl(
     ) as bar:
         for step in range(start + 1, steps + 1):
             learner, last = rl_step(setup, learner, step)
+            alarms = monitor_.observe(last)
+            if alarms:
+                last["alarms"] = [a.name for a in alarms]
+                for alarm in alarms:
+                    bar.write(f"step {step}: alarm {alarm.name}: {alarm.message}")
             if eval_every and (step % eval_every == 0 or step == steps):
                 last.update(evaluate(step))
                 bar.write(f"step {step}: held-out success {last['eval_success']:.3f}")
@@ -674,7 +1032,10 @@ def train_rl(
             bar.set_postfix(
                 reward=f"{last['reward_mean']:.3f}", success=f"{last['success_rate']:.2f}"
             )
-            if step % checkpoint_every == 0 or step == steps:
-                run.save(step, learner, meta)
+            stop = monitor_.should_stop(alarms)
+            if stop is not None or step % checkpoint_every == 0 or step == steps:
+                run.save(step, learner, {**meta, "monitor": monitor_.state()})
+            if stop is not None:
+                raise RLStopped(stop)
     run.finish(config, setup.finetune.merged(learner.policy.params, setup.frozen), tokenizer)
     return last

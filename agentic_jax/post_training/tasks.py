@@ -14,11 +14,24 @@ from collections.abc import Sequence
 import gin
 
 from agentic_jax.data.tokenizer import Tokenizer
-from agentic_jax.envs.text import Arithmetic, Countdown, Generator, MultiHop, TextEnv, task_env
+from agentic_jax.envs.coding import Coding
+from agentic_jax.envs.host import HostTextEnv
+from agentic_jax.envs.text import (
+    Arithmetic,
+    ByFamily,
+    Countdown,
+    Generator,
+    MultiHop,
+    TextEnv,
+    TurnRewards,
+    task_env,
+)
 
 gin.external_configurable(Arithmetic, module="agentic_jax.envs.text")
 gin.external_configurable(Countdown, module="agentic_jax.envs.text")
 gin.external_configurable(MultiHop, module="agentic_jax.envs.text")
+gin.external_configurable(TurnRewards, module="agentic_jax.envs.text")
+gin.external_configurable(Coding, module="agentic_jax.envs.coding")
 
 HELDOUT_SEED_OFFSET = 1_000_000
 
@@ -39,6 +52,7 @@ class TaskSpec:
     num_heldout: int = 200
     max_length: int = 320
     action_length: int = 48
+    turn_rewards: TurnRewards = TurnRewards()  # what a tool turn earns; default: nothing
 
     def __post_init__(self):
         if not self.generators:
@@ -69,6 +83,28 @@ class TaskSpec:
             self.seeds(split),
             max_length=self.max_length,
             action_length=self.action_length,
+            turn_rewards=self.turn_rewards,
+        )
+
+    def host_env(self, tokenizer: Tokenizer, split: str = "train") -> HostTextEnv:
+        """The host-side twin of `env` over the same tasks in the same order: the generators'
+        tools run in Python (`HostTextEnv`), so a generator may offer host-only tools (the
+        sandbox) and host-only verifiers (unit tests)."""
+        tools = {}
+        for tool in (t for g in self.generators for t in g.tools):  # the longest limit, as task_env
+            if tool.argument_bytes >= tools.get(tool.name, tool).argument_bytes:
+                tools[tool.name] = tool
+        rewards = {g.family: g.reward for g in self.generators}
+        reward = next(iter(rewards.values())) if len(rewards) == 1 else ByFamily(rewards)
+        return HostTextEnv(
+            tokenizer,
+            self.tasks(split),
+            reward,
+            tools=tuple(tools.values()),
+            max_length=self.max_length,
+            action_length=self.action_length,
+            max_turns=max(g.max_turns for g in self.generators),
+            turn_rewards=self.turn_rewards,
         )
 
     def tasks(self, split: str = "train"):

@@ -113,6 +113,7 @@ class Completion:
     prompt: tuple[int, ...]
     tokens: tuple[int, ...]
     logprobs: tuple[float, ...]  # of each token under the raw model
+    sample_logprobs: tuple[float, ...]  # under the distribution each token was drawn from
     finish_reason: str
     cached_tokens: int  # prompt tokens served by the prefix cache
     preemptions: int
@@ -376,9 +377,9 @@ class Engine:
             sampled += self._decode(plan.decodes)
         self.step_count += 1
         events = []
-        for seq, token, logprob in sampled:
+        for seq, token, logprob, sample_logprob in sampled:
             with self._isolated(seq):
-                events.append(self._append(seq, token, logprob))
+                events.append(self._append(seq, token, logprob, sample_logprob))
         return events
 
     def take_failures(self) -> list[tuple[str, Exception]]:
@@ -495,7 +496,7 @@ class Engine:
             np.bincount(np.asarray(seq.output, np.int64), minlength=v).astype(np.int32),
             **self._static,
         )
-        return int(s.tokens[0]), float(s.raw_logprobs[0])
+        return int(s.tokens[0]), float(s.raw_logprobs[0]), float(s.sample_logprobs[0])
 
     def _sampling_arrays(self, by_slot: list[Sequence | None]) -> SamplingArrays:
         """The decode batch's per-slot settings, rebuilt only when the slots change hands."""
@@ -533,8 +534,8 @@ class Engine:
             steps,
             **self._static,
         )
-        out_tokens, out_logprobs = np.asarray(s.tokens), np.asarray(s.raw_logprobs)
-        return [(seq, int(out_tokens[seq.slot]), float(out_logprobs[seq.slot])) for seq in seqs]
+        out = [np.asarray(x) for x in (s.tokens, s.raw_logprobs, s.sample_logprobs)]
+        return [(seq, *(x[seq.slot].item() for x in out)) for seq in seqs]
 
     def _finish_reason(self, seq: Sequence) -> str | None:
         token, p = seq.output[-1], seq.params
@@ -546,11 +547,14 @@ class Engine:
             return "length"
         return None
 
-    def _append(self, seq: Sequence, token: int, logprob: float) -> StepOutput:
+    def _append(
+        self, seq: Sequence, token: int, logprob: float, sample_logprob: float
+    ) -> StepOutput:
         seq.num_computed = len(seq.prompt) + len(seq.output)
         self.blocks.commit(seq.request_id, seq.tokens, seq.num_computed)
         seq.output.append(token)
         seq.logprobs.append(logprob)
+        seq.sample_logprobs.append(sample_logprob)
         now = time.perf_counter()
         if seq.first_token_time is None:
             seq.first_token_time = now
@@ -568,6 +572,7 @@ class Engine:
                 seq.prompt,
                 tuple(seq.output),
                 tuple(seq.logprobs),
+                tuple(seq.sample_logprobs),
                 seq.finish_reason,
                 seq.cached_tokens,
                 seq.preemptions,

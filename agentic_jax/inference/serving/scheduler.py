@@ -46,7 +46,8 @@ class Sequence:
     arrival_step: int
     arrival_time: float
     output: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)  # under the raw model
+    sample_logprobs: list[float] = dataclasses.field(default_factory=list)  # as sampled
     slot: int | None = None
     num_computed: int = 0
     admitted_step: int | None = None  # first admission
