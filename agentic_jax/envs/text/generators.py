@@ -14,8 +14,9 @@ and a bank of tasks is reproducible from its seeds.  Every task carries
   pair's rejected side), which does not.
 
 Families: `Arithmetic` (multi-step integer arithmetic; difficulty = number
-of operators), `Countdown` (reach a target from given numbers; difficulty =
-how many numbers), `MultiHop` (chained fact lookups; difficulty = hops).
+of operators, each a calculator call whose result the next one carries),
+`Countdown` (reach a target from given numbers; difficulty = how many
+numbers), `MultiHop` (chained fact lookups; difficulty = hops).
 """
 
 from __future__ import annotations
@@ -178,8 +179,12 @@ class Arithmetic(Generator):
                     _PRECEDENCE[op],
                     result,
                 )
-            if all(abs(result) <= calculator.INT_MAX for _, result in steps):
-                break  # else redraw: the int32 calculator (tool and verifier) cannot evaluate it
+            results = [result for _, result in steps]
+            # Redraw when the int32 calculator (tool and verifier) could not evaluate a step, or
+            # when an intermediate result already is the answer (a last "* 1", "+ 3" then "- 3"): a
+            # problem of d steps needs exactly d calls, and difficulty is the number of steps.
+            if all(abs(r) <= calculator.INT_MAX for r in results) and value not in results[:-1]:
+                break
         prompt = (Message("system", FORMAT), Message("user", f"What is {text}?"))
         task = Task(
             prompt,
