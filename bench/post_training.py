@@ -8,12 +8,15 @@ harder training problems (``configs/post_training_tasks.gin``, ``rl/TaskSpec``):
 * ``sft``: no further training (the baseline);
 * ``rft``: rejection-sampling fine-tuning (``train_rft``), the same samples in rounds;
 * ``online_dpo``: online DPO (``train_preference``, best vs worst of 8 samples per prompt);
-* ``grpo``, ``dapo``, ``dr_grpo``, ``rloo``, ``ppo``: ``train_rl`` with ``configs/rl_<method>.gin``.
+* ``grpo``, ``dapo``, ``dr_grpo``, ``rloo``, ``ppo``: ``train_rl`` with ``configs/rl_<method>.gin``,
+  under ``RLConfig.episode_budget = steps x 64`` with every sampling round counted, so DAPO's
+  dynamic sampling ends in fewer steps rather than with more episodes.
 
 Each trained model plays every held-out problem greedily once and ``--samples`` times at
 temperature 1.  The table gives held-out success (the per-problem success rate of the samples,
 i.e. pass@1, with its bootstrap 95% interval), the paired difference to SFT with its interval,
-greedy success, and the wall-clock of training.  Results go to ``OUT/results.json`` and a
+greedy success, the episodes and policy tokens each method sampled (from its ``metrics.jsonl``;
+a method over the budget is marked), and the wall-clock of training.  Results go to ``OUT/results.json`` and a
 markdown table on stdout.
 """
 
@@ -37,6 +40,7 @@ from agentic_jax.post_training.preference import train_preference
 from agentic_jax.post_training.rft import train_rft
 from agentic_jax.post_training.rl import train_rl
 from agentic_jax.post_training.tasks import TaskSpec
+from agentic_jax.training.metrics import read_metrics
 
 METHODS = ("sft", "rft", "online_dpo", "grpo", "dapo", "dr_grpo", "rloo", "ppo")
 SAMPLES_PER_STEP = 64
@@ -51,7 +55,10 @@ def _bindings(method: str, sft: str, steps: int, seed: int) -> tuple[list[str], 
         "train_rl.eval_every = 0",
     ]
     if method in ("grpo", "dapo", "dr_grpo", "rloo", "ppo"):
-        return [f"rl_{method}"], common, "train_rl"
+        # Every sampling round counts: DAPO's dynamic sampling ends in fewer steps, not with
+        # more episodes.
+        budget = f"RLConfig.episode_budget = {steps * SAMPLES_PER_STEP}"
+        return [f"rl_{method}"], [*common, budget], "train_rl"
     if method == "rft":
         rounds = 3
         return (
@@ -87,10 +94,11 @@ def _bindings(method: str, sft: str, steps: int, seed: int) -> tuple[list[str], 
 
 def run_method(
     method: str, sft: str, out: str, steps: int, seed: int, extra: list[str]
-) -> tuple[str, float]:
-    """Trains one method (resuming if its run exists) and returns its run directory and seconds."""
+) -> tuple[str, float, dict]:
+    """Trains one method (resuming if its run exists); returns its run directory, seconds, and
+    the episodes and policy tokens it sampled (every record of its ``metrics.jsonl``)."""
     if method == "sft":
-        return sft, 0.0
+        return sft, 0.0, {"episodes": 0, "generated_tokens": 0}
     files, bindings, trainer = _bindings(method, sft, steps, seed)
     gin_config.parse(files, bindings + extra)
     workdir = os.path.join(out, method)
@@ -98,7 +106,10 @@ def run_method(
     {"train_rl": train_rl, "train_rft": train_rft, "train_preference": train_preference}[trainer](
         workdir
     )
-    return workdir, time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+    spent = {k: sum(r.get(k, 0) for r in records) for k in ("episodes", "generated_tokens")}
+    return workdir, seconds, spent
 
 
 def main() -> None:
@@ -127,7 +138,7 @@ def main() -> None:
     for method in args.methods:
         if method in results:
             continue
-        run_dir, seconds = run_method(
+        run_dir, seconds, spent = run_method(
             method, args.sft, args.out, args.steps, args.seed, args.gin_param
         )
         config, params, tokenizer = load_checkpoint(run_dir)
@@ -143,6 +154,7 @@ def main() -> None:
             "greedy": result.success.astype(int).tolist(),
             "seconds": seconds,
             "tool_calls": float(result.tool_calls.mean()),
+            **spent,
         }
         with open(results_path, "w") as f:
             json.dump(results, f)
@@ -150,11 +162,16 @@ def main() -> None:
             f"{method}: held-out pass@1 {np.mean(results[method]['pass@1']):.3f} ({seconds:.0f} s)",
             flush=True,
         )
+    budget = args.steps * SAMPLES_PER_STEP
+    print(
+        f"\nbudget: {budget} episodes per method ({args.steps} steps x {SAMPLES_PER_STEP}); "
+        "a method that sampled more is marked *"
+    )
     print(
         "\n| method | held-out success, pass@1 (95% CI) | vs SFT (95% CI) | greedy success "
-        "| tool calls / episode | training s |"
+        "| tool calls / episode | episodes | generated tokens | training s |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for method in args.methods:
         r = results[method]
         mean, low, high = bootstrap_ci(r["pass@1"], seed=args.seed)
@@ -166,7 +183,8 @@ def main() -> None:
         versus = "" if diff is None else f"{diff[0]:+.3f} [{diff[1]:+.3f}, {diff[2]:+.3f}]"
         print(
             f"| {method} | {mean:.3f} [{low:.3f}, {high:.3f}] | {versus} | {np.mean(r['greedy']):.3f} | "
-            f"{r['tool_calls']:.2f} | {r['seconds']:.0f} |"
+            f"{r['tool_calls']:.2f} | {r['episodes']:,}{'*' if r['episodes'] > budget else ''} | "
+            f"{r['generated_tokens']:,} | {r['seconds']:.0f} |"
         )
 
 

@@ -46,7 +46,7 @@ class Evaluation:
 
 
 def _play(
-    params, config, env, env_params, tasks, group_size, sampling, key, batch_rows
+    params, config, env, env_params, tasks, group_size, sampling, key, batch_rows, backend
 ) -> Rollouts:
     """Episodes of ``tasks`` in fixed-size chunks of ``batch_rows`` rows (one compiled shape)."""
     per_chunk = min(max(batch_rows // group_size, 1), len(tasks))
@@ -63,6 +63,7 @@ def _play(
             group_size=group_size,
             sampling=sampling,
             key=jax.random.fold_in(key, start),
+            backend=backend,
         )
         parts.append(r.rows(0, len(chunk) * group_size))
     return Rollouts.concat(parts)
@@ -79,14 +80,27 @@ def evaluate_policy(
     key=None,
     batch_rows: int = 64,
     tasks=None,
+    backend="generate",
 ) -> Evaluation:
-    """Greedy success on every task of the env's bank (or ``tasks``), plus pass@k from ``samples``."""
+    """Greedy success on every task of the env's bank (or ``tasks``), plus pass@k from ``samples``.
+
+    Episodes play in chunks of ``batch_rows`` rows (the last chunk padded with repeated tasks,
+    whose episodes are dropped); ``backend`` is `collect`'s decoder."""
     env_params = env.default_params if env_params is None else env_params
     count = np.shape(env_params.task_weights)[0]
     tasks = np.arange(count) if tasks is None else np.asarray(tasks)
     key = jax.random.key(0) if key is None else key
     greedy = _play(
-        params, config, env, env_params, tasks, 1, SamplingParams(temperature=0.0), key, batch_rows
+        params,
+        config,
+        env,
+        env_params,
+        tasks,
+        1,
+        SamplingParams(temperature=0.0),
+        key,
+        batch_rows,
+        backend,
     )
     correct = None
     if samples > 0:
@@ -100,6 +114,7 @@ def evaluate_policy(
             SamplingParams(temperature=temperature),
             jax.random.fold_in(key, 1),
             batch_rows,
+            backend,
         )
         correct = sampled.success.reshape(-1, samples).sum(axis=1)
     return Evaluation(

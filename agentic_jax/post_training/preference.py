@@ -195,7 +195,8 @@ def sample_pairs(
 
     Also returns the sampling metrics: the verifier's ``reward_mean`` and ``success_rate``,
     ``response_length``, ``tied_prompts`` (the fraction skipped), the trained pairs' mean
-    ``chosen_score`` / ``rejected_score``, ``generation_seconds``.
+    ``chosen_score`` / ``rejected_score``, ``generation_seconds``, and the ``episodes`` and
+    ``generated_tokens`` sampled.
     """
     rollouts = collect(
         params,
@@ -218,6 +219,7 @@ def sample_pairs(
         "tied_prompts": 1.0
         - float(np.mean(best_worst(np.reshape(scores, (-1, samples_per_prompt)))[2])),
         "generation_seconds": rollouts.generation_seconds,
+        **rollouts.sample_counts,
     }
     if batch is not None:
         metrics.update(

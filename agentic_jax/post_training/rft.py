@@ -92,6 +92,7 @@ def train_rft(
             "reward_mean": float(r.reward.mean()),
             "kept": len(kept),
             "generation_seconds": r.generation_seconds,
+            **r.sample_counts,
         }
         if kept:
             data = iter(

@@ -39,6 +39,7 @@ and the reference model's fingerprint, so a killed run resumes exactly.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -108,6 +109,11 @@ class RLConfig:
     temperature: float = 1.0
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 3
+    # The run's sample budget in episodes, every sampling round counted (whole groups): no more
+    # prompts are drawn once it is spent, and the run ends there (at the latest at ``steps``),
+    # so methods that sample more per step (dynamic sampling) take fewer steps, not more
+    # episodes.  None: no budget beyond ``steps``.
+    episode_budget: int | None = None
     overlong_buffer: int = 0  # L_buffer tokens before the length limit; 0: no shaping
     max_response_length: int | None = (
         None  # L_max (policy tokens); default: the env's action_length
@@ -117,6 +123,10 @@ class RLConfig:
     value_coef: float = 0.5
     value_clip: float = 0.2
     critic_lr: float = 1e-4
+    # AdamW for the policy and the critic: β2 = 0.95 and global-norm clipping at 1.0 (the
+    # optimiser's defaults) and no weight decay, which would pull the policy towards 0 rather
+    # than towards the reference (the KL term's job).
+    weight_decay: float = 0.0
     # Credit over turns: "episode" (one advantage per episode, or per token for PPO) or "turn"
     # (each turn's return Σ_{j≥k} γ^{j−k} r_j: group-relative per turn for grpo / dr_grpo /
     # rloo, GAE over turns from the critic for "gae"); slice_turns trains one row per turn.
@@ -165,6 +175,11 @@ class RLConfig:
             raise ValueError(
                 f"dynamic_sampling would drop every group of group_size={self.group_size}; "
                 "it needs group_size >= 2"
+            )
+        if self.episode_budget is not None and self.episode_budget < self.group_size:
+            raise ValueError(
+                f"RLConfig.episode_budget={self.episode_budget} is less than one group of "
+                f"group_size={self.group_size} episodes"
             )
         if self.advantage != "gae" and self.group_size < 2:
             raise ValueError(
@@ -309,7 +324,9 @@ def _group_advantages(
 def _select_groups(
     parts: list[Rollouts], keep: list[np.ndarray], group_size: int, groups: int
 ) -> tuple:
-    """The first ``groups`` kept groups of the sampling rounds, padded with dropped ones (masked out)."""
+    """The first ``groups`` kept groups of the sampling rounds, padded with dropped ones (masked
+    out); when the budget's last round drew fewer than ``groups``, with repeats of them, masked
+    out too, so that every step trains on one batch shape."""
     rows = []
     for r, k in zip(parts, keep):
         for g in np.flatnonzero(k):
@@ -318,6 +335,9 @@ def _select_groups(
         for g in np.flatnonzero(~k):
             rows.append((r, g, False))
     rows = rows[:groups]
+    rows += [
+        (r, g, False) for r, g, _ in itertools.islice(itertools.cycle(rows), groups - len(rows))
+    ]
     merged = Rollouts.concat([r.rows(g * group_size, (g + 1) * group_size) for r, g, _ in rows])
     return merged, np.repeat([k for _, _, k in rows], group_size)
 
@@ -406,6 +426,8 @@ class Samples(NamedTuple):
     curriculum: PassRateState | None  # the curriculum after seeing every round
     position: int  # prompts drawn from the permutation stream so far
     seconds: float
+    episodes: int  # episodes sampled this step, every round counted
+    generated_tokens: int  # policy tokens sampled this step, every round counted
 
 
 class Scores(NamedTuple):
@@ -448,7 +470,7 @@ def make_setup(
     schedule = make_schedule(
         peak_lr=peak_lr, total_steps=steps, kind="constant", warmup_steps=min(warmup_steps, steps)
     )
-    optimizer = make_optimizer(schedule)
+    optimizer = make_optimizer(schedule, weight_decay=algo.weight_decay)
     teacher = base if algo.distill_teacher == "reference" else None
     update = make_update(
         _policy_loss(config, algo, max_response, teacher),
@@ -462,7 +484,8 @@ def make_setup(
         critic_optimizer = make_optimizer(
             make_schedule(
                 peak_lr=algo.critic_lr, total_steps=steps, kind="constant", warmup_steps=0
-            )
+            ),
+            weight_decay=algo.weight_decay,
         )
         critic_update = jax.jit(
             make_update(_value_loss(config, algo), critic_optimizer, accum_steps=algo.accum_steps)
@@ -527,14 +550,18 @@ def sample(setup: RLSetup, learner: Learner, rand: StepRandom) -> Samples:
     position, curriculum = int(learner.prompt_position), learner.curriculum
     start = time.perf_counter()
     for round_ in range(algo.max_sampling_rounds if algo.dynamic_sampling else 1):
+        left = groups_left(algo, position)
+        count = algo.prompts_per_step if left is None else min(algo.prompts_per_step, left)
+        if count == 0:
+            break
         if setup.pass_rate is not None:
             weights = np.asarray(setup.pass_rate.weights(curriculum), np.float64)
             prompts = rand.curriculum_rng(round_).choice(
-                setup.num_tasks, algo.prompts_per_step, p=weights / weights.sum()
+                setup.num_tasks, count, p=weights / weights.sum()
             )
         else:
-            prompts = next_prompts(position, algo.prompts_per_step, setup.num_tasks, setup.seed)
-        position += algo.prompts_per_step
+            prompts = next_prompts(position, count, setup.num_tasks, setup.seed)
+        position += count
         r = collect(
             params,
             config,
@@ -558,6 +585,8 @@ def sample(setup: RLSetup, learner: Learner, rand: StepRandom) -> Samples:
     zero_variance = float(
         np.mean([r.group(r.reward, algo.group_size).std(axis=1) == 0 for r in parts])
     )
+    if not parts:
+        raise ValueError("the episode budget is spent: no prompts left to sample")
     rollouts, row_kept = _select_groups(parts, keep, algo.group_size, algo.prompts_per_step)
     return Samples(
         rollouts,
@@ -567,7 +596,17 @@ def sample(setup: RLSetup, learner: Learner, rand: StepRandom) -> Samples:
         curriculum,
         position,
         time.perf_counter() - start,
+        sum(r.sample_counts["episodes"] for r in parts),
+        sum(r.sample_counts["generated_tokens"] for r in parts),
     )
+
+
+def groups_left(algo: RLConfig, position: int) -> int | None:
+    """Groups of episodes ``RLConfig.episode_budget`` still allows after ``position`` prompts
+    were drawn (None: no budget)."""
+    if algo.episode_budget is None:
+        return None
+    return max(algo.episode_budget // algo.group_size - position, 0)
 
 
 def _shaped_turn_rewards(rollouts: Rollouts, algo: RLConfig) -> np.ndarray:
@@ -847,6 +886,9 @@ def summarize(
         "truncated": float(rollouts.truncated.mean()),
         "zero_variance_groups": samples.zero_variance,
         "sampling_rounds": samples.rounds,
+        "episodes": samples.episodes,
+        "generated_tokens": samples.generated_tokens,
+        "episodes_total": samples.position * group_size,
         "grad_norm": float(np.mean([m["grad_norm"] for m in updates])),
         "generation_seconds": samples.seconds,
         "training_seconds": training_seconds,
@@ -1018,13 +1060,16 @@ def train_rl(
         desc=f"rl {algorithm.loss_type}",
     ) as bar:
         for step in range(start + 1, steps + 1):
+            if groups_left(algorithm, int(learner.prompt_position)) == 0:
+                break  # a resumed run whose budget was spent
             learner, last = rl_step(setup, learner, step)
+            final = step == steps or groups_left(algorithm, int(learner.prompt_position)) == 0
             alarms = monitor_.observe(last)
             if alarms:
                 last["alarms"] = [a.name for a in alarms]
                 for alarm in alarms:
                     bar.write(f"step {step}: alarm {alarm.name}: {alarm.message}")
-            if eval_every and (step % eval_every == 0 or step == steps):
+            if eval_every and (step % eval_every == 0 or final):
                 last.update(evaluate(step))
                 bar.write(f"step {step}: held-out success {last['eval_success']:.3f}")
             run.write(last)
@@ -1033,9 +1078,11 @@ def train_rl(
                 reward=f"{last['reward_mean']:.3f}", success=f"{last['success_rate']:.2f}"
             )
             stop = monitor_.should_stop(alarms)
-            if stop is not None or step % checkpoint_every == 0 or step == steps:
+            if stop is not None or step % checkpoint_every == 0 or final:
                 run.save(step, learner, {**meta, "monitor": monitor_.state()})
             if stop is not None:
                 raise RLStopped(stop)
+            if final:
+                break
     run.finish(config, setup.finetune.merged(learner.policy.params, setup.frozen), tokenizer)
     return last

@@ -60,6 +60,12 @@ class Rollouts(NamedTuple):
         """Policy tokens per episode (all its turns)."""
         return self.loss_mask.sum(axis=1)
 
+    @property
+    def sample_counts(self) -> dict:
+        """What these rollouts spent of a sample budget: ``episodes`` and ``generated_tokens``
+        (the policy's tokens; tool messages are the environment's)."""
+        return {"episodes": len(self.reward), "generated_tokens": int(self.loss_mask.sum())}
+
     def rows(self, start: int, stop: int) -> Rollouts:
         """Episodes ``start .. stop - 1`` (the generation time stays whole)."""
         return Rollouts(*[f[start:stop] if isinstance(f, np.ndarray) else f for f in self])
