@@ -13,7 +13,15 @@ import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-OURS = {"agentic_jax", "pallas_kernels", "sharding", "tiny_models", "tiny_tasks", "bench"}
+OURS = {
+    "agentic_jax",
+    "pallas_kernels",
+    "sharding",
+    "tiny_models",
+    "tiny_tasks",
+    "killed_runs",
+    "bench",
+}
 # Declared test dependencies that are used without an import statement of ours.
 NOT_IMPORTED = {
     "ruff": "a command CI runs",

@@ -5,8 +5,6 @@ self-distillation, stability alarms, engine rollouts, and exact resumption with 
 import dataclasses
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import textwrap
 import time
@@ -15,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from killed_runs import kill_when_exists, run_to_end
 from tiny_models import task_model_dir
 from tiny_tasks import SHORT
 
@@ -431,31 +430,13 @@ def test_a_run_killed_mid_step_with_every_option_resumes_with_identical_metrics(
     save_reward_head(rm_dir, head, kind="process", max_steps=3)
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(RUN))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
 
-    def run(workdir, kill_after_checkpoint=None):
-        proc = subprocess.Popen(
-            [sys.executable, str(script), str(workdir), str(path), str(rm_dir)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        if kill_after_checkpoint is None:
-            assert proc.wait(timeout=900) == 0, proc.stderr.read()
-            return
-        marker = workdir / "checkpoints" / str(kill_after_checkpoint)
-        deadline = time.monotonic() + 900
-        while not marker.exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-            time.sleep(0.2)
-        time.sleep(1.0)  # into the next step
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    def cmd(name):
+        return [sys.executable, str(script), str(tmp_path / name), str(path), str(rm_dir)]
 
-    run(tmp_path / "whole")
-    run(tmp_path / "killed", kill_after_checkpoint=2)
-    run(tmp_path / "killed")
+    run_to_end(cmd("whole"))
+    kill_when_exists(cmd("killed"), tmp_path / "killed" / "checkpoints" / "2")  # during step 3
+    run_to_end(cmd("killed"))
     timing = ("generation_seconds", "training_seconds")
 
     def records(name):

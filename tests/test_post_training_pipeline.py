@@ -1,57 +1,41 @@
-"""`agentic-jax train` with the quickstart config: tokenizer -> pretraining -> SFT -> RL -> report."""
+"""`agentic-jax train` with the quickstart config: tokenizer -> pretraining -> SFT -> RL -> report,
+and its exact resumption after a SIGKILL in the middle of RL."""
 
 import json
-import os
+import sys
 
 import pytest
+from killed_runs import kill_when_exists
+from tiny_tasks import TINY_PIPELINE
 
 from agentic_jax import config as gin_config
 from agentic_jax.cli import main
 from agentic_jax.config import config_dir
 from agentic_jax.training.metrics import read_metrics
 
-HERE = os.path.dirname(__file__)
-CORPUS = os.path.join(HERE, "data", "tiny_corpus.txt")
-
-# The quickstart pipeline at toy sizes: every stage runs, in seconds.
-TINY = [
-    f"post_training.tokenizer_corpus = ['{CORPUS}']",
-    f"train_data.files = ['{CORPUS}']",
-    f"heldout_data.files = ['{CORPUS}']",
-    "post_training.vocab_size = 500",
-    "post_training.eval_samples = 2",
-    "TransformerConfig.d_model = 32",
-    "TransformerConfig.n_layers = 1",
-    "TransformerConfig.n_heads = 2",
-    "TransformerConfig.n_kv_heads = 1",
-    "TransformerConfig.head_dim = 16",
-    "TransformerConfig.d_ff = 64",
-    "train.steps = 4",
-    "train.batch_size = 8",
-    "train.seq_len = 32",
-    "train.eval_every = 4",
-    "train.checkpoint_every = 4",
-    "make_schedule.warmup_steps = 1",
-    "train_sft.steps = 3",
-    "train_sft.batch_size = 4",
-    "train_sft.eval_every = 3",
-    "train_rl.steps = 2",
-    "RLConfig.group_size = 2",
-    "RLConfig.prompts_per_step = 2",
-    "sft/TaskSpec.num_train = 8",
-    "sft/TaskSpec.num_heldout = 3",
-    "rl/TaskSpec.num_train = 8",
-    "rl/TaskSpec.num_heldout = 2",
-]
+RL_STEPS = 6
+PARAMS = [*TINY_PIPELINE, f"train_rl.steps = {RL_STEPS}", "train_rl.checkpoint_every = 2"]
+TIMING = ("generation_seconds", "training_seconds")
 
 
-def test_quickstart_pipeline_writes_every_stage_and_the_report(tmp_path):
+def _args(workdir):
+    return ["train", "--workdir", str(workdir), *(a for p in PARAMS for a in ("--gin_param", p))]
+
+
+def _outputs(workdir):
+    """The report and the RL stage's metrics, without wall-clock."""
+    records = read_metrics(workdir / "rl" / "metrics.jsonl")
+    untimed = [{k: v for k, v in r.items() if k not in TIMING} for r in records]
+    return json.loads((workdir / "report.json").read_text()), untimed
+
+
+def test_quickstart_pipeline_writes_every_stage_and_the_report_and_survives_sigkill(tmp_path):
     workdir = tmp_path / "run"
-    args = ["train", "--workdir", str(workdir), *(a for p in TINY for a in ("--gin_param", p))]
-    assert main(args) == 0  # no --gin_file: the built-in quickstart pipeline
+    assert main(_args(workdir)) == 0  # no --gin_file: the built-in quickstart pipeline
     for stage in ("pretrain", "sft", "rl"):
         assert (workdir / stage / "model" / "config.json").exists()
-    assert [r["step"] for r in read_metrics(workdir / "rl" / "metrics.jsonl")] == [1, 2]
+    steps = list(range(1, RL_STEPS + 1))
+    assert [r["step"] for r in read_metrics(workdir / "rl" / "metrics.jsonl")] == steps
     report = json.loads((workdir / "report.json").read_text())
     for when in ("before_rl", "after_rl"):  # held-out rl_tasks: two generators x 2 problems
         result = report[when]
@@ -66,8 +50,14 @@ def test_quickstart_pipeline_writes_every_stage_and_the_report(tmp_path):
     assert {"reward_mean", "success_rate", "response_length"} <= report["rl_curves"][-1].keys()
     assert (workdir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Running the command again finds every stage done and only re-evaluates.
-    assert main(args) == 0
-    assert [r["step"] for r in read_metrics(workdir / "rl" / "metrics.jsonl")] == [1, 2]
+    assert main(_args(workdir)) == 0
+    assert [r["step"] for r in read_metrics(workdir / "rl" / "metrics.jsonl")] == steps
+    # Killed in the middle of RL (during step 3) and run again, it ends as the run above did.
+    killed = tmp_path / "killed"
+    cli = [sys.executable, "-m", "agentic_jax.cli", *_args(killed)]
+    kill_when_exists(cli, killed / "rl" / "checkpoints" / "2")
+    assert main(_args(killed)) == 0
+    assert _outputs(killed) == _outputs(workdir)
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in config_dir().glob("*.gin")))

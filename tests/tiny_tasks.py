@@ -1,6 +1,7 @@
-"""Test helper: a task the tiny random models learn in a few RL steps."""
+"""Test helpers: a task the tiny random models learn in a few RL steps; the main pipeline at toy sizes."""
 
 import jax.numpy as jnp
+from tiny_models import CORPUS
 
 from agentic_jax.envs.text import Arithmetic, Reward
 from agentic_jax.post_training.tasks import TaskSpec
@@ -27,3 +28,36 @@ class DigitArithmetic(Arithmetic):
 SHORT = TaskSpec(
     generators=(DigitArithmetic(),), num_train=16, num_heldout=4, max_length=96, action_length=16
 )
+
+
+# The quickstart pipeline (`agentic-jax train` without --gin_file) at toy sizes: every stage
+# runs, in seconds.  Pass each as --gin_param.
+TINY_PIPELINE = [
+    f"post_training.tokenizer_corpus = ['{CORPUS}']",
+    f"train_data.files = ['{CORPUS}']",
+    f"heldout_data.files = ['{CORPUS}']",
+    "post_training.vocab_size = 500",
+    "post_training.eval_samples = 2",
+    "TransformerConfig.d_model = 32",
+    "TransformerConfig.n_layers = 1",
+    "TransformerConfig.n_heads = 2",
+    "TransformerConfig.n_kv_heads = 1",
+    "TransformerConfig.head_dim = 16",
+    "TransformerConfig.d_ff = 64",
+    "train.steps = 4",
+    "train.batch_size = 8",
+    "train.seq_len = 32",
+    "train.eval_every = 4",
+    "train.checkpoint_every = 4",
+    "make_schedule.warmup_steps = 1",
+    "train_sft.steps = 3",
+    "train_sft.batch_size = 4",
+    "train_sft.eval_every = 3",
+    "train_rl.steps = 2",
+    "RLConfig.group_size = 2",
+    "RLConfig.prompts_per_step = 2",
+    "sft/TaskSpec.num_train = 8",
+    "sft/TaskSpec.num_heldout = 3",
+    "rl/TaskSpec.num_train = 8",
+    "rl/TaskSpec.num_heldout = 2",
+]
