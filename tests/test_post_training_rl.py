@@ -660,3 +660,28 @@ def test_an_episode_budget_gives_dynamic_sampling_fewer_steps_not_more_episodes(
 def test_an_episode_budget_smaller_than_a_group_is_refused():
     with pytest.raises(ValueError, match="episode_budget=3 is less than one group"):
         RLConfig(group_size=4, episode_budget=3)
+
+
+def test_a_budget_that_ends_inside_a_step_trains_its_last_groups_alone(run_dir, tmp_path):
+    """5 groups of budget with 2 prompts a step: the last round draws the 1 group left (a batch
+    padded with masked repeats), dynamic sampling's rounds included, and the run stops there."""
+    path, _, _ = run_dir
+    algo = RLConfig(
+        loss_type="dapo",
+        group_size=2,
+        prompts_per_step=2,
+        dynamic_sampling=True,
+        episode_budget=10,
+    )
+    train_rl(
+        str(tmp_path / "odd"),
+        init_from=str(path),
+        tasks=SHORT,
+        algorithm=algo,
+        steps=20,
+        peak_lr=1e-2,
+        progress=False,
+    )
+    records = read_metrics(tmp_path / "odd" / "metrics.jsonl")
+    assert sum(r["episodes"] for r in records) == records[-1]["episodes_total"] == 10
+    assert records[-1]["episodes"] % 4 == 2  # the last round drew one group

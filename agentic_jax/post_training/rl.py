@@ -546,7 +546,7 @@ def sample(setup: RLSetup, learner: Learner, rand: StepRandom) -> Samples:
     algo, env = setup.algo, setup.env
     params, config = setup.sampler(learner)
     sampling = SamplingParams(temperature=algo.temperature)
-    parts, keep = [], []
+    parts, keep, varied = [], [], []
     position, curriculum = int(learner.prompt_position), learner.curriculum
     start = time.perf_counter()
     for round_ in range(algo.max_sampling_rounds if algo.dynamic_sampling else 1):
@@ -577,16 +577,14 @@ def sample(setup: RLSetup, learner: Learner, rand: StepRandom) -> Samples:
             curriculum = setup.pass_rate.update(
                 curriculum, jnp.asarray(r.task), jnp.asarray(r.success, jnp.float32)
             )
-        varied = r.group(r.reward, algo.group_size).std(axis=1) > 0
         parts.append(r)
-        keep.append(varied if algo.dynamic_sampling else np.ones(len(varied), bool))
+        varied.append(r.group(r.reward, algo.group_size).std(axis=1) > 0)
+        keep.append(varied[-1] if algo.dynamic_sampling else np.ones(len(varied[-1]), bool))
         if sum(k.sum() for k in keep) >= algo.prompts_per_step:
             break
-    zero_variance = float(
-        np.mean([r.group(r.reward, algo.group_size).std(axis=1) == 0 for r in parts])
-    )
     if not parts:
         raise ValueError("the episode budget is spent: no prompts left to sample")
+    zero_variance = 1.0 - float(np.concatenate(varied).mean())
     rollouts, row_kept = _select_groups(parts, keep, algo.group_size, algo.prompts_per_step)
     return Samples(
         rollouts,
@@ -618,8 +616,7 @@ def _shaped_turn_rewards(rollouts: Rollouts, algo: RLConfig) -> np.ndarray:
         return rollouts.turn_rewards
     potential = algo.shaping_coef * rollouts.milestones * rollouts.turn_mask
     before = np.concatenate([np.zeros_like(potential[:, :1]), potential[:, :-1]], axis=1)
-    last = rollouts.turn_mask * (np.arange(potential.shape[1]) == rollouts.turns[:, None] - 1)
-    discount = algo.turn_gamma * (1 - last)
+    discount = algo.turn_gamma * (1 - rollouts.last_turn)
     shaped = jax.vmap(rl.potential_shaping)(
         jnp.asarray(rollouts.turn_rewards),
         jnp.asarray(discount, jnp.float32),
@@ -676,19 +673,10 @@ def score(setup: RLSetup, learner: Learner, samples: Samples) -> Scores:
     rewards = (rewards + extra).astype(np.float32)
     turn_rewards = None
     if algo.credit == "turn":
-        last = rollouts.turn_mask * (
-            np.arange(rollouts.turn_mask.shape[1]) == rollouts.turns[:, None] - 1
-        )
-        turn_rewards = (_shaped_turn_rewards(rollouts, algo) + last * extra[:, None]).astype(
-            np.float32
-        )
+        turn_rewards = (
+            _shaped_turn_rewards(rollouts, algo) + rollouts.last_turn * extra[:, None]
+        ).astype(np.float32)
     return Scores(rewards, old_logp, ref_logp, turn_rewards, verifier, model_rewards)
-
-
-def _turn_values(setup: RLSetup, learner: Learner, tokens, turn_spans) -> jax.Array:
-    """The critic's value of the state each turn starts from, ``[B, K]``."""
-    values = setup.values_fn(learner.critic.params, tokens)
-    return jnp.take_along_axis(values, jnp.asarray(turn_spans[..., 0]), axis=1)
 
 
 def advantages(
@@ -741,7 +729,9 @@ def advantages(
         turn_rewards = jnp.asarray(scores.turn_rewards)
         spans = jnp.asarray(rollouts.turn_spans)
         if setup.ppo:
-            turn_values = _turn_values(setup, learner, tokens, rollouts.turn_spans)
+            old_values = setup.values_fn(learner.critic.params, tokens)
+            # The value of each turn: the critic's at the state the turn starts from.
+            turn_values = jnp.take_along_axis(old_values, spans[..., 0], axis=1)
             turn_adv, turn_ret = rl.token_gae(
                 turn_rewards, turn_values, turn_mask, gamma=algo.turn_gamma, lam=algo.lam
             )
@@ -750,7 +740,7 @@ def advantages(
             critic_batch = {
                 "tokens": tokens,
                 "mask": jnp.sum(starts, axis=1).astype(jnp.int32),
-                "old_values": setup.values_fn(learner.critic.params, tokens),
+                "old_values": old_values,
                 "returns": jnp.einsum("bkt,bk->bt", starts, turn_ret),
             }
         else:

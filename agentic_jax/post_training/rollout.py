@@ -61,6 +61,12 @@ class Rollouts(NamedTuple):
         return self.loss_mask.sum(axis=1)
 
     @property
+    def last_turn(self) -> np.ndarray:
+        """int32 ``[B, K]``: 1 on each episode's last turn (where episode-level terms go)."""
+        index = np.arange(self.turn_mask.shape[1])
+        return (self.turn_mask * (index == self.turns[:, None] - 1)).astype(np.int32)
+
+    @property
     def sample_counts(self) -> dict:
         """What these rollouts spent of a sample budget: ``episodes`` and ``generated_tokens``
         (the policy's tokens; tool messages are the environment's)."""
