@@ -626,28 +626,13 @@ def test_rl_optimiser_decays_weights_only_when_asked(run_dir, weight_decay):
 def test_an_episode_budget_gives_dynamic_sampling_fewer_steps_not_more_episodes(run_dir, tmp_path):
     """DAPO's dynamic sampling draws extra rounds; under one episode budget it spends exactly
     the episodes GRPO does (every round counted), in fewer steps."""
-    path, _, _ = run_dir
     budget, totals = 24, {}
+    small = {"group_size": 2, "prompts_per_step": 2, "episode_budget": budget}
     for name, algo in {
-        "grpo": RLConfig(group_size=2, prompts_per_step=2, episode_budget=budget),
-        "dapo": RLConfig(
-            loss_type="dapo",
-            group_size=2,
-            prompts_per_step=2,
-            dynamic_sampling=True,
-            max_sampling_rounds=3,
-            episode_budget=budget,
-        ),
+        "grpo": small,
+        "dapo": {**small, "loss_type": "dapo", "dynamic_sampling": True, "max_sampling_rounds": 3},
     }.items():
-        train_rl(
-            str(tmp_path / name),
-            init_from=str(path),
-            tasks=SHORT,
-            algorithm=algo,
-            steps=20,
-            peak_lr=1e-2,
-            progress=False,
-        )
+        _short_rl(tmp_path / name, run_dir, 20, **algo)
         records = read_metrics(tmp_path / name / "metrics.jsonl")
         totals[name] = (sum(r["episodes"] for r in records), len(records), records)
         assert records[-1]["episodes_total"] == totals[name][0]
@@ -665,22 +650,15 @@ def test_an_episode_budget_smaller_than_a_group_is_refused():
 def test_a_budget_that_ends_inside_a_step_trains_its_last_groups_alone(run_dir, tmp_path):
     """5 groups of budget with 2 prompts a step: the last round draws the 1 group left (a batch
     padded with masked repeats), dynamic sampling's rounds included, and the run stops there."""
-    path, _, _ = run_dir
-    algo = RLConfig(
+    _short_rl(
+        tmp_path / "odd",
+        run_dir,
+        20,
         loss_type="dapo",
         group_size=2,
         prompts_per_step=2,
         dynamic_sampling=True,
         episode_budget=10,
-    )
-    train_rl(
-        str(tmp_path / "odd"),
-        init_from=str(path),
-        tasks=SHORT,
-        algorithm=algo,
-        steps=20,
-        peak_lr=1e-2,
-        progress=False,
     )
     records = read_metrics(tmp_path / "odd" / "metrics.jsonl")
     assert sum(r["episodes"] for r in records) == records[-1]["episodes_total"] == 10
