@@ -44,6 +44,18 @@ from agentic_jax.training.metrics import read_metrics
 
 METHODS = ("sft", "rft", "online_dpo", "grpo", "dapo", "dr_grpo", "rloo", "ppo")
 SAMPLES_PER_STEP = 64
+# train_rl methods by the config that defines them (bench.agentic_rl adds the agentic ones).
+RL_CONFIGS = {
+    "grpo": "rl_grpo",
+    "dapo": "rl_dapo",
+    "dr_grpo": "rl_dr_grpo",
+    "rloo": "rl_rloo",
+    "ppo": "rl_ppo",
+    "grpo_turn": "rl_agentic",
+    "grpo_prm": "rl_reward_model",
+    "grpo_opid": "rl_self_distillation",
+    "ppo_turn": "rl_agentic_ppo",
+}
 
 
 def _bindings(method: str, sft: str, steps: int, seed: int) -> tuple[list[str], list[str], str]:
@@ -54,11 +66,11 @@ def _bindings(method: str, sft: str, steps: int, seed: int) -> tuple[list[str], 
         f"train_rl.seed = {seed}",
         "train_rl.eval_every = 0",
     ]
-    if method in ("grpo", "dapo", "dr_grpo", "rloo", "ppo"):
+    if method in RL_CONFIGS:
         # Every sampling round counts: DAPO's dynamic sampling ends in fewer steps, not with
         # more episodes.
         budget = f"RLConfig.episode_budget = {steps * SAMPLES_PER_STEP}"
-        return [f"rl_{method}"], [*common, budget], "train_rl"
+        return [RL_CONFIGS[method]], [*common, budget], "train_rl"
     if method == "rft":
         rounds = 3
         return (
@@ -93,22 +105,34 @@ def _bindings(method: str, sft: str, steps: int, seed: int) -> tuple[list[str], 
 
 
 def run_method(
-    method: str, sft: str, out: str, steps: int, seed: int, extra: list[str]
+    method: str,
+    sft: str,
+    out: str,
+    steps: int,
+    seed: int,
+    extra: list[str],
+    workdir: str | None = None,
+    gin_files: tuple[str, ...] | list[str] = (),
 ) -> tuple[str, float, dict]:
-    """Trains one method (resuming if its run exists); returns its run directory, seconds, and
-    the episodes and policy tokens it sampled (every record of its ``metrics.jsonl``)."""
+    """Trains one method in ``workdir`` (default ``out/method``; resuming if its run exists), with
+    ``gin_files`` parsed after the method's own config;
+    returns its run directory, seconds, and the episodes, policy tokens and generation seconds it
+    spent (every record of its ``metrics.jsonl``)."""
     if method == "sft":
-        return sft, 0.0, {"episodes": 0, "generated_tokens": 0}
+        return sft, 0.0, {"episodes": 0, "generated_tokens": 0, "generation_seconds": 0.0}
     files, bindings, trainer = _bindings(method, sft, steps, seed)
-    gin_config.parse(files, bindings + extra)
-    workdir = os.path.join(out, method)
+    gin_config.parse([*files, *gin_files], bindings + extra)
+    workdir = workdir or os.path.join(out, method)
     start = time.perf_counter()
     {"train_rl": train_rl, "train_rft": train_rft, "train_preference": train_preference}[trainer](
         workdir
     )
     seconds = time.perf_counter() - start
     records = read_metrics(os.path.join(workdir, "metrics.jsonl"))
-    spent = {k: sum(r.get(k, 0) for r in records) for k in ("episodes", "generated_tokens")}
+    spent = {
+        k: sum(r.get(k, 0) for r in records)
+        for k in ("episodes", "generated_tokens", "generation_seconds")
+    }
     return workdir, seconds, spent
 
 

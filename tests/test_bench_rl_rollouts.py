@@ -14,14 +14,14 @@ from bench import rl_rollouts
 
 def test_the_bench_runs_the_main_jobs_rl_tasks():
     tasks = rl_rollouts.main_job_tasks()
-    assert [g.difficulty for g in tasks.generators] == [1, 2]
-    assert tasks.first_seed == 100_000 and (tasks.max_length, tasks.action_length) == (192, 40)
+    assert [g.difficulty for g in tasks.generators] == [2]
+    assert tasks.first_seed == 100_000 and (tasks.max_length, tasks.action_length) == (224, 40)
     assert all(len(g.reward.terms) == 2 for g in tasks.generators)  # partial_credit = False
 
 
 def test_both_arms_count_the_same_steps_and_episodes(tmp_path):
-    task_model_dir(tmp_path, max_seq_len=160)
-    tasks = TaskSpec(generators=(Arithmetic(1),), num_train=8, max_length=120, action_length=32)
+    task_model_dir(tmp_path, max_seq_len=224)
+    tasks = TaskSpec(generators=(Arithmetic(1),), num_train=8, max_length=176, action_length=32)
     records = rl_rollouts.measure(str(tmp_path), tasks, steps=2, prompts=2, group_size=2)
     assert set(records) == set(rl_rollouts.BACKENDS)
     table = rl_rollouts.summarize(records)

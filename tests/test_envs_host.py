@@ -235,7 +235,7 @@ def test_host_env_step_returns_at_the_deadline_with_host_only_tools(tokenizer):
 def test_host_and_jitted_env_agree_on_a_call_longer_than_a_fixed_payload_buffer(tokenizer):
     """A 200+-byte call is parsed by both (the calculator then reports it too long), not malformed in jit."""
     tasks = Arithmetic(1).tasks(range(2))
-    options = {"tools": (Calculator(),), "max_length": MAX_LENGTH, "action_length": 2 * ACTION}
+    options = {"tools": (Calculator(),), "max_length": MAX_LENGTH, "action_length": 3 * ACTION}
     jitted = TextEnv(tokenizer, tasks, Arithmetic(1).reward, **options)
     host = HostTextEnv(
         tokenizer, tasks, Arithmetic(1).reward, pool=ToolPool(2, timeout_s=30.0), **options
@@ -243,8 +243,8 @@ def test_host_and_jitted_env_agree_on_a_call_longer_than_a_fixed_payload_buffer(
     expression = " + ".join(["12345"] * 20)
     payload = f'\n{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}\n'
     ids = tokenizer.encode(TOOL_CALL + payload + TOOL_CALL_END) + [tokenizer.token_id(IM_END)]
-    assert len(ids) <= 2 * ACTION and len(payload) > 200
-    script = [[ids + [0] * (2 * ACTION - len(ids))] * 2]
+    assert len(ids) <= 3 * ACTION and len(payload) > 200
+    script = [[ids + [0] * (3 * ACTION - len(ids))] * 2]
     venv = Vectorized(jitted)
     ((j_obs, *_, j_info),) = _drive(
         jax.jit(venv.reset), jax.jit(venv.step), jitted.default_params, script, 2

@@ -9,7 +9,7 @@ import scipy.stats
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentic_jax.eval import bootstrap_ci, pass_at_k
+from agentic_jax.eval import bootstrap_ci, hierarchical_bootstrap_ci, pass_at_k
 
 
 @st.composite
@@ -57,3 +57,44 @@ def test_bootstrap_ci_matches_the_normal_interval_on_a_large_sample():
     assert low == mean == high == pytest.approx(0.1)
     with pytest.raises(ValueError, match="confidence"):
         bootstrap_ci(values, confidence=95)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(60, 200), st.floats(0.1, 0.9))
+def test_the_hierarchical_bootstrap_with_one_seed_is_the_percentile_bootstrap(seed, n, p):
+    values = (np.random.default_rng(seed).random(n) < p).astype(float)
+    if values.min() == values.max():
+        return
+    mean, low, high = hierarchical_bootstrap_ci(values[None], seed=seed, resamples=4000)
+    reference = scipy.stats.bootstrap(
+        (values,), np.mean, method="percentile", n_resamples=4000, random_state=seed
+    ).confidence_interval
+    assert mean == pytest.approx(values.mean())
+    assert low == pytest.approx(reference.low, abs=0.03) and high == pytest.approx(
+        reference.high, abs=0.03
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.floats(0.0, 0.3))
+def test_seed_to_seed_variance_widens_the_hierarchical_interval(seed, spread):
+    """Rows that differ by a per-seed offset: the interval covers the row means' spread, and
+    equal rows give the problem-level interval."""
+    rng = np.random.default_rng(seed)
+    problems = rng.random(80)
+    offsets = np.array([-spread, 0.0, spread])
+    _, low_same, high_same = hierarchical_bootstrap_ci(np.stack([problems] * 3), seed=seed)
+    mean, low, high = hierarchical_bootstrap_ci(problems + offsets[:, None], seed=seed)
+    assert low <= mean <= high
+    assert high - low >= (high_same - low_same) - 1e-9
+    paired = hierarchical_bootstrap_ci(
+        problems + offsets[:, None] + 0.25, paired_with=problems + offsets[:, None], seed=seed
+    )
+    assert paired == pytest.approx((0.25, 0.25, 0.25))
+
+
+def test_the_hierarchical_bootstrap_names_bad_shapes():
+    with pytest.raises(ValueError, match="seeds, problems"):
+        hierarchical_bootstrap_ci(np.zeros(5))
+    with pytest.raises(ValueError, match="one shape"):
+        hierarchical_bootstrap_ci(np.zeros((2, 5)), paired_with=np.zeros((3, 5)))

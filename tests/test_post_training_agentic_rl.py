@@ -52,7 +52,7 @@ CODING = TaskSpec(
     generators=(Coding(2, timeout_s=5.0),),
     num_train=4,
     num_heldout=2,
-    max_length=224,
+    max_length=288,
     action_length=32,
 )
 
@@ -60,7 +60,7 @@ CODING = TaskSpec(
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("agentic")
-    config, _, tokenizer = task_model_dir(path, max_seq_len=256)
+    config, _, tokenizer = task_model_dir(path, max_seq_len=320)
     return path, config, tokenizer
 
 
@@ -112,7 +112,7 @@ def test_host_tools_in_a_batch_slow_failing_and_direct_rows(run_dir):
         tasks,
         Arithmetic(1).reward,
         tools=(Slow(), Failing()),
-        max_length=200,
+        max_length=264,
         action_length=48,
         max_turns=2,
         pool=ToolPool(4, timeout_s=1.0),

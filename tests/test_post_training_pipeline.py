@@ -37,9 +37,9 @@ def test_quickstart_pipeline_writes_every_stage_and_the_report_and_survives_sigk
     steps = list(range(1, RL_STEPS + 1))
     assert [r["step"] for r in read_metrics(workdir / "rl" / "metrics.jsonl")] == steps
     report = json.loads((workdir / "report.json").read_text())
-    for when in ("before_rl", "after_rl"):  # held-out rl_tasks: two generators x 2 problems
+    for when in ("before_rl", "after_rl"):  # held-out rl_tasks: one generator x 2 problems
         result = report[when]
-        assert len(result["per_task_success"]) == 4
+        assert len(result["per_task_success"]) == 2
         assert (
             0.0 <= result["success"] <= 1.0 and 0.0 <= result["pass@1"] <= result["pass@2"] <= 1.0
         )
@@ -47,6 +47,11 @@ def test_quickstart_pipeline_writes_every_stage_and_the_report_and_survives_sigk
     for measure in ("success", "pass@1"):
         low, high = report["improvement"][f"{measure}_ci95"]
         assert low <= report["improvement"][f"{measure}_difference"] <= high
+    slices = report["by_slice"]  # the RL slice's generators, each its own row
+    assert list(slices) == ["Arithmetic/2"] and slices["Arithmetic/2"]["problems"] == 2
+    for model, when in (("sft", "before_rl"), ("rl", "after_rl")):
+        weighted = sum(row["problems"] * row[f"success_{model}"] for row in slices.values())
+        assert weighted / 2 == pytest.approx(report[when]["success"])
     assert {"reward_mean", "success_rate", "response_length"} <= report["rl_curves"][-1].keys()
     assert (workdir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Running the command again finds every stage done and only re-evaluates.

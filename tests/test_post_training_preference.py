@@ -34,7 +34,7 @@ from agentic_jax.rl import PREFERENCE_LOSSES
 from agentic_jax.training.metrics import read_metrics
 
 SPEC = TaskSpec(
-    generators=(Arithmetic(1),), num_train=12, num_heldout=8, max_length=112, action_length=40
+    generators=(Arithmetic(1),), num_train=12, num_heldout=8, max_length=176, action_length=40
 )
 
 

@@ -51,7 +51,7 @@ SYNTHETIC = TransformerConfig(
     max_seq_len=32,
 )
 SPEC = TaskSpec(
-    generators=(Arithmetic(1),), num_train=12, num_heldout=8, max_length=112, action_length=40
+    generators=(Arithmetic(1),), num_train=12, num_heldout=8, max_length=176, action_length=40
 )
 
 
@@ -154,7 +154,7 @@ def test_step_labels_come_from_the_task_data(run_dir):
 
     tokenizer = load_tokenizer(run_dir / "tokenizer.json")
     spec = TaskSpec(
-        generators=(Arithmetic(2), MultiHop(2)), num_train=6, num_heldout=2, max_length=320
+        generators=(Arithmetic(2), MultiHop(2)), num_train=6, num_heldout=2, max_length=400
     )
     examples = process_examples(spec, tokenizer)
     labels, steps = examples["labels"], count_steps(examples["mask"])

@@ -62,14 +62,14 @@ def run_dir(tmp_path_factory):
         n_kv_heads=1,
         head_dim=16,
         d_ff=64,
-        max_seq_len=160,
+        max_seq_len=224,
     )
     save_model(path / "model", config, init_params(config, jax.random.key(0)))
     return path, config, tokenizer
 
 
 TOOLS = TaskSpec(
-    generators=(Arithmetic(1),), num_train=16, num_heldout=4, max_length=128, action_length=32
+    generators=(Arithmetic(1),), num_train=16, num_heldout=4, max_length=176, action_length=32
 )
 
 
@@ -104,11 +104,11 @@ def test_packed_rows_compute_what_unpacked_conversations_do(run_dir):
     _, config, tokenizer = run_dir
     params = init_params(config, jax.random.key(1))
     examples = chat_examples(
-        [t.conversation() for t in Arithmetic(1).tasks(range(3))], tokenizer, 150
+        [t.conversation() for t in Arithmetic(1).tasks(range(3))], tokenizer, 200
     )
-    (packed,) = list(chat_batches(examples, seq_len=150 * 2, batch_size=1, seed=0, num_epochs=1))
+    (packed,) = list(chat_batches(examples, seq_len=200 * 3, batch_size=1, seed=0, num_epochs=1))
     assert packed["segment_ids"].max() >= 2  # several conversations share the row
-    loss = sft_loss(config.replace(max_seq_len=300))
+    loss = sft_loss(config.replace(max_seq_len=600))
     total, count, _ = loss(params, {k: jnp.asarray(v) for k, v in packed.items()}, None)
     alone = [
         loss(

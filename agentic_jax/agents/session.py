@@ -29,8 +29,14 @@ from agentic_jax.agents.tools.base import Tool
 from agentic_jax.agents.tools.budget import Budget, Pricing
 from agentic_jax.agents.tools.builtin import builtin_tool
 from agentic_jax.agents.tools.executor import Approver, ToolExecutor
+from agentic_jax.envs.text.generators import FORMAT
 
 LOOPS = ("react", "plan_execute")
+
+# The text environments' system message, for configs that run a model post-trained on them
+# (``agents.AgentConfig.system_prompt = %agents.TASK_SYSTEM_PROMPT``): with the tools' section
+# that ``chat.with_tools`` adds, the harness then renders exactly the prompt the model learned on.
+gin.constant("agents.TASK_SYSTEM_PROMPT", FORMAT)
 
 
 @gin.configurable(module="agents")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -77,6 +77,21 @@ def as_data(text: str) -> str:
     for token in SPECIAL_TOKENS:
         text = text.replace(token, "\\u003c" + token[1:])
     return text
+
+
+def tools_system_prompt(specs: Sequence[ToolSpec]) -> str:
+    """The tool section of a system message: a heading, then one JSON line per tool (keys
+    sorted, so that equal specs always render to the same tokens).  How to call is the chat
+    format's, taught by the demonstrations; every prompt carries this section, so it is short."""
+    lines = [
+        json.dumps(
+            {"name": s.name, "description": s.description, "parameters": s.parameters},
+            ensure_ascii=False,
+            sort_keys=True,
+        ).replace("<", "\\u003c")
+        for s in specs
+    ]
+    return as_data("\n".join(["# Tools", *lines]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +161,21 @@ class _Piece(NamedTuple):
     text: str
     special: bool
     assistant: bool
+
+
+def with_tools(messages: Sequence[MessageLike], specs: Sequence[ToolSpec]) -> list[Message]:
+    """``messages`` with the tool section appended to the system message (added if absent).
+
+    The one way tools reach a prompt: the text environments build their tasks' prompts with it
+    and the serving layer renders a request's tools with it, so a model trained on the tasks is
+    served the prompt it learned on."""
+    messages = [as_message(m) for m in messages]
+    if not specs:
+        return messages
+    section = tools_system_prompt(specs)
+    if messages and messages[0].role == "system":
+        return [Message("system", f"{messages[0].content}\n\n{section}"), *messages[1:]]
+    return [Message("system", section), *messages]
 
 
 def _check_plain(text: str, what: str) -> None:

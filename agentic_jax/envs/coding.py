@@ -20,7 +20,7 @@ import numpy as np
 
 from agentic_jax.data.chat import Message, ToolCall
 from agentic_jax.envs.host import PythonSandbox
-from agentic_jax.envs.text.generators import FORMAT, Generator, final_turn
+from agentic_jax.envs.text.generators import FORMAT, Generator, final_turn, task_prompt
 from agentic_jax.envs.text.rewards import Reward, ThinkAnswerFormat, answer_text
 from agentic_jax.envs.text.tasks import Task
 from agentic_jax.sandbox import run_python
@@ -156,14 +156,12 @@ class Coding(Generator):
         k = int(rng.integers(*_PARAMETER[name]))
         example, *hidden = [draw(rng) for _ in range(self.difficulty + 1)]
         source = f"def {name}({arg}):\n    {body.format(k=k)}"
-        prompt = (
-            Message("system", FORMAT),
-            Message(
-                "user",
-                f"Write a Python function {name}({arg}) that {description.format(k=k)}. "
-                f"For example, {name}({example!r}) == {reference(k, example)!r}. "
-                "Answer with the function's source code only.",
-            ),
+        prompt = task_prompt(
+            FORMAT,
+            f"Write a Python function {name}({arg}) that {description.format(k=k)}. "
+            f"For example, {name}({example!r}) == {reference(k, example)!r}. "
+            "Answer with the function's source code only.",
+            self.tools,
         )
         tests = HiddenTests(name, tuple((x, reference(k, x)) for x in [example, *hidden]))
         calls = ()

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from agentic_jax.data.chat import ToolSpec
 from agentic_jax.data.tokenizer import IM_END, Tokenizer
 from agentic_jax.envs.text.env import TurnRewards, tool_message_template, turn_extent
 from agentic_jax.envs.text.rewards import Reward
@@ -83,6 +84,7 @@ class PythonSandbox(Tool):
 
     name, argument = "python", "code"
     messages = (TIMEOUT,)
+    description = "Run a Python 3 program in a sandbox; returns what it prints."
 
     def __init__(self, timeout_s: float = 5.0, argument_bytes: int = 4096, memory_mb: int = 512):
         super().__init__(argument_bytes)
@@ -110,9 +112,21 @@ class HostFunction(Tool):
 
     messages = ()
 
-    def __init__(self, name: str, fn: Callable[..., str], argument_bytes: int = 4096):
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[..., str],
+        argument_bytes: int = 4096,
+        spec: ToolSpec | None = None,
+    ):
         super().__init__(argument_bytes)
         self.name, self.fn, self.argument = name, fn, ""
+        self._spec = spec or ToolSpec(name, "", {"type": "object"})
+
+    @property
+    def spec(self) -> ToolSpec:
+        """The function's own schema (``env_tool`` passes the harness tool's)."""
+        return self._spec
 
     def host_argument(self, arguments):
         return dict(arguments)

@@ -33,6 +33,17 @@ def pass_at_k(n, c, k: int):
     return out if out.ndim else float(out)
 
 
+def _differences(values, paired_with) -> np.ndarray:
+    """``values`` as float64, minus ``paired_with`` (same shape) when given."""
+    values = np.asarray(values, np.float64)
+    if paired_with is None:
+        return values
+    other = np.asarray(paired_with, np.float64)
+    if other.shape != values.shape:
+        raise ValueError(f"paired values must have one shape, got {values.shape} and {other.shape}")
+    return values - other
+
+
 def bootstrap_ci(
     values, *, paired_with=None, confidence: float = 0.95, resamples: int = 2000, seed: int = 0
 ) -> tuple[float, float, float]:
@@ -43,14 +54,7 @@ def bootstrap_ci(
     ``values - paired_with`` resampled by problem, the comparison whose interval excluding 0
     means one method beats the other on this task distribution.
     """
-    values = np.asarray(values, np.float64)
-    if paired_with is not None:
-        other = np.asarray(paired_with, np.float64)
-        if other.shape != values.shape:
-            raise ValueError(
-                f"paired values must have one shape, got {values.shape} and {other.shape}"
-            )
-        values = values - other
+    values = _differences(values, paired_with)
     if values.ndim != 1 or values.size < 2:
         raise ValueError(f"need a 1-D array of at least 2 values, got shape {values.shape}")
     if not 0 < confidence < 1:
@@ -69,3 +73,28 @@ def bootstrap_ci(
         random_state=np.random.default_rng(seed),
     )
     return mean, float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def hierarchical_bootstrap_ci(
+    values, *, paired_with=None, confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """``(mean, low, high)`` of ``values`` ``[seeds, problems]`` (one row per training seed, e.g.
+    0/1 success on the same held-out problems) with a two-level percentile bootstrap: each
+    resample draws seeds with replacement, then problems with replacement (one draw shared by
+    the seeds, since they solve the same problems), so the interval holds both the run-to-run
+    variance of training and the sampling of problems.  With one seed it is the percentile
+    bootstrap over problems.  ``paired_with`` (same shape) gives the interval of the mean
+    difference, resampled jointly.
+    """
+    values = _differences(values, paired_with)
+    if values.ndim != 2 or values.shape[1] < 2:
+        raise ValueError(f"need [seeds, problems] with at least 2 problems, got {values.shape}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    rng = np.random.default_rng(seed)
+    n_seeds, n_problems = values.shape
+    seeds = rng.integers(0, n_seeds, (resamples, n_seeds))
+    problems = rng.integers(0, n_problems, (resamples, n_problems))
+    means = values[seeds[:, :, None], problems[:, None, :]].mean(axis=(1, 2))
+    low, high = np.quantile(means, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return float(values.mean()), float(low), float(high)

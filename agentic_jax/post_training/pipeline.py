@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 
 import gin
 import jax
@@ -111,6 +112,27 @@ def plot_report(records: list[dict], path: str, title: str) -> None:
     plt.close(fig)
 
 
+def by_slice(tasks: TaskSpec, before: dict, after: dict, samples: int) -> dict:
+    """Held-out greedy success and pass@1 of both models on each (family, difficulty) slice of
+    ``tasks`` (from the per-task results, in bank order), e.g. ``"Arithmetic/3"``."""
+    slices = [f"{t.family}/{t.difficulty}" for t in tasks.tasks("heldout")]
+    out = {}
+    for name in dict.fromkeys(slices):
+        rows = [i for i, s in enumerate(slices) if s == name]
+        out[name] = {
+            "problems": len(rows),
+            **{
+                f"{key}_{model}": float(np.mean(np.take(run[f"per_task_{field}"], rows)) / scale)
+                for model, run in (("sft", before), ("rl", after))
+                for key, field, scale in (
+                    ("success", "success", 1),
+                    ("pass@1", "sampled_correct", samples),
+                )
+            },
+        }
+    return out
+
+
 @gin.configurable
 def post_training(
     workdir: str,
@@ -119,6 +141,7 @@ def post_training(
     rl_tasks: TaskSpec = TaskSpec(),
     vocab_size: int = 4096,
     tokenizer_corpus: list[str] | None = None,
+    tokenizer_tasks: Sequence[TaskSpec] = (),
     eval_samples: int = 4,
     seed: int = 0,
 ) -> dict:
@@ -127,14 +150,18 @@ def post_training(
     The stages' own settings come from gin: ``train.*`` (pretraining), ``train_sft.*`` and
     ``train_rl.*``; their ``tasks`` are ``sft_tasks`` and ``rl_tasks``.  The SFT and the RL model
     are evaluated on ``rl_tasks``' held-out problems.  The tokenizer is fit on
-    ``tokenizer_corpus`` (default: the shipped corpus) plus the tasks' conversations.
+    ``tokenizer_corpus`` (default: the shipped corpus) plus the train conversations of the tasks
+    and of ``tokenizer_tasks`` (more of the family than SFT and RL train on: their numbers then
+    get tokens of their own).
     """
     os.makedirs(workdir, exist_ok=True)
     stage = {name: os.path.join(workdir, name) for name in ("pretrain", "sft", "rl")}
     tokenizer_path = os.path.join(workdir, "tokenizer.json")
     if not os.path.exists(tokenizer_path):
         print(f"[1/4] tokenizer -> {tokenizer_path}", flush=True)
-        task_tokenizer(tokenizer_path, [sft_tasks, rl_tasks], vocab_size, tokenizer_corpus)
+        task_tokenizer(
+            tokenizer_path, [sft_tasks, rl_tasks, *tokenizer_tasks], vocab_size, tokenizer_corpus
+        )
     if not _done(stage["pretrain"]):
         print("[2/4] pretraining", flush=True)
         os.makedirs(stage["pretrain"], exist_ok=True)
@@ -168,6 +195,7 @@ def post_training(
             "pass@1_difference": sampled[0],
             "pass@1_ci95": list(sampled[1:]),
         },
+        "by_slice": by_slice(rl_tasks, before, after, eval_samples),
         "rl_curves": [
             {k: r[k] for k in r if k == "step" or k in dict(CURVES) or k.startswith("eval_")}
             for r in records
@@ -187,6 +215,12 @@ def post_training(
         print(
             f"held-out {name}: {before[key]:.3f} (SFT) -> {after[key]:.3f} (RL), difference {mean:+.3f}, "
             f"95% CI [{low:+.3f}, {high:+.3f}]",
+            flush=True,
+        )
+    for name, row in report["by_slice"].items():
+        print(
+            f"  {name} ({row['problems']} problems): greedy {row['success_sft']:.3f} -> "
+            f"{row['success_rl']:.3f}, pass@1 {row['pass@1_sft']:.3f} -> {row['pass@1_rl']:.3f}",
             flush=True,
         )
     print(

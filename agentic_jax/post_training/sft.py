@@ -205,7 +205,7 @@ def train_sft(
                 "grad_norm": float(metrics["grad_norm"]),
                 "lr": float(schedule(step - 1)),
             }
-            if heldout is not None and (step % eval_every == 0 or step == steps):
+            if heldout is not None and ((eval_every and step % eval_every == 0) or step == steps):
                 last.update(
                     evaluate_chats(finetune.model_params(state.params, frozen), config, heldout)
                 )

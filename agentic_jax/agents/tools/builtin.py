@@ -1,49 +1,43 @@
 """Tools that ship with the harness, by name (what ``AgentConfig.tools`` in a gin file lists).
 
-``calculator`` is the integer calculator of the text environments (``envs/text/tools.py``), with
-the same name, argument and output, so a model post-trained there calls it here unchanged.
+``calculator`` and ``python`` are the text environments' ``Calculator`` and ``PythonSandbox``
+with the same name, spec (description and argument schema) and output, so a model post-trained
+there is shown the same tool section and calls them here unchanged.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import pydantic
 
-from agentic_jax.agents.tools.base import Tool, tool
-from agentic_jax.envs.text.tools import Calculator
-from agentic_jax.sandbox import run_python
-
-_CALCULATOR = Calculator()
+from agentic_jax.agents.tools.base import Tool
+from agentic_jax.envs.host import PythonSandbox
+from agentic_jax.envs.text import tools as env_tools
 
 
-@tool(timeout_s=5)
-def calculator(
-    expression: Annotated[str, pydantic.Field(max_length=_CALCULATOR.argument_bytes)],
-) -> str:
-    """Evaluate integer arithmetic with + - * / and parentheses (/ is floor division).
+def from_env(env_tool: env_tools.Tool, timeout_s: float) -> Tool:
+    """The harness tool of a text environment's tool: its name, spec and host run."""
+    argument = pydantic.Field(max_length=env_tool.argument_bytes)
+    arguments = pydantic.create_model(
+        env_tool.name,
+        __config__=pydantic.ConfigDict(extra="forbid"),
+        **{env_tool.argument: (str, argument)},
+    )
+    return Tool(
+        env_tool.name,
+        env_tool.description,
+        lambda **kw: env_tool.run_host(kw[env_tool.argument], None),
+        arguments,
+        timeout_s,
+    )
 
-    Args:
-        expression: for example "12 * (3 + 4)".
-    """
-    return _CALCULATOR.run_host(expression, None)
+
+calculator = from_env(env_tools.Calculator(), timeout_s=5.0)
 
 
 def python_tool(timeout_s: float = 5.0, memory_mb: int = 512) -> Tool:
     """A ``python`` tool running code in the sandbox (its own kill timer replaces the executor's
     thread timeout, with a margin)."""
-
-    def python(code: str) -> str:
-        """Run a Python 3 program and return what it prints (stdout, then stderr). The program runs
-        in an empty scratch directory with no network access and limited time and memory; print
-        results explicitly.
-
-        Args:
-            code: the complete program.
-        """
-        return run_python(code, timeout_s=timeout_s, memory_mb=memory_mb).text()
-
-    return tool(python, timeout_s=timeout_s + 5.0)
+    return from_env(PythonSandbox(timeout_s=timeout_s, memory_mb=memory_mb), timeout_s + 5.0)
 
 
 BUILTIN_TOOLS = {"calculator": lambda: calculator, "python": python_tool}

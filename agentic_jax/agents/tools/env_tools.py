@@ -15,8 +15,11 @@ from agentic_jax.envs.host import HostFunction
 
 
 def env_tool(tool: Tool, *, argument_bytes: int = 4096) -> HostFunction:
-    """``tool`` as a `HostFunction` of the same name (its description belongs in the task's
-    prompt, as the env's own tools' do)."""
+    """``tool`` as a `HostFunction` of the same name and spec (a task's prompt built with
+    ``chat.with_tools`` shows it as the harness does)."""
     return HostFunction(
-        tool.name, lambda **arguments: to_text(tool(**arguments)), argument_bytes=argument_bytes
+        tool.name,
+        lambda **arguments: to_text(tool(**arguments)),
+        argument_bytes=argument_bytes,
+        spec=tool.spec,
     )

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from agentic_jax.data.chat import Message, ToolCall
+from agentic_jax.data.chat import Message, ToolCall, with_tools
 from agentic_jax.data.tokenizer import Tokenizer
 from agentic_jax.envs.text import calculator
 from agentic_jax.envs.text.env import TextEnv
@@ -45,6 +45,14 @@ from agentic_jax.envs.text.tools import Calculator, Lookup, Search, Tool
 
 FORMAT = "Think inside <think></think>, then give only the final answer inside <answer></answer>."
 _PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+
+
+def task_prompt(system: str, user: str, tools: Sequence[Tool]) -> tuple[Message, ...]:
+    """A task's opening messages: the system message with the tools' section
+    (``chat.with_tools``, as the serving layer renders an agent's tools), then the question."""
+    return tuple(
+        with_tools([Message("system", system), Message("user", user)], [t.spec for t in tools])
+    )
 
 
 def final_turn(thought: str, answer: str) -> Message:
@@ -185,7 +193,7 @@ class Arithmetic(Generator):
             # problem of d steps needs exactly d calls, and difficulty is the number of steps.
             if all(abs(r) <= calculator.INT_MAX for r in results) and value not in results[:-1]:
                 break
-        prompt = (Message("system", FORMAT), Message("user", f"What is {text}?"))
+        prompt = task_prompt(FORMAT, f"What is {text}?", self.tools)
         task = Task(
             prompt,
             str(value),
@@ -243,7 +251,7 @@ class Countdown(Generator):
             f"with parentheses, write an expression equal to {target}."
         )
         task = Task(
-            (Message("system", FORMAT), Message("user", question)),
+            task_prompt(FORMAT, question, self.tools),
             solution,
             value=target,
             numbers=numbers,
@@ -343,7 +351,7 @@ class MultiHop(Generator):
             else "The search tool finds sentences about who reports to whom."
         )
         task = Task(
-            (Message("system", f"{hint} {FORMAT}"), Message("user", question)),
+            task_prompt(f"{hint} {FORMAT}", question, self.tools),
             chain[-1],
             facts=tuple(facts),
             documents=tuple(f"{a} reports to {b}." for a, b in facts),

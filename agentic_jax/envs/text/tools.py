@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentic_jax.data.chat import ToolSpec
 from agentic_jax.data.tokenizer import Tokenizer
 from agentic_jax.envs.text import calculator
 from agentic_jax.envs.text.strings import Text, embed, equals, starts_with, strip, substring
@@ -48,7 +49,8 @@ def token_table(tokenizer: Tokenizer, texts: Sequence[str]) -> tuple[np.ndarray,
 
 
 class Tool:
-    """One string-argument tool.  Subclasses set ``name``/``argument``/``messages`` and implement both runs.
+    """One string-argument tool.  Subclasses set ``name``/``argument``/``messages``, the
+    ``description`` a prompt shows (`spec`), and implement both runs.
 
     Tools hold no tokenizer: the environment tokenizes ``messages`` (the
     fixed strings a result may contain) and passes them to ``run``.
@@ -57,11 +59,26 @@ class Tool:
     name: str
     argument: str
     messages: tuple[str, ...]
+    description: str
 
     def __init__(self, argument_bytes: int = 48):
         self.argument_bytes = (
             argument_bytes  # longer arguments do not fit the jitted parser's buffer
         )
+
+    @property
+    def spec(self) -> ToolSpec:
+        """What a task's prompt tells the model about the tool (``chat.with_tools`` renders it):
+        the JSON schema of one string argument of at most ``argument_bytes`` characters, as the
+        harness's tool of the same name states it.  Short on purpose: every prompt carries it."""
+        argument = {"maxLength": self.argument_bytes, "type": "string"}
+        parameters = {
+            "additionalProperties": False,
+            "properties": {self.argument: argument},
+            "required": [self.argument],
+            "type": "object",
+        }
+        return ToolSpec(self.name, self.description, parameters)
 
     @property
     def call_prefix(self) -> bytes:
@@ -101,6 +118,7 @@ class Calculator(Tool):
 
     name, argument = "calculator", "expression"
     messages = calculator.ERROR_MESSAGES[1:]
+    description = "Integer arithmetic: + - * / (floor division) and parentheses."
 
     def run(self, argument, task, vocab, messages):
         result = calculator.evaluate(argument.data, argument.length)
@@ -133,6 +151,7 @@ class Lookup(Tool):
 
     name, argument = "lookup", "key"
     messages = (NOT_FOUND,)
+    description = "The value stored under a key in the task's facts."
 
     @staticmethod
     def _hits(argument: Text, task: TaskBank) -> jax.Array:
@@ -178,6 +197,7 @@ class Search(Tool):
 
     name, argument = "search", "query"
     messages = ("\n",)
+    description = "The task's documents that best match a query, one per line."
 
     def __init__(self, top_k: int = 2, embedding_dim: int = 64, argument_bytes: int = 48):
         super().__init__(argument_bytes)

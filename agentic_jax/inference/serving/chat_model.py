@@ -17,8 +17,9 @@ outside the batch (prompt lengths padded to powers of two, so it compiles a hand
 ``tool_choice`` follows the OpenAI API: ``auto``, ``none``, ``required`` or one named function
 (the last two skip phase 1).
 
-Tools are described to the model in the system message (:func:`tools_system_prompt`): the ChatML
-template of ``data/chat.py`` has no slot of its own for them.
+Tools are described to the model in the system message by ``data.chat.with_tools``, the rendering
+the text environments use for their tasks, so a model post-trained there sees here the prompt it
+learned on.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from agentic_jax.data.chat import Message, ToolCall, ToolSpec, as_data, as_message, render_ids
+from agentic_jax.data.chat import Message, ToolCall, ToolSpec, render_ids, with_tools
 from agentic_jax.data.tokenizer import IM_END, TOOL_CALL, TOOL_CALL_END, Tokenizer
 from agentic_jax.inference.decoding.constrained import regex_constraint, schema_regex, token_bytes
 from agentic_jax.inference.decoding.generate import generate
@@ -49,33 +50,6 @@ CONSTRAINT_STATES = 256
 MIN_CALL_PROMPT = 256
 CACHED_CONSTRAINTS = 32  # tool sets whose automata are kept (a server sees many)
 MAX_CONSTRAINT_STATES = 8192  # a larger tool-call automaton is refused (its tables are [S, V])
-
-
-def tools_system_prompt(specs: Sequence[ToolSpec]) -> str:
-    """The tool section of the system message: how to call, then one JSON line per tool."""
-    lines = [
-        json.dumps(
-            {"name": s.name, "description": s.description, "parameters": s.parameters},
-            ensure_ascii=False,
-        ).replace("<", "\\u003c")
-        for s in specs
-    ]
-    return as_data(
-        "# Tools\nTo call a tool, end your turn with a tool call holding "
-        '{"name": ..., "arguments": {...}}; its result comes back in a tool '
-        "turn.\n" + "\n".join(lines)
-    )
-
-
-def with_tools(messages: Sequence[Message], specs: Sequence[ToolSpec]) -> list[Message]:
-    """``messages`` with the tool section appended to the system message (added if absent)."""
-    messages = [as_message(m) for m in messages]
-    if not specs:
-        return messages
-    section = tools_system_prompt(specs)
-    if messages and messages[0].role == "system":
-        return [Message("system", f"{messages[0].content}\n\n{section}"), *messages[1:]]
-    return [Message("system", section), *messages]
 
 
 def sampling_params(
