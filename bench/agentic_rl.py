@@ -33,18 +33,15 @@ import json
 import os
 
 import gin
-import jax
 import numpy as np
 
 import agentic_jax.registry  # noqa: F401  (every configurable, before any parsing)
 from agentic_jax import config as gin_config
 from agentic_jax.eval import hierarchical_bootstrap_ci
-from agentic_jax.models.export import load_checkpoint
-from agentic_jax.post_training.evaluate import evaluate_policy
 from agentic_jax.post_training.reward import train_reward_model
 from agentic_jax.post_training.tasks import TaskSpec
 from agentic_jax.training.metrics import read_metrics
-from bench.post_training import SAMPLES_PER_STEP, run_method
+from bench.post_training import SAMPLES_PER_STEP, evaluate, run_method
 
 METHODS = (
     "sft",
@@ -81,18 +78,6 @@ def _prm(sft: str, out: str, files: list[str], extra: list[str]) -> str:
     return workdir
 
 
-def _evaluate(run_dir: str, spec: TaskSpec, samples: int, seed: int) -> dict:
-    config, params, tokenizer = load_checkpoint(run_dir)
-    result = evaluate_policy(
-        params, config, spec.env(tokenizer, "heldout"), samples=samples, key=jax.random.key(seed)
-    )
-    return {
-        "pass@1": (result.sampled_correct / samples).tolist(),
-        "greedy": result.success.astype(int).tolist(),
-        "tool_calls": float(result.tool_calls.mean()),
-    }
-
-
 def _pyplot():
     import matplotlib
 
@@ -105,13 +90,15 @@ def _pyplot():
 def _plot(method: str, runs: dict[str, str], path: str) -> None:
     plt = _pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(13, 7))
-    for ax, (key, title) in zip(axes.flat, CURVES):
-        for seed, run_dir in runs.items():
-            records = [r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if key in r]
-            if records:
-                episodes = [r["episodes_total"] for r in records if "episodes_total" in r]
-                xs = episodes if len(episodes) == len(records) else [r["step"] for r in records]
-                ax.plot(xs, [r[key] for r in records], marker=".", label=f"seed {seed}")
+    for seed, run_dir in runs.items():
+        records = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+        # Held-out records share their step with a training record (step 0: before any).
+        episodes = {r["step"]: r["episodes_total"] for r in records if "episodes_total" in r}
+        for ax, (key, _) in zip(axes.flat, CURVES):
+            points = [(episodes.get(r["step"], 0), r[key]) for r in records if key in r]
+            if points:
+                ax.plot(*zip(*points), marker=".", label=f"seed {seed}")
+    for ax, (_, title) in zip(axes.flat, CURVES):
         ax.set_title(title)
         ax.set_xlabel("episodes")
     axes.flat[0].legend()
@@ -138,22 +125,15 @@ def _plot_comparison(results: dict, path: str) -> None:
     plt.close(fig)
 
 
-def _alarms(run_dir: str) -> list[str]:
-    seen = []
-    for record in read_metrics(os.path.join(run_dir, "metrics.jsonl")):
-        for alarm in record.get("alarms", []):
-            seen.append(f"step {record['step']}: {alarm}")
-    return seen
-
-
 def _collapse(method: str, run_dir: str) -> str:
     """One line on what a run's curves and monitors showed."""
-    records = [r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if "entropy" in r]
-    if not records:
+    records = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    curves = [r for r in records if "entropy" in r]
+    if not curves:
         return f"{method}: no RL curves"
-    entropy = [r["entropy"] for r in records]
-    reward = [r["reward_mean"] for r in records]
-    alarms = _alarms(run_dir)
+    entropy = [r["entropy"] for r in curves]
+    reward = [r["reward_mean"] for r in curves]
+    alarms = [f"step {r['step']}: {a}" for r in records for a in r.get("alarms", [])]
     return (
         f"{method}: entropy {entropy[0]:.3f} -> {entropy[-1]:.3f} (min {min(entropy):.3f}), "
         f"reward {reward[0]:.3f} -> {reward[-1]:.3f} (max {max(reward):.3f}), "
@@ -188,7 +168,7 @@ def _report(results: dict, steps: int, seeds: list[int]) -> str:
             base = np.array([sft[key]] * len(runs))
             d, dl, dh = hierarchical_bootstrap_ci(values, paired_with=base)
             cells.append(f"{d:+.3f} [{dl:+.3f}, {dh:+.3f}]")
-        episodes = np.mean([r["episodes"] for r in runs.values()])
+        episodes = [r["episodes"] for r in runs.values()]
         tokens = np.mean([r["generated_tokens"] for r in runs.values()])
         seconds = np.mean([r["seconds"] for r in runs.values()])
         share = (
@@ -198,7 +178,7 @@ def _report(results: dict, steps: int, seeds: list[int]) -> str:
         )
         lines.append(
             f"| {method} | {cells[0]} | {cells[1]} | {cells[2]} | {cells[3]} "
-            f"| {episodes:,.0f}{'*' if episodes > budget else ''} | {tokens:,.0f} "
+            f"| {np.mean(episodes):,.0f}{'*' if max(episodes) > budget else ''} | {tokens:,.0f} "
             f"| {seconds:.0f} | {share:.0%} |"
         )
     lines += ["", "What the curves and the stability monitors showed, run by run:", ""]
@@ -254,7 +234,7 @@ def main() -> None:
                 gin_files=files,
             )
             entry["seeds"][str(seed)] = {
-                **_evaluate(run_dir, spec, args.samples, seed),
+                **evaluate(run_dir, spec, args.samples, seed),
                 "run_dir": run_dir,
                 "seconds": seconds,
                 **spent,

@@ -136,6 +136,20 @@ def run_method(
     return workdir, seconds, spent
 
 
+def evaluate(run_dir: str, spec: TaskSpec, samples: int, seed: int) -> dict:
+    """A run's model on ``spec``'s held-out problems: per-problem pass@1 from ``samples``
+    samples, per-problem greedy success, and tool calls per greedy episode."""
+    config, params, tokenizer = load_checkpoint(run_dir)
+    result = evaluate_policy(
+        params, config, spec.env(tokenizer, "heldout"), samples=samples, key=jax.random.key(seed)
+    )
+    return {
+        "pass@1": (result.sampled_correct / samples).tolist(),
+        "greedy": result.success.astype(int).tolist(),
+        "tool_calls": float(result.tool_calls.mean()),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sft", required=True, help="the SFT run every method starts from")
@@ -165,19 +179,9 @@ def main() -> None:
         run_dir, seconds, spent = run_method(
             method, args.sft, args.out, args.steps, args.seed, args.gin_param
         )
-        config, params, tokenizer = load_checkpoint(run_dir)
-        result = evaluate_policy(
-            params,
-            config,
-            spec.env(tokenizer, "heldout"),
-            samples=args.samples,
-            key=jax.random.key(args.seed),
-        )
         results[method] = {
-            "pass@1": (result.sampled_correct / args.samples).tolist(),
-            "greedy": result.success.astype(int).tolist(),
+            **evaluate(run_dir, spec, args.samples, args.seed),
             "seconds": seconds,
-            "tool_calls": float(result.tool_calls.mean()),
             **spent,
         }
         with open(results_path, "w") as f:
