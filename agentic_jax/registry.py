@@ -12,6 +12,7 @@ import agentic_jax.models.lora
 import agentic_jax.post_training.pipeline
 import agentic_jax.post_training.preference
 import agentic_jax.post_training.rft
+import agentic_jax.reasoning
 import agentic_jax.training.loop
 import agentic_jax.training.optim  # noqa: F401
 import sharding  # noqa: F401

@@ -1,0 +1,36 @@
+"""Test-time compute: sampling many solutions and selecting one, and search over steps.
+
+A transcript is a :class:`State`; :class:`StepModel` samples the next steps of many states in
+one decoder call; a :class:`Budget` counts sampled sequences and tokens for every method alike::
+
+    model = StepModel(params, config, tokenizer, delimiters=("\\n",))
+    samples = model.complete([root(prompt)] * 8, key=key, budget=Budget(tokens=2048))
+    answer = majority_vote([model.answer(s) for s in samples])          # self-consistency
+    chosen = samples[best_of_n(orm_scores)]                              # best-of-N by a scorer
+    result = step_beam_search(model, prompt, prm_scores, key=key, width=4, expansions=4)
+"""
+
+from agentic_jax.reasoning.budget import Budget
+from agentic_jax.reasoning.search import SearchResult, step_beam_search
+from agentic_jax.reasoning.selection import (
+    AGGREGATIONS,
+    aggregate_steps,
+    best_of_n,
+    maj_at_k,
+    majority_vote,
+)
+from agentic_jax.reasoning.steps import State, StepModel, root
+
+__all__ = [
+    "AGGREGATIONS",
+    "Budget",
+    "SearchResult",
+    "State",
+    "StepModel",
+    "aggregate_steps",
+    "best_of_n",
+    "maj_at_k",
+    "majority_vote",
+    "root",
+    "step_beam_search",
+]
