@@ -3,7 +3,6 @@
 import collections
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -16,13 +15,15 @@ from agentic_jax.inference.decoding.generate import generate
 from agentic_jax.inference.decoding.sampling import SamplingParams
 from agentic_jax.reasoning import (
     Budget,
+    State,
     StepModel,
-    aggregate_steps,
     best_of_n,
+    diverse_verifier_tree_search,
     maj_at_k,
     majority_vote,
     root,
     step_beam_search,
+    token_scorer,
 )
 
 answer_lists = st.lists(st.one_of(st.none(), st.integers(0, 4)), min_size=1, max_size=12)
@@ -65,34 +66,6 @@ def test_oracle_best_of_n_has_the_success_of_pass_at_n(correct):
     n = correct.shape[1]
     expected = pass_at_k(np.full(len(correct), n), correct.sum(1).astype(int), n)
     np.testing.assert_array_equal(success, expected)
-
-
-def _reference(scores, mask, how):
-    out = []
-    for row, keep in zip(scores, mask):
-        real = row[keep]
-        out.append(
-            {"min": real.min(), "product": real.prod(), "last": real[-1], "mean": real.mean()}[how]
-        )
-    return np.array(out)
-
-
-@settings(max_examples=50)
-@given(st.data(), st.sampled_from(["min", "product", "last", "mean"]))
-def test_step_aggregation_matches_numpy(data, how):
-    shape = data.draw(st.tuples(st.integers(1, 5), st.integers(1, 7)))
-    scores = data.draw(hnp.arrays(np.float32, shape, elements=st.floats(0, 1, width=32)))
-    mask = data.draw(hnp.arrays(bool, shape))
-    mask[:, 0] |= ~mask.any(1)  # every solution has a step
-    got = jax.jit(aggregate_steps, static_argnames="how")(scores, mask, how=how)
-    np.testing.assert_allclose(got, _reference(scores, mask, how), rtol=1e-5, atol=1e-6)
-
-
-def test_step_aggregation_rejects_unknown_names_and_shapes():
-    with pytest.raises(ValueError, match="unknown aggregation 'max'"):
-        aggregate_steps(jnp.ones((2, 3)), jnp.ones((2, 3), bool), "max")
-    with pytest.raises(ValueError, match="differ in shape"):
-        aggregate_steps(jnp.ones((2, 3)), jnp.ones((2, 4), bool))
 
 
 def test_budget_counts_and_refuses_an_overrun():
@@ -172,9 +145,59 @@ def test_every_method_stops_within_its_budget(tiny, calls, tokens, width, expans
     assert calls is None or budget.calls_spent <= calls
     assert tokens is None or budget.tokens_spent <= tokens
     budget = Budget(model_calls=calls, tokens=tokens)
+    result = diverse_verifier_tree_search(
+        model,
+        prompt,
+        _parity_score,
+        key=jax.random.key(6),
+        subtrees=width,
+        expansions=expansions,
+        max_steps=4,
+        budget=budget,
+    )
+    assert len(result.candidates) <= width
+    assert calls is None or budget.calls_spent <= calls
+    assert tokens is None or budget.tokens_spent <= tokens
+    budget = Budget(model_calls=calls, tokens=tokens)
     samples = model.complete([root(prompt)] * 3, key=jax.random.key(3), max_steps=3, budget=budget)
     # Sampling from the root, every charged step is in exactly one sample.
     assert budget.tokens_spent == sum(len(s.generated) for s in samples)
     assert budget.calls_spent == sum(len(s.steps) for s in samples)
     assert calls is None or budget.calls_spent <= calls
     assert tokens is None or budget.tokens_spent <= tokens
+
+
+def _parity_score(states):
+    """A deterministic stand-in for a PRM: how many generated token ids are even, scaled."""
+    return np.array([sum(t % 2 == 0 for t in s.generated) / 10 for s in states], float)
+
+
+def test_token_scorer_masks_exactly_the_generated_tokens(tiny):
+    config, params, tokenizer, prompt, _ = tiny
+    model = StepModel(params, config, tokenizer, delimiters=(" ",), max_step_tokens=5)
+    samples = model.complete([root(prompt)] * 3, key=jax.random.key(4), max_steps=2)
+    seen = token_scorer(lambda tokens, mask: mask.sum(1))(samples)
+    np.testing.assert_array_equal(seen, [len(s.generated) for s in samples])
+
+
+@pytest.mark.parametrize("aggregation", ["last", "min", "mean"])
+@pytest.mark.parametrize("search", ["beam", "dvts"])
+def test_search_values_are_the_aggregated_path_scores(tiny, search, aggregation):
+    config, params, tokenizer, prompt, _ = tiny
+    model = StepModel(params, config, tokenizer, delimiters=(" ",), max_step_tokens=5)
+    kwargs = dict(key=jax.random.key(5), expansions=2, max_steps=3, aggregation=aggregation)
+    if search == "beam":
+        result = step_beam_search(model, prompt, _parity_score, width=3, **kwargs)
+    else:
+        result = diverse_verifier_tree_search(model, prompt, _parity_score, subtrees=3, **kwargs)
+    assert 1 <= len(result.candidates) <= 3
+    for state, value in zip(result.candidates, result.values):
+        # Recompute the path from scratch: the scorer on every prefix that ends a step.
+        ends = np.cumsum([len(step) for step in state.steps])
+        prefixes = [
+            State(state.tokens[: state.prompt_length + e], state.prompt_length) for e in ends
+        ]
+        path = _parity_score(prefixes)
+        expected = {"last": path[-1], "min": path.min(), "mean": path.mean()}[aggregation]
+        assert value == pytest.approx(expected, abs=1e-6)
+    assert result.best == result.candidates[int(np.argmax(result.values))]

@@ -7,30 +7,31 @@ one decoder call; a :class:`Budget` counts sampled sequences and tokens for ever
     samples = model.complete([root(prompt)] * 8, key=key, budget=Budget(tokens=2048))
     answer = majority_vote([model.answer(s) for s in samples])          # self-consistency
     chosen = samples[best_of_n(orm_scores)]                              # best-of-N by a scorer
-    result = step_beam_search(model, prompt, prm_scores, key=key, width=4, expansions=4)
+    prm = token_scorer(reward_model.scores)                              # a PRM, step by step
+    result = step_beam_search(model, prompt, prm, key=key, width=4, expansions=4)
+    result = diverse_verifier_tree_search(model, prompt, prm, key=key, subtrees=4)
 """
 
 from agentic_jax.reasoning.budget import Budget
-from agentic_jax.reasoning.search import SearchResult, step_beam_search
-from agentic_jax.reasoning.selection import (
-    AGGREGATIONS,
-    aggregate_steps,
-    best_of_n,
-    maj_at_k,
-    majority_vote,
+from agentic_jax.reasoning.search import (
+    SearchResult,
+    diverse_verifier_tree_search,
+    step_beam_search,
+    token_scorer,
 )
+from agentic_jax.reasoning.selection import best_of_n, maj_at_k, majority_vote
 from agentic_jax.reasoning.steps import State, StepModel, root
 
 __all__ = [
-    "AGGREGATIONS",
     "Budget",
     "SearchResult",
     "State",
     "StepModel",
-    "aggregate_steps",
     "best_of_n",
+    "diverse_verifier_tree_search",
     "maj_at_k",
     "majority_vote",
     "root",
     "step_beam_search",
+    "token_scorer",
 ]

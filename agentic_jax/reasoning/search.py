@@ -1,10 +1,21 @@
-"""Search over reasoning steps scored by a process reward model: step-level beam search.
+"""Search over reasoning steps scored by a process reward model: step beam search and DVTS.
 
-Snell et al. 2024 (arXiv:2408.03314), Sec. 5: keep the ``width`` best partial solutions; expand
-each into ``expansions`` sampled next steps in one batched call; score every child by the PRM
-(or any ``score`` callable over states); a finished solution competes with the live ones and
-stays in the beam while it scores in the top ``width``.  It stops when every kept state is
-terminal, after ``max_steps`` levels, or when the budget cannot pay for another level.
+Both grow independent *groups* of partial solutions one level at a time, every group's
+expansions in one batched decoder call.  A child's value is its path's step scores (the scorer
+applied to each prefix as it was generated) aggregated by ``rl.aggregate_steps`` (``last``,
+``min``, ``product`` or ``mean``), so a PRM is called once per new step, never on old ones.
+
+* :func:`step_beam_search`: one group of ``width`` beams, each expanded into ``expansions``
+  sampled steps; the ``width`` best of the pool survive, a finished solution staying while it
+  scores in the top ``width`` (Snell et al. 2024, arXiv:2408.03314, Sec. 5).
+* :func:`diverse_verifier_tree_search`: ``subtrees`` groups of width 1 rooted at distinct
+  sampled first steps, each expanded greedily by the PRM, so that the budget is not spent on
+  near-copies of one early prefix (Beeching et al. 2024, "Scaling test-time compute").
+
+A search stops when every kept state is terminal, after ``max_steps`` levels, or when the
+budget cannot pay for another sampled step.  Ties in score keep the earlier candidate (parents
+in order, their children in sampling order): width 1 with one expansion at temperature 0 is
+greedy step-by-step decoding.
 """
 
 from __future__ import annotations
@@ -12,9 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from agentic_jax import rl
 from agentic_jax.reasoning.budget import Budget
 from agentic_jax.reasoning.selection import best_of_n
 from agentic_jax.reasoning.steps import State, StepModel, root
@@ -23,20 +37,107 @@ Scorer = Callable[[Sequence[State]], np.ndarray]
 
 
 class SearchResult(NamedTuple):
-    """The chosen state, the final candidates it was chosen from, and what was spent."""
+    """The chosen state, the final candidates (with their aggregated values) it was chosen
+    from, and the budget with what was spent."""
 
     best: State
     candidates: list[State]
+    values: np.ndarray
     budget: Budget
 
 
-def _scores(score: Scorer, states: Sequence[State]) -> np.ndarray:
-    scores = np.asarray(score(states), np.float64)
-    if scores.shape != (len(states),):
-        raise ValueError(f"the scorer returned shape {scores.shape} for {len(states)} states")
-    return scores
+def token_scorer(score_tokens: Callable, pad_id: int = 0) -> Scorer:
+    """A :data:`Scorer` from a function of right-padded ``tokens [B, L]`` and a ``mask [B, L]``
+    over the generated tokens, such as a trained reward model's ``scores``."""
+
+    def score(states: Sequence[State]) -> np.ndarray:
+        width = max(len(s.tokens) for s in states)
+        tokens = np.full((len(states), width), pad_id, np.int32)
+        mask = np.zeros((len(states), width), np.int32)
+        for row, state in enumerate(states):
+            tokens[row, : len(state.tokens)] = state.tokens
+            mask[row, state.prompt_length : len(state.tokens)] = 1
+        return np.asarray(score_tokens(tokens, mask), np.float64)
+
+    return score
 
 
+class _Node(NamedTuple):
+    state: State
+    path: tuple[float, ...]  # the scorer's value after each of the state's steps
+
+
+def _values(nodes: Sequence[_Node], aggregation: str) -> np.ndarray:
+    if not nodes:
+        return np.zeros(0)
+    depth = max(len(n.path) for n in nodes)
+    if depth == 0:
+        return np.zeros(len(nodes))
+    scores = np.zeros((len(nodes), depth), np.float32)
+    mask = np.zeros((len(nodes), depth), np.float32)
+    for row, node in enumerate(nodes):
+        scores[row, : len(node.path)] = node.path
+        mask[row, : len(node.path)] = 1.0
+    return np.asarray(rl.aggregate_steps(jnp.asarray(scores), jnp.asarray(mask), aggregation))
+
+
+def _scored_children(score: Scorer, parents: Sequence[_Node], children) -> list[list[_Node]]:
+    fresh = [c for kids in children for c in kids]
+    values = np.asarray(score(fresh), np.float64) if fresh else np.zeros(0)
+    if values.shape != (len(fresh),):
+        raise ValueError(f"the scorer returned shape {values.shape} for {len(fresh)} states")
+    it = iter(values)
+    return [
+        [_Node(c, p.path + (float(next(it)),)) for c in kids] for p, kids in zip(parents, children)
+    ]
+
+
+def _grow(
+    model, groups, score, *, key, width, expansions, max_steps, temperature, aggregation, budget
+):
+    """Grows every group of nodes level by level; returns the final groups."""
+    for depth in range(max_steps):
+        flat = [n for group in groups for n in group]
+        if all(n.state.done for n in flat):
+            break
+        children = model.expand(
+            [n.state for n in flat],
+            expansions,
+            key=jax.random.fold_in(key, depth),
+            temperature=temperature,
+            budget=budget,
+        )
+        if not any(children):
+            break
+        scored = iter(_scored_children(score, flat, children))
+        new_groups = []
+        for group in groups:
+            pool = []
+            for node in group:
+                kids = next(scored)
+                # A finished node, or one the budget left unexpanded, competes as it is.
+                pool.extend([node] if node.state.done or not kids else kids)
+            order = np.argsort(-_values(pool, aggregation), kind="stable")[:width]
+            new_groups.append([pool[i] for i in order])
+        groups = new_groups
+    return groups
+
+
+def _result(groups, aggregation: str, budget: Budget) -> SearchResult:
+    final = [n for group in groups for n in group]
+    values = _values(final, aggregation)
+    return SearchResult(
+        final[int(best_of_n(values))].state, [n.state for n in final], values, budget
+    )
+
+
+def _check(**counts):
+    for name, value in counts.items():
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+
+
+@gin.configurable(module="reasoning", denylist=["model", "prompt", "score", "key", "budget"])
 def step_beam_search(
     model: StepModel,
     prompt: Sequence[int],
@@ -47,38 +148,60 @@ def step_beam_search(
     expansions: int = 4,
     max_steps: int = 16,
     temperature: float = 1.0,
+    aggregation: str = "last",
     budget: Budget | None = None,
 ) -> SearchResult:
-    """Beam search over steps; ties in score keep the earlier candidate (parents in beam
-    order, their children in sampling order), so width 1 with one expansion at temperature 0
-    is greedy step-by-step decoding."""
-    if width < 1 or expansions < 1:
-        raise ValueError(f"width and expansions must be >= 1, got {width} and {expansions}")
+    """Step-level beam search scored by ``score`` (see the module docstring)."""
+    _check(width=width, expansions=expansions)
     budget = Budget() if budget is None else budget
-    beam, beam_scores = [root(prompt)], np.zeros(1)
-    for depth in range(max_steps):
-        if all(s.done for s in beam):
-            break
-        children = model.expand(
-            beam,
-            expansions,
-            key=jax.random.fold_in(key, depth),
-            temperature=temperature,
-            budget=budget,
-        )
-        if not any(children):
-            break
-        fresh = [c for kids in children for c in kids]
-        fresh_scores = iter(_scores(score, fresh))
-        pool, pool_scores = [], []
-        for state, value, kids in zip(beam, beam_scores, children):
-            if state.done or not kids:  # finished, or left unexpanded by the budget
-                pool.append(state)
-                pool_scores.append(value)
-            else:
-                pool.extend(kids)
-                pool_scores.extend(next(fresh_scores) for _ in kids)
-        order = np.argsort(-np.asarray(pool_scores), kind="stable")[:width]
-        beam = [pool[i] for i in order]
-        beam_scores = np.asarray(pool_scores)[order]
-    return SearchResult(beam[int(best_of_n(beam_scores))], beam, budget)
+    groups = _grow(
+        model,
+        [[_Node(root(prompt), ())]],
+        score,
+        key=key,
+        width=width,
+        expansions=expansions,
+        max_steps=max_steps,
+        temperature=temperature,
+        aggregation=aggregation,
+        budget=budget,
+    )
+    return _result(groups, aggregation, budget)
+
+
+@gin.configurable(module="reasoning", denylist=["model", "prompt", "score", "key", "budget"])
+def diverse_verifier_tree_search(
+    model: StepModel,
+    prompt: Sequence[int],
+    score: Scorer,
+    *,
+    key,
+    subtrees: int = 4,
+    expansions: int = 4,
+    max_steps: int = 16,
+    temperature: float = 1.0,
+    aggregation: str = "last",
+    budget: Budget | None = None,
+) -> SearchResult:
+    """DVTS (see the module docstring): ``subtrees`` first steps, then ``expansions`` sampled
+    continuations per subtree per level, the best one kept."""
+    _check(subtrees=subtrees, expansions=expansions)
+    budget = Budget() if budget is None else budget
+    start, (first_key, key) = _Node(root(prompt), ()), jax.random.split(key)
+    first = model.expand(
+        [start.state], subtrees, key=first_key, temperature=temperature, budget=budget
+    )
+    groups = [[node] for node in _scored_children(score, [start], first)[0]] or [[start]]
+    groups = _grow(
+        model,
+        groups,
+        score,
+        key=key,
+        width=1,
+        expansions=expansions,
+        max_steps=max_steps - 1,
+        temperature=temperature,
+        aggregation=aggregation,
+        budget=budget,
+    )
+    return _result(groups, aggregation, budget)

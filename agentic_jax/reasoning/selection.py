@@ -1,9 +1,10 @@
-"""Choosing one answer from many samples: votes, best-of-N and process-reward aggregation.
+"""Choosing one answer from many samples: votes and best-of-N.
 
 The sampling-and-selection half of test-time compute (Wang et al. 2022, arXiv:2203.11171;
-Lightman et al. 2023, arXiv:2305.20050; Snell et al. 2024, arXiv:2408.03314).  Everything here is a
-pure function of answers and scores, so the same code selects among samples from the batched
-decoder, the serving engine or a recorded run.  ``None`` stands for a sample whose answer could
+Lightman et al. 2023, arXiv:2305.20050; Snell et al. 2024, arXiv:2408.03314).  Everything here
+is a pure function of answers and scores, so the same code selects among samples from the
+batched decoder, the serving engine or a recorded run (a process reward model's step scores
+become one score by ``rl.aggregate_steps``).  ``None`` stands for a sample whose answer could
 not be extracted: it never wins a vote.
 """
 
@@ -11,10 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 
-import jax.numpy as jnp
 import numpy as np
-
-AGGREGATIONS = ("min", "product", "last", "mean")
 
 
 def _weights(answers: Sequence, weights) -> np.ndarray:
@@ -65,27 +63,3 @@ def best_of_n(scores) -> np.ndarray:
     if scores.ndim < 1 or scores.shape[-1] == 0:
         raise ValueError(f"need scores of shape [..., N] with N >= 1, got {scores.shape}")
     return np.argmax(scores, axis=-1)
-
-
-def aggregate_steps(step_scores, mask, how: str = "min") -> jnp.ndarray:
-    """One score per solution from its per-step process-reward scores ``[..., S]``.
-
-    ``mask`` marks real steps (a solution has at least one).  ``min``: the weakest step, the
-    PRM aggregation of Lightman et al.; ``product``: the probability that every step is right
-    when scores are per-step correctness probabilities; ``last``: the final step's score;
-    ``mean``: the average step.  Pure ``jnp``, so it runs inside ``jit`` and ``vmap``.
-    """
-    if how not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation {how!r}; expected one of {AGGREGATIONS}")
-    scores = jnp.asarray(step_scores, jnp.float32)
-    mask = jnp.asarray(mask, bool)
-    if scores.shape != mask.shape:
-        raise ValueError(f"step scores {scores.shape} and mask {mask.shape} differ in shape")
-    if how == "min":
-        return jnp.min(jnp.where(mask, scores, jnp.inf), axis=-1)
-    if how == "product":
-        return jnp.prod(jnp.where(mask, scores, 1.0), axis=-1)
-    if how == "mean":
-        return jnp.sum(jnp.where(mask, scores, 0.0), axis=-1) / jnp.maximum(mask.sum(-1), 1)
-    last = jnp.maximum(mask.shape[-1] - 1 - jnp.argmax(mask[..., ::-1], axis=-1), 0)
-    return jnp.take_along_axis(scores, last[..., None], axis=-1)[..., 0]
