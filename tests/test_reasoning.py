@@ -18,6 +18,7 @@ from agentic_jax.reasoning import (
     State,
     StepModel,
     best_of_n,
+    budget_forcing,
     diverse_verifier_tree_search,
     maj_at_k,
     majority_vote,
@@ -201,3 +202,51 @@ def test_search_values_are_the_aggregated_path_scores(tiny, search, aggregation)
         expected = {"last": path[-1], "min": path.min(), "mean": path.mean()}[aggregation]
         assert value == pytest.approx(expected, abs=1e-6)
     assert result.best == result.candidates[int(np.argmax(result.values))]
+
+
+def _forcing_model(tiny, stop):
+    config, params, tokenizer, prompt, continuation = tiny
+    return StepModel(params, config, tokenizer, stop_token_ids=(stop,)), prompt, continuation
+
+
+def test_budget_forcing_replaces_an_early_end_by_the_cue(tiny):
+    # The greedy continuation's third token is made the end of turn: the model "stops" early.
+    model, prompt, continuation = _forcing_model(tiny, stop=tiny[4][2])
+    cue = model.tokenizer.encode("Wait,")
+    assert continuation[2] not in cue
+    budget = Budget()
+    (state,) = budget_forcing(
+        model, [prompt], key=jax.random.key(0), min_tokens=12, max_tokens=40, budget=budget
+    )
+    generated = list(state.generated)
+    assert generated[:2] == continuation[:2] and generated[2 : 2 + len(cue)] == cue
+    assert len(generated) >= 12
+    # Every early end was removed: the stop token can only be the very last token.
+    assert continuation[2] not in generated[:-1]
+    # The model was charged for what it sampled: not the cues, but the removed early ends.
+    cues, answer = cue_count(generated, cue), model.tokenizer.encode("<answer>")
+    forced = cue_count(generated, answer)
+    assert budget.tokens_spent == len(generated) - cues * len(cue) - forced * len(answer) + cues
+
+
+def cue_count(tokens, cue):
+    return sum(tokens[i : i + len(cue)] == cue for i in range(len(tokens)))
+
+
+def test_budget_forcing_cuts_at_max_tokens_and_asks_for_the_answer(tiny):
+    model, prompt, continuation = _forcing_model(tiny, stop=model_free_id(tiny))
+    answer = model.tokenizer.encode("<answer>")
+    (state,) = budget_forcing(
+        model, [prompt], key=jax.random.key(0), max_tokens=8, answer_tokens=5, temperature=0.0
+    )
+    generated = list(state.generated)
+    assert generated[:8] == continuation[:8]
+    assert generated[8 : 8 + len(answer)] == answer
+    assert len(generated) == 8 + len(answer) + 5 and state.done
+    with pytest.raises(ValueError, match="min_tokens < max_tokens"):
+        budget_forcing(model, [prompt], key=jax.random.key(0), min_tokens=8, max_tokens=8)
+
+
+def model_free_id(tiny):
+    """A token id the greedy continuation never produces, as an end that never comes."""
+    return next(t for t in range(tiny[2].vocab_size) if t not in tiny[4])

@@ -10,9 +10,11 @@ one decoder call; a :class:`Budget` counts sampled sequences and tokens for ever
     prm = token_scorer(reward_model.scores)                              # a PRM, step by step
     result = step_beam_search(model, prompt, prm, key=key, width=4, expansions=4)
     result = diverse_verifier_tree_search(model, prompt, prm, key=key, subtrees=4)
+    traces = budget_forcing(model, prompts, key=key, min_tokens=64, max_tokens=256)  # s1
 """
 
 from agentic_jax.reasoning.budget import Budget
+from agentic_jax.reasoning.forcing import budget_forcing
 from agentic_jax.reasoning.search import (
     SearchResult,
     diverse_verifier_tree_search,
@@ -28,6 +30,7 @@ __all__ = [
     "State",
     "StepModel",
     "best_of_n",
+    "budget_forcing",
     "diverse_verifier_tree_search",
     "maj_at_k",
     "majority_vote",
