@@ -10,11 +10,15 @@ one decoder call; a :class:`Budget` counts sampled sequences and tokens for ever
     prm = token_scorer(reward_model.scores)                              # a PRM, step by step
     result = step_beam_search(model, prompt, prm, key=key, width=4, expansions=4)
     result = diverse_verifier_tree_search(model, prompt, prm, key=key, subtrees=4)
+    out = mcts.search(params, key, root_output, recurrent_fn, num_simulations=64)  # mctx
+    out = continue_search(params, key, reuse_subtree(out.search_tree, out.action), recurrent_fn,
+                          num_simulations=64)                           # keep the subtree
     traces = budget_forcing(model, prompts, key=key, min_tokens=64, max_tokens=256)  # s1
 """
 
 from agentic_jax.reasoning.budget import Budget
 from agentic_jax.reasoning.forcing import budget_forcing
+from agentic_jax.reasoning.mcts import continue_search, reuse_subtree
 from agentic_jax.reasoning.search import (
     SearchResult,
     diverse_verifier_tree_search,
@@ -31,9 +35,11 @@ __all__ = [
     "StepModel",
     "best_of_n",
     "budget_forcing",
+    "continue_search",
     "diverse_verifier_tree_search",
     "maj_at_k",
     "majority_vote",
+    "reuse_subtree",
     "root",
     "step_beam_search",
     "token_scorer",
