@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tiny_models import make_model_dir
 
+from agentic_jax.reasoning import Budget, StepModel
 from agentic_jax.reasoning.mcts import continue_search, reuse_subtree, search, tree_size
+from agentic_jax.reasoning.step_tree import StepTree
 
 ACTIONS, DEPTH = 3, 3
 
@@ -140,3 +143,36 @@ def test_reusing_an_unexpanded_child_is_refused():
         continue_search(values, jax.random.key(1), reused, recurrent_fn, num_simulations=5)
     with pytest.raises(ValueError, match="unknown policy"):
         search(values, jax.random.key(0), root, recurrent_fn, num_simulations=5, policy="ucb")
+
+
+def test_mcts_over_language_model_steps_finds_the_rewarded_first_step(tmp_path):
+    config, params, tokenizer = make_model_dir(tmp_path, max_seq_len=64)
+    model = StepModel(params, config, tokenizer, delimiters=(" ",), max_step_tokens=4)
+    prompt = tokenizer.encode("the model reads", add_bos=True)
+    budget = Budget(tokens=400)
+    tree = StepTree(
+        model, k=3, reward=lambda s: 0.0, max_steps=2, key=jax.random.key(0), budget=budget
+    )
+    root_out = tree.root_output([prompt])
+    # Reward exactly the solutions that start with the third sampled first step.
+    target = tree.candidates[0][2].steps[0]
+    tree.reward = lambda s: float(s.steps[0] == target)
+    out = mctx.muzero_policy(
+        None,
+        jax.random.key(1),
+        root_out,
+        tree.recurrent_fn,
+        24,
+        max_depth=2,
+        dirichlet_fraction=0.0,
+    )
+    visits = np.asarray(out.search_tree.children_visits[0, 0])
+    assert visits.sum() == 24
+    if any(c.steps[0] == target for c in tree.candidates[0][:2]):
+        pytest.skip("two sampled first steps coincide")  # not a search question then
+    assert int(np.argmax(visits)) == 2
+    # One decoder call per new live node, never per revisit, and within the token budget.
+    live_nodes = sum(not tree.terminal(s) for s in tree.states)
+    assert tree.expansions == live_nodes
+    assert budget.tokens_spent <= 400
+    assert len(tree.states) == 1 + len(tree.children)

@@ -10,15 +10,16 @@ one decoder call; a :class:`Budget` counts sampled sequences and tokens for ever
     prm = token_scorer(reward_model.scores)                              # a PRM, step by step
     result = step_beam_search(model, prompt, prm, key=key, width=4, expansions=4)
     result = diverse_verifier_tree_search(model, prompt, prm, key=key, subtrees=4)
-    out = mcts.search(params, key, root_output, recurrent_fn, num_simulations=64)  # mctx
-    out = continue_search(params, key, reuse_subtree(out.search_tree, out.action), recurrent_fn,
-                          num_simulations=64)                           # keep the subtree
+    tree = StepTree(model, k=4, reward=verifier, value=prm, max_steps=8)  # LM as dynamics
+    out = mcts.search(None, key, tree.root_output([prompt]), tree.recurrent_fn,
+                      num_simulations=64, max_depth=8)                   # mctx PUCT or Gumbel
+    kept = mcts.reuse_subtree(out.search_tree, out.action)               # after the move
+    out = mcts.continue_search(None, key, kept, tree.recurrent_fn, num_simulations=64)
     traces = budget_forcing(model, prompts, key=key, min_tokens=64, max_tokens=256)  # s1
 """
 
 from agentic_jax.reasoning.budget import Budget
 from agentic_jax.reasoning.forcing import budget_forcing
-from agentic_jax.reasoning.mcts import continue_search, reuse_subtree
 from agentic_jax.reasoning.search import (
     SearchResult,
     diverse_verifier_tree_search,
@@ -26,6 +27,7 @@ from agentic_jax.reasoning.search import (
     token_scorer,
 )
 from agentic_jax.reasoning.selection import best_of_n, maj_at_k, majority_vote
+from agentic_jax.reasoning.step_tree import StepTree
 from agentic_jax.reasoning.steps import State, StepModel, root
 
 __all__ = [
@@ -33,13 +35,12 @@ __all__ = [
     "SearchResult",
     "State",
     "StepModel",
+    "StepTree",
     "best_of_n",
     "budget_forcing",
-    "continue_search",
     "diverse_verifier_tree_search",
     "maj_at_k",
     "majority_vote",
-    "reuse_subtree",
     "root",
     "step_beam_search",
     "token_scorer",
