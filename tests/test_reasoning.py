@@ -19,12 +19,13 @@ from agentic_jax.reasoning import (
     StepModel,
     best_of_n,
     budget_forcing,
-    diverse_verifier_tree_search,
+    depth_first_search,
     maj_at_k,
     majority_vote,
     root,
     step_beam_search,
     token_scorer,
+    vote_scorer,
 )
 
 answer_lists = st.lists(st.one_of(st.none(), st.integers(0, 4)), min_size=1, max_size=12)
@@ -131,34 +132,22 @@ def test_width_one_step_beam_is_greedy_step_decoding(tiny):
 def test_every_method_stops_within_its_budget(tiny, calls, tokens, width, expansions):
     config, params, tokenizer, prompt, _ = tiny
     model = StepModel(params, config, tokenizer, delimiters=(" ",), max_step_tokens=6)
-    budget = Budget(model_calls=calls, tokens=tokens)
-    result = step_beam_search(
-        model,
-        prompt,
-        lambda s: np.array([len(x.tokens) % 3 for x in s], float),
-        key=jax.random.key(2),
-        width=width,
-        expansions=expansions,
-        max_steps=4,
-        budget=budget,
-    )
-    assert len(result.candidates) <= width
-    assert calls is None or budget.calls_spent <= calls
-    assert tokens is None or budget.tokens_spent <= tokens
-    budget = Budget(model_calls=calls, tokens=tokens)
-    result = diverse_verifier_tree_search(
-        model,
-        prompt,
-        _parity_score,
-        key=jax.random.key(6),
-        subtrees=width,
-        expansions=expansions,
-        max_steps=4,
-        budget=budget,
-    )
-    assert len(result.candidates) <= width
-    assert calls is None or budget.calls_spent <= calls
-    assert tokens is None or budget.tokens_spent <= tokens
+    for subtrees, beam in ((1, width), (width, 1)):  # a beam, then DVTS
+        budget = Budget(model_calls=calls, tokens=tokens)
+        result = step_beam_search(
+            model,
+            prompt,
+            _parity_score,
+            key=jax.random.key(2),
+            width=beam,
+            subtrees=subtrees,
+            expansions=expansions,
+            max_steps=4,
+            budget=budget,
+        )
+        assert len(result.candidates) <= width
+        assert calls is None or budget.calls_spent <= calls
+        assert tokens is None or budget.tokens_spent <= tokens
     budget = Budget(model_calls=calls, tokens=tokens)
     samples = model.complete([root(prompt)] * 3, key=jax.random.key(3), max_steps=3, budget=budget)
     # Sampling from the root, every charged step is in exactly one sample.
@@ -190,7 +179,7 @@ def test_search_values_are_the_aggregated_path_scores(tiny, search, aggregation)
     if search == "beam":
         result = step_beam_search(model, prompt, _parity_score, width=3, **kwargs)
     else:
-        result = diverse_verifier_tree_search(model, prompt, _parity_score, subtrees=3, **kwargs)
+        result = step_beam_search(model, prompt, _parity_score, subtrees=3, width=1, **kwargs)
     assert 1 <= len(result.candidates) <= 3
     for state, value in zip(result.candidates, result.values):
         # Recompute the path from scratch: the scorer on every prefix that ends a step.
@@ -250,3 +239,86 @@ def test_budget_forcing_cuts_at_max_tokens_and_asks_for_the_answer(tiny):
 def model_free_id(tiny):
     """A token id the greedy continuation never produces, as an end that never comes."""
     return next(t for t in range(tiny[2].vocab_size) if t not in tiny[4])
+
+
+def test_depth_first_search_with_one_greedy_expansion_is_greedy_decoding(tiny):
+    config, params, tokenizer, prompt, continuation = tiny
+    delimiter = tokenizer.decode(continuation[3:4], skip_special_tokens=True)
+    model = StepModel(params, config, tokenizer, delimiters=(delimiter,), max_step_tokens=12)
+    result = depth_first_search(
+        model,
+        prompt,
+        lambda s: np.zeros(len(s)),
+        key=jax.random.key(1),
+        expansions=1,
+        threshold=-np.inf,
+        temperature=0.0,
+        max_steps=5,
+    )
+    flat = [t for step in result.best.steps for t in step]
+    assert len(result.best.steps) == 5 and flat == continuation[: len(flat)]
+
+
+class _Counting(StepModel):
+    """A StepModel that records every state it is asked to expand."""
+
+    def expand(self, states, k, **kwargs):
+        self.expanded = getattr(self, "expanded", []) + list(states)
+        return super().expand(states, k, **kwargs)
+
+
+def test_depth_first_search_never_expands_a_pruned_thought_and_backtracks(tiny):
+    config, params, tokenizer, prompt, _ = tiny
+    model = _Counting(params, config, tokenizer, delimiters=(" ",), max_step_tokens=4)
+    budget = Budget(model_calls=40)
+    result = depth_first_search(
+        model,
+        prompt,
+        _parity_score,
+        key=jax.random.key(2),
+        expansions=3,
+        threshold=0.1,
+        max_steps=3,
+        max_expansions=12,
+        budget=budget,
+        accept=lambda s: False,
+    )
+    for state in model.expanded[1:]:  # the root is never scored
+        prefix_values = _parity_score(
+            [
+                State(state.tokens[: state.prompt_length + e], state.prompt_length)
+                for e in np.cumsum([len(s) for s in state.steps])
+            ]
+        )
+        assert prefix_values[-1] >= 0.1
+    # Nothing was accepted, so the search went on until it ran out of expansions or thoughts.
+    assert len(model.expanded) <= 12 and budget.calls_spent <= 40
+    assert all(len(s.steps) == 3 or s.done for s in result.candidates)
+
+
+class _Voter:
+    """A stand-in model that answers the vote prompt from a script."""
+
+    def __init__(self, tokenizer, answers):
+        self.tokenizer, self.answers = tokenizer, answers
+
+    def complete(self, states, **kwargs):
+        return [
+            State(tuple(s.tokens) + tuple(self.tokenizer.encode(a)), len(s.tokens))
+            for s, a in zip(states, self.answers)
+        ]
+
+    def text(self, tokens):
+        return self.tokenizer.decode(list(tokens), skip_special_tokens=True)
+
+
+@given(st.lists(st.one_of(st.integers(0, 5), st.just(-1)), min_size=1, max_size=8))
+def test_vote_scores_are_each_candidates_share_of_valid_votes(tiny, picks):
+    tokenizer = tiny[2]
+    answers = [f"best {p}" if p >= 0 else "none" for p in picks]
+    score = vote_scorer(
+        _Voter(tokenizer, answers), lambda s: [1, 2], key=jax.random.key(0), votes=len(picks)
+    )
+    states = [root([1]), root([2]), root([3])]
+    expected = np.array([sum(p == i + 1 for p in picks) for i in range(3)]) / len(picks)
+    np.testing.assert_allclose(score(states), expected)

@@ -9,7 +9,9 @@ one decoder call; a :class:`Budget` counts sampled sequences and tokens for ever
     chosen = samples[best_of_n(orm_scores)]                              # best-of-N by a scorer
     prm = token_scorer(reward_model.scores)                              # a PRM, step by step
     result = step_beam_search(model, prompt, prm, key=key, width=4, expansions=4)
-    result = diverse_verifier_tree_search(model, prompt, prm, key=key, subtrees=4)
+    result = step_beam_search(model, prompt, prm, key=key, subtrees=4, width=1)  # DVTS
+    result = depth_first_search(model, prompt, prm, key=key, threshold=0.5)  # ToT, DFS
+    votes = vote_scorer(model, render_choices, key=key, votes=5)        # ToT's vote evaluator
     tree = StepTree(model, k=4, reward=verifier, value=prm, max_steps=8)  # LM as dynamics
     out = mcts.search(None, key, tree.root_output([prompt]), tree.recurrent_fn,
                       num_simulations=64, max_depth=8)                   # mctx PUCT or Gumbel
@@ -22,13 +24,13 @@ from agentic_jax.reasoning.budget import Budget
 from agentic_jax.reasoning.forcing import budget_forcing
 from agentic_jax.reasoning.search import (
     SearchResult,
-    diverse_verifier_tree_search,
     step_beam_search,
     token_scorer,
 )
 from agentic_jax.reasoning.selection import best_of_n, maj_at_k, majority_vote
 from agentic_jax.reasoning.step_tree import StepTree
 from agentic_jax.reasoning.steps import State, StepModel, root
+from agentic_jax.reasoning.thoughts import depth_first_search, vote_scorer
 
 __all__ = [
     "Budget",
@@ -38,10 +40,11 @@ __all__ = [
     "StepTree",
     "best_of_n",
     "budget_forcing",
-    "diverse_verifier_tree_search",
+    "depth_first_search",
     "maj_at_k",
     "majority_vote",
     "root",
     "step_beam_search",
     "token_scorer",
+    "vote_scorer",
 ]

@@ -49,27 +49,19 @@ def search(
     """
     if num_simulations < 1:
         raise ValueError(f"num_simulations must be >= 1, got {num_simulations}")
-    if policy == "muzero":
-        return mctx.muzero_policy(
-            params,
-            key,
-            root,
-            recurrent_fn,
-            num_simulations,
-            max_depth=max_depth,
-            temperature=temperature,
-        )
-    if policy == "gumbel":
-        return mctx.gumbel_muzero_policy(
-            params,
-            key,
-            root,
-            recurrent_fn,
-            num_simulations,
-            max_depth=max_depth,
-            max_num_considered_actions=max_num_considered_actions,
-            gumbel_scale=gumbel_scale,
-        )
+    options = {
+        "muzero": (mctx.muzero_policy, {"temperature": temperature}),
+        "gumbel": (
+            mctx.gumbel_muzero_policy,
+            {
+                "gumbel_scale": gumbel_scale,
+                "max_num_considered_actions": max_num_considered_actions,
+            },
+        ),
+    }
+    if policy in options:
+        run, extra = options[policy]
+        return run(params, key, root, recurrent_fn, num_simulations, max_depth=max_depth, **extra)
     raise ValueError(f"unknown policy {policy!r}; expected one of {POLICIES}")
 
 

@@ -8,7 +8,7 @@ applied to each prefix as it was generated) aggregated by ``rl.aggregate_steps``
 * :func:`step_beam_search`: one group of ``width`` beams, each expanded into ``expansions``
   sampled steps; the ``width`` best of the pool survive, a finished solution staying while it
   scores in the top ``width`` (Snell et al. 2024, arXiv:2408.03314, Sec. 5).
-* :func:`diverse_verifier_tree_search`: ``subtrees`` groups of width 1 rooted at distinct
+* DVTS, :func:`step_beam_search` with ``subtrees=N, width=1``: N groups rooted at distinct
   sampled first steps, each expanded greedily by the PRM, so that the budget is not spent on
   near-copies of one early prefix (Beeching et al. 2024, "Scaling test-time compute").
 
@@ -146,60 +146,36 @@ def step_beam_search(
     key,
     width: int = 4,
     expansions: int = 4,
+    subtrees: int = 1,
     max_steps: int = 16,
     temperature: float = 1.0,
     aggregation: str = "last",
     budget: Budget | None = None,
 ) -> SearchResult:
-    """Step-level beam search scored by ``score`` (see the module docstring)."""
-    _check(width=width, expansions=expansions)
-    budget = Budget() if budget is None else budget
-    groups = _grow(
-        model,
-        [[_Node(root(prompt), ())]],
-        score,
-        key=key,
-        width=width,
-        expansions=expansions,
-        max_steps=max_steps,
-        temperature=temperature,
-        aggregation=aggregation,
-        budget=budget,
-    )
-    return _result(groups, aggregation, budget)
+    """Step-level beam search scored by ``score`` (see the module docstring).
 
-
-@gin.configurable(module="reasoning", denylist=["model", "prompt", "score", "key", "budget"])
-def diverse_verifier_tree_search(
-    model: StepModel,
-    prompt: Sequence[int],
-    score: Scorer,
-    *,
-    key,
-    subtrees: int = 4,
-    expansions: int = 4,
-    max_steps: int = 16,
-    temperature: float = 1.0,
-    aggregation: str = "last",
-    budget: Budget | None = None,
-) -> SearchResult:
-    """DVTS (see the module docstring): ``subtrees`` first steps, then ``expansions`` sampled
-    continuations per subtree per level, the best one kept."""
-    _check(subtrees=subtrees, expansions=expansions)
+    ``subtrees`` > 1 first samples that many first steps and grows a beam of ``width`` under
+    each, independently; ``subtrees=N, width=1`` is DVTS.
+    """
+    _check(width=width, expansions=expansions, subtrees=subtrees)
     budget = Budget() if budget is None else budget
-    start, (first_key, key) = _Node(root(prompt), ()), jax.random.split(key)
-    first = model.expand(
-        [start.state], subtrees, key=first_key, temperature=temperature, budget=budget
-    )
-    groups = [[node] for node in _scored_children(score, [start], first)[0]] or [[start]]
+    start = _Node(root(prompt), ())
+    groups = [[start]]
+    if subtrees > 1:
+        key, first_key = jax.random.split(key)
+        first = model.expand(
+            [start.state], subtrees, key=first_key, temperature=temperature, budget=budget
+        )
+        groups = [[node] for node in _scored_children(score, [start], first)[0]] or groups
+        max_steps -= 1
     groups = _grow(
         model,
         groups,
         score,
         key=key,
-        width=1,
+        width=width,
         expansions=expansions,
-        max_steps=max_steps - 1,
+        max_steps=max_steps,
         temperature=temperature,
         aggregation=aggregation,
         budget=budget,

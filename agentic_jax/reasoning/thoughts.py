@@ -1,0 +1,118 @@
+"""Tree-of-Thoughts depth-first search, and the model voting for the most promising thought.
+
+Yao et al. 2023, "Tree of Thoughts" (arXiv:2305.10601).  Breadth-first ToT is
+:func:`~agentic_jax.reasoning.search.step_beam_search` with a value scorer (its ``width`` best
+thoughts survive each level).  Depth-first ToT, here, expands the most promising thought first,
+drops children whose value is below ``threshold`` (pruning), and backtracks when a branch is
+exhausted; it stops at the first finished solution the ``accept`` test passes, when the budget
+is spent, or after ``max_expansions``.  DFS is sequential by nature: one decoder call per
+expanded node.
+
+A *vote* evaluator (ToT's for tasks without a natural value) asks the model itself which of
+several candidates is best, ``votes`` times, and scores each by its share of the votes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+import gin
+import jax
+import numpy as np
+
+from agentic_jax.reasoning.budget import Budget
+from agentic_jax.reasoning.search import Scorer, SearchResult, _Node, _scored_children, _values
+from agentic_jax.reasoning.steps import State, StepModel, root
+
+
+@gin.configurable(module="reasoning", denylist=["model", "prompt", "score", "key", "budget"])
+def depth_first_search(
+    model: StepModel,
+    prompt: Sequence[int],
+    score: Scorer,
+    *,
+    key,
+    expansions: int = 4,
+    threshold: float = 0.5,
+    max_steps: int = 16,
+    max_expansions: int = 64,
+    temperature: float = 1.0,
+    aggregation: str = "last",
+    accept: Callable[[State], bool] | None = None,
+    budget: Budget | None = None,
+) -> SearchResult:
+    """Depth-first ToT (see the module docstring).  ``candidates`` are the finished solutions
+    met, in order; ``best`` is the accepted one, else the best-valued finished one, else the
+    best-valued partial state the search reached."""
+    if expansions < 1 or max_expansions < 1:
+        raise ValueError(
+            f"expansions and max_expansions must be >= 1, got {expansions}, {max_expansions}"
+        )
+    budget = Budget() if budget is None else budget
+    stack, finished, seen = [_Node(root(prompt), ())], [], []
+    for count in range(max_expansions):
+        if not stack:
+            break
+        node = stack.pop()
+        seen.append(node)
+        if node.state.done or len(node.state.steps) >= max_steps:
+            finished.append(node)
+            if accept is None or accept(node.state):
+                break
+            continue
+        (kids,) = model.expand(
+            [node.state],
+            expansions,
+            key=jax.random.fold_in(key, count),
+            temperature=temperature,
+            budget=budget,
+        )
+        if not kids:
+            break  # the budget is spent
+        children = _scored_children(score, [node], [kids])[0]
+        values = _values(children, aggregation)
+        kept = [i for i, v in enumerate(values) if v >= threshold]
+        # The best is pushed last, so it is expanded next; of equal values, the earlier sample.
+        stack.extend(children[i] for i in sorted(kept, key=lambda i: (values[i], -i)))
+    pool = finished or seen
+    values = _values(pool, aggregation)
+    accepted = [n for n in finished if accept is not None and accept(n.state)]
+    best = accepted[0].state if accepted else pool[int(np.argmax(values))].state
+    return SearchResult(best, [n.state for n in finished], _values(finished, aggregation), budget)
+
+
+@gin.configurable(module="reasoning", denylist=["model", "key"])
+def vote_scorer(
+    model: StepModel,
+    render: Callable[[Sequence[State]], Sequence[int]],
+    *,
+    key,
+    votes: int = 5,
+    temperature: float = 1.0,
+    budget: Budget | None = None,
+) -> Scorer:
+    """A scorer that asks the model which candidate is best: ``render(candidates)`` is the
+    prompt (listing them as 1..n), the first integer of each of ``votes`` sampled answers is a
+    vote, and a candidate's score is its share of the ``votes`` (invalid answers vote for none).
+    """
+    if votes < 1:
+        raise ValueError(f"votes must be >= 1, got {votes}")
+    calls = iter(range(2**31 - 1))
+
+    def score(states: Sequence[State]) -> np.ndarray:
+        answers = model.complete(
+            [root(render(states))] * votes,
+            key=jax.random.fold_in(key, next(calls)),
+            temperature=temperature,
+            max_steps=1,
+            budget=budget,
+        )
+        counts = np.zeros(len(states))
+        for answer in answers:
+            found = re.search(r"\d+", model.text(answer.generated))
+            if found and 1 <= int(found.group()) <= len(states):
+                counts[int(found.group()) - 1] += 1
+        return counts / votes
+
+    return score
