@@ -24,6 +24,7 @@ from agentic_jax.reasoning import (
     majority_vote,
     root,
     step_beam_search,
+    step_scores,
     token_scorer,
     vote_scorer,
 )
@@ -188,6 +189,9 @@ def test_search_values_are_the_aggregated_path_scores(tiny, search, aggregation)
             State(state.tokens[: state.prompt_length + e], state.prompt_length) for e in ends
         ]
         path = _parity_score(prefixes)
+        scores, mask = step_scores(_parity_score, [state])
+        np.testing.assert_allclose(scores[0, : len(path)], path, atol=1e-6)
+        assert mask.sum() == len(path)
         expected = {"last": path[-1], "min": path.min(), "mean": path.mean()}[aggregation]
         assert value == pytest.approx(expected, abs=1e-6)
     assert result.best == result.candidates[int(np.argmax(result.values))]

@@ -8,6 +8,7 @@ one decoder call; a :class:`Budget` counts sampled sequences and tokens for ever
     answer = majority_vote([model.answer(s) for s in samples])          # self-consistency
     chosen = samples[best_of_n(orm_scores)]                              # best-of-N by a scorer
     prm = token_scorer(reward_model.scores)                              # a PRM, step by step
+    chosen = samples[best_of_n(rl.aggregate_steps(*step_scores(prm, samples), mode="min"))]
     result = step_beam_search(model, prompt, prm, key=key, width=4, expansions=4)
     result = step_beam_search(model, prompt, prm, key=key, subtrees=4, width=1)  # DVTS
     result = depth_first_search(model, prompt, prm, key=key, threshold=0.5)  # ToT, DFS
@@ -25,6 +26,7 @@ from agentic_jax.reasoning.forcing import budget_forcing
 from agentic_jax.reasoning.search import (
     SearchResult,
     step_beam_search,
+    step_scores,
     token_scorer,
 )
 from agentic_jax.reasoning.selection import best_of_n, maj_at_k, majority_vote
@@ -45,6 +47,7 @@ __all__ = [
     "majority_vote",
     "root",
     "step_beam_search",
+    "step_scores",
     "token_scorer",
     "vote_scorer",
 ]

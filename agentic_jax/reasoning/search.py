@@ -62,6 +62,31 @@ def token_scorer(score_tokens: Callable, pad_id: int = 0) -> Scorer:
     return score
 
 
+def step_scores(score: Scorer, states: Sequence[State]) -> tuple[np.ndarray, np.ndarray]:
+    """``(scores [N, S], mask [N, S])``: ``score`` on every prefix of each state that ends a
+    step, in one scorer call.  With ``rl.aggregate_steps`` and :func:`best_of_n` this is
+    best-of-N by a process reward model (``min``, ``product``, ``last`` or ``mean``)."""
+    prefixes, rows = [], []
+    for row, state in enumerate(states):
+        end = state.prompt_length
+        for step in state.steps:
+            end += len(step)
+            prefixes.append(State(state.tokens[:end], state.prompt_length))
+            rows.append(row)
+    depth = max((len(s.steps) for s in states), default=0)
+    scores = np.zeros((len(states), max(depth, 1)), np.float32)
+    mask = np.zeros_like(scores)
+    if prefixes:
+        values = np.asarray(score(prefixes), np.float32)
+        if values.shape != (len(prefixes),):
+            raise ValueError(f"the scorer returned shape {values.shape} for {len(prefixes)} states")
+        column = np.zeros(len(states), int)
+        for row, value in zip(rows, values):
+            scores[row, column[row]], mask[row, column[row]] = value, 1.0
+            column[row] += 1
+    return scores, mask
+
+
 class _Node(NamedTuple):
     state: State
     path: tuple[float, ...]  # the scorer's value after each of the state's steps
