@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 
-import chex
 import jax
 import jax.numpy as jnp
 import mctx
@@ -182,7 +181,8 @@ def continue_search(
     from the root's visit counts as ``mctx.muzero_policy`` draws it."""
     if num_simulations < 1:
         raise ValueError(f"num_simulations must be >= 1, got {num_simulations}")
-    chex.assert_rank(tree.node_visits, 2)
+    if tree.node_visits.ndim != 2:
+        raise ValueError(f"need a batched tree [B, N], got node_visits {tree.node_visits.shape}")
     if np.any(np.asarray(tree.node_visits[:, mctx.Tree.ROOT_INDEX]) == 0):
         raise ValueError("the tree has an empty root (the reused child was never expanded)")
     first_free = jnp.asarray(tree_size(tree), jnp.int32)
