@@ -62,29 +62,37 @@ def token_scorer(score_tokens: Callable, pad_id: int = 0) -> Scorer:
     return score
 
 
+def _score(score: Scorer, states: Sequence[State]) -> np.ndarray:
+    """``score(states)`` as float64 ``[len(states)]``, checked (an empty list is not scored)."""
+    if not states:
+        return np.zeros(0)
+    values = np.asarray(score(states), np.float64)
+    if values.shape != (len(states),):
+        raise ValueError(f"the scorer returned shape {values.shape} for {len(states)} states")
+    return values
+
+
+def _padded(paths: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray]:
+    """``(scores [N, S], mask [N, S])`` from one list of step scores per solution."""
+    depth = max((len(p) for p in paths), default=0)
+    scores = np.zeros((len(paths), max(depth, 1)), np.float32)
+    mask = np.zeros_like(scores)
+    for row, path in enumerate(paths):
+        scores[row, : len(path)] = path
+        mask[row, : len(path)] = 1.0
+    return scores, mask
+
+
 def step_scores(score: Scorer, states: Sequence[State]) -> tuple[np.ndarray, np.ndarray]:
     """``(scores [N, S], mask [N, S])``: ``score`` on every prefix of each state that ends a
     step, in one scorer call.  With ``rl.aggregate_steps`` and :func:`best_of_n` this is
     best-of-N by a process reward model (``min``, ``product``, ``last`` or ``mean``)."""
-    prefixes, rows = [], []
-    for row, state in enumerate(states):
-        end = state.prompt_length
-        for step in state.steps:
-            end += len(step)
-            prefixes.append(State(state.tokens[:end], state.prompt_length))
-            rows.append(row)
-    depth = max((len(s.steps) for s in states), default=0)
-    scores = np.zeros((len(states), max(depth, 1)), np.float32)
-    mask = np.zeros_like(scores)
-    if prefixes:
-        values = np.asarray(score(prefixes), np.float32)
-        if values.shape != (len(prefixes),):
-            raise ValueError(f"the scorer returned shape {values.shape} for {len(prefixes)} states")
-        column = np.zeros(len(states), int)
-        for row, value in zip(rows, values):
-            scores[row, column[row]], mask[row, column[row]] = value, 1.0
-            column[row] += 1
-    return scores, mask
+    prefixes = []
+    for state in states:
+        ends = state.prompt_length + np.cumsum([len(step) for step in state.steps], dtype=int)
+        prefixes.append([State(state.tokens[:end], state.prompt_length) for end in ends])
+    values = iter(_score(score, [p for row in prefixes for p in row]))
+    return _padded([[next(values) for _ in row] for row in prefixes])
 
 
 class _Node(NamedTuple):
@@ -93,25 +101,15 @@ class _Node(NamedTuple):
 
 
 def _values(nodes: Sequence[_Node], aggregation: str) -> np.ndarray:
+    """Each node's path of step scores, aggregated (0 for a node with no scored step)."""
     if not nodes:
         return np.zeros(0)
-    depth = max(len(n.path) for n in nodes)
-    if depth == 0:
-        return np.zeros(len(nodes))
-    scores = np.zeros((len(nodes), depth), np.float32)
-    mask = np.zeros((len(nodes), depth), np.float32)
-    for row, node in enumerate(nodes):
-        scores[row, : len(node.path)] = node.path
-        mask[row, : len(node.path)] = 1.0
+    scores, mask = _padded([n.path for n in nodes])
     return np.asarray(rl.aggregate_steps(jnp.asarray(scores), jnp.asarray(mask), aggregation))
 
 
 def _scored_children(score: Scorer, parents: Sequence[_Node], children) -> list[list[_Node]]:
-    fresh = [c for kids in children for c in kids]
-    values = np.asarray(score(fresh), np.float64) if fresh else np.zeros(0)
-    if values.shape != (len(fresh),):
-        raise ValueError(f"the scorer returned shape {values.shape} for {len(fresh)} states")
-    it = iter(values)
+    it = iter(_score(score, [c for kids in children for c in kids]))
     return [
         [_Node(c, p.path + (float(next(it)),)) for c in kids] for p, kids in zip(parents, children)
     ]

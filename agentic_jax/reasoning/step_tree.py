@@ -108,23 +108,21 @@ class StepTree:
     def _step(self, action: np.ndarray, parent: np.ndarray):
         """The host callback: the children ``action`` leads to from ``parent`` (created if new)."""
         ids = np.zeros(len(action), np.int32)
+        dead = np.zeros(len(action), bool)  # an action without a candidate: left at its parent
         fresh: list[tuple[int, State, tuple[int, int]]] = []
         for row, (a, p) in enumerate(zip(action.tolist(), parent.tolist())):
             if (p, a) in self.children:
                 ids[row] = self.children[(p, a)]
             elif a < len(self.candidates[p]):
                 fresh.append((row, self.candidates[p][a], (p, a)))
-            else:  # an action without a candidate: a dead end, left at its parent
-                ids[row] = p
+            else:
+                ids[row], dead[row] = p, True
         for (row, _, edge), i in zip(fresh, self._add([s for _, s, _ in fresh])):
             ids[row] = self.children[edge] = i
-        dead = np.array([a >= len(self.candidates[p]) for a, p in zip(action, parent)])
-        done = np.array([self.terminal(self.states[i]) for i in ids]) | dead
+        terminal = np.array([self.terminal(self.states[i]) for i in ids])
+        done = terminal | dead
         reward = np.array(
-            [
-                0.0 if d or not self.terminal(self.states[i]) else self._reward(i)
-                for i, d in zip(ids, dead)
-            ],
+            [self._reward(i) if t and not d else 0.0 for i, t, d in zip(ids, terminal, dead)],
             np.float32,
         )
         return (

@@ -14,6 +14,7 @@ several candidates is best, ``votes`` times, and scores each by its share of the
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Sequence
 
@@ -22,7 +23,14 @@ import jax
 import numpy as np
 
 from agentic_jax.reasoning.budget import Budget
-from agentic_jax.reasoning.search import Scorer, SearchResult, _Node, _scored_children, _values
+from agentic_jax.reasoning.search import (
+    Scorer,
+    SearchResult,
+    _check,
+    _Node,
+    _scored_children,
+    _values,
+)
 from agentic_jax.reasoning.steps import State, StepModel, root
 
 
@@ -45,12 +53,9 @@ def depth_first_search(
     """Depth-first ToT (see the module docstring).  ``candidates`` are the finished solutions
     met, in order; ``best`` is the accepted one, else the best-valued finished one, else the
     best-valued partial state the search reached."""
-    if expansions < 1 or max_expansions < 1:
-        raise ValueError(
-            f"expansions and max_expansions must be >= 1, got {expansions}, {max_expansions}"
-        )
+    _check(expansions=expansions, max_expansions=max_expansions)
     budget = Budget() if budget is None else budget
-    stack, finished, seen = [_Node(root(prompt), ())], [], []
+    stack, finished, seen, accepted = [_Node(root(prompt), ())], [], [], None
     for count in range(max_expansions):
         if not stack:
             break
@@ -59,6 +64,7 @@ def depth_first_search(
         if node.state.done or len(node.state.steps) >= max_steps:
             finished.append(node)
             if accept is None or accept(node.state):
+                accepted = node
                 break
             continue
         (kids,) = model.expand(
@@ -75,11 +81,14 @@ def depth_first_search(
         kept = [i for i, v in enumerate(values) if v >= threshold]
         # The best is pushed last, so it is expanded next; of equal values, the earlier sample.
         stack.extend(children[i] for i in sorted(kept, key=lambda i: (values[i], -i)))
-    pool = finished or seen
-    values = _values(pool, aggregation)
-    accepted = [n for n in finished if accept is not None and accept(n.state)]
-    best = accepted[0].state if accepted else pool[int(np.argmax(values))].state
-    return SearchResult(best, [n.state for n in finished], _values(finished, aggregation), budget)
+    values = _values(finished, aggregation)
+    if accepted is not None:
+        best = accepted.state
+    elif finished:
+        best = finished[int(np.argmax(values))].state
+    else:
+        best = seen[int(np.argmax(_values(seen, aggregation)))].state
+    return SearchResult(best, [n.state for n in finished], values, budget)
 
 
 @gin.configurable(module="reasoning", denylist=["model", "key"])
@@ -98,7 +107,7 @@ def vote_scorer(
     """
     if votes < 1:
         raise ValueError(f"votes must be >= 1, got {votes}")
-    calls = iter(range(2**31 - 1))
+    calls = itertools.count()
 
     def score(states: Sequence[State]) -> np.ndarray:
         answers = model.complete(
