@@ -1,6 +1,7 @@
 """Imports every module that defines gin configurables, so any config can bind any of them."""
 
 import agentic_jax.agents.multi_agent.session
+import agentic_jax.agents.policies.search
 import agentic_jax.agents.policies.voting
 import agentic_jax.agents.protocols.a2a_server
 import agentic_jax.agents.session

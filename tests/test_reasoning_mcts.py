@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import make_model_dir
 
-from agentic_jax.reasoning import Budget, StepModel
+from agentic_jax.reasoning import Budget, StepModel, root
 from agentic_jax.reasoning.mcts import continue_search, reuse_subtree, search, tree_size
-from agentic_jax.reasoning.step_tree import StepTree
+from agentic_jax.reasoning.step_tree import StepTree, tree_search
 
 ACTIONS, DEPTH = 3, 3
 
@@ -176,3 +176,35 @@ def test_mcts_over_language_model_steps_finds_the_rewarded_first_step(tmp_path):
     assert tree.expansions == live_nodes
     assert budget.tokens_spent <= 400
     assert len(tree.states) == 1 + len(tree.children)
+
+
+def test_tree_search_returns_the_best_finished_solution_or_completes_its_most_visited_path(
+    tmp_path,
+):
+    config, params, tokenizer = make_model_dir(tmp_path, max_seq_len=64)
+    model = StepModel(params, config, tokenizer, delimiters=(" ",), max_step_tokens=4)
+    prompt = tokenizer.encode("the model reads", add_bos=True)
+
+    def reward(state):  # any deterministic function of the solution
+        return float(sum(state.generated) % 7)
+
+    def search(**options):
+        budget = Budget(tokens=600)
+        flat = lambda states: np.zeros(len(states))  # noqa: E731
+        return tree_search(
+            model, prompt, flat, key=jax.random.key(0), reward=reward, budget=budget, **options
+        )
+
+    result = search(k=3, simulations=16, max_steps=2)
+    assert result.candidates and all(len(s.steps) == 2 or s.done for s in result.candidates)
+    np.testing.assert_array_equal(result.values, [reward(s) for s in result.candidates])
+    assert reward(result.best) == max(result.values) and result.budget.tokens_spent <= 600
+    # One simulation reaches no finished solution: the visited path is completed greedily.
+    result = search(k=2, simulations=1, max_steps=4)
+    (only,) = result.candidates
+    assert len(only.steps) == 4 or only.done
+    tree_key = jax.random.split(jax.random.key(0))[0]  # what tree_search gives its StepTree
+    (first,) = model.expand([root(prompt)], 2, key=jax.random.fold_in(tree_key, 0))
+    (visited,) = [c for c in first if c.steps[0] == only.steps[0]][:1]
+    greedy = model.complete([visited], key=jax.random.key(5), temperature=0.0, max_steps=3)[0]
+    assert only.tokens == greedy.tokens

@@ -18,7 +18,10 @@ one decoder call; a :class:`Budget` counts sampled sequences and tokens for ever
                       num_simulations=64, max_depth=8)                   # mctx PUCT or Gumbel
     kept = mcts.reuse_subtree(out.search_tree, out.action)               # after the move
     out = mcts.continue_search(None, key, kept, tree.recurrent_fn, num_simulations=64)
+    result = tree_search(model, prompt, prm, key=key, k=4, simulations=64)  # MCTS, one call
     traces = budget_forcing(model, prompts, key=key, min_tokens=64, max_tokens=256)  # s1
+    turns = TurnModel(params, config, tokenizer, env=host_env)     # a step = an agent turn
+    result = step_beam_search(turns, turns.roots([task])[0], episode_return, key=key)
 """
 
 from agentic_jax.reasoning.budget import Budget
@@ -30,9 +33,10 @@ from agentic_jax.reasoning.search import (
     token_scorer,
 )
 from agentic_jax.reasoning.selection import best_of_n, maj_at_k, majority_vote
-from agentic_jax.reasoning.step_tree import StepTree
+from agentic_jax.reasoning.step_tree import StepTree, tree_search
 from agentic_jax.reasoning.steps import State, StepModel, root
 from agentic_jax.reasoning.thoughts import depth_first_search, vote_scorer
+from agentic_jax.reasoning.turns import TurnModel, episode_return
 
 __all__ = [
     "Budget",
@@ -40,14 +44,17 @@ __all__ = [
     "State",
     "StepModel",
     "StepTree",
+    "TurnModel",
     "best_of_n",
     "budget_forcing",
     "depth_first_search",
+    "episode_return",
     "maj_at_k",
     "majority_vote",
     "root",
     "step_beam_search",
     "step_scores",
     "token_scorer",
+    "tree_search",
     "vote_scorer",
 ]

@@ -16,13 +16,16 @@ class Budget:
     Methods ask :meth:`affordable` before each batched expansion, with the worst case of the
     calls they would make, so they stop *at* the budget, never past it; :meth:`charge` records
     what an expansion really spent.  The same counters give every method one x-axis in the
-    test-time scaling curves.
+    test-time scaling curves.  ``prompt_tokens_spent`` counts the prompt tokens each sampled
+    sequence was conditioned on (every sequence prefills its own prompt; no cache is shared), so
+    that compute is ``flops_per_token`` times the prompt and generated tokens together.
     """
 
     model_calls: int | None = None
     tokens: int | None = None
     calls_spent: int = 0
     tokens_spent: int = 0
+    prompt_tokens_spent: int = 0
 
     def __post_init__(self):
         for name in ("model_calls", "tokens"):
@@ -39,9 +42,10 @@ class Budget:
             fit = min(fit, (self.tokens - self.tokens_spent) // max(tokens_per_call, 1))
         return max(fit, 0)
 
-    def charge(self, calls: int, tokens: int) -> None:
+    def charge(self, calls: int, tokens: int, prompt_tokens: int = 0) -> None:
         self.calls_spent += calls
         self.tokens_spent += tokens
+        self.prompt_tokens_spent += prompt_tokens
         over = (self.model_calls is not None and self.calls_spent > self.model_calls) or (
             self.tokens is not None and self.tokens_spent > self.tokens
         )

@@ -48,15 +48,21 @@ class SearchResult(NamedTuple):
 
 def token_scorer(score_tokens: Callable, pad_id: int = 0) -> Scorer:
     """A :data:`Scorer` from a function of right-padded ``tokens [B, L]`` and a ``mask [B, L]``
-    over the generated tokens, such as a trained reward model's ``scores``."""
+    over the policy's tokens, such as a trained reward model's ``scores`` or ``episode_rewards``.
+    The mask covers the generated tokens; for an episode's state (``TurnModel``), only the
+    policy's own turns, not the tool messages (the episode's loss mask)."""
 
     def score(states: Sequence[State]) -> np.ndarray:
         width = max(len(s.tokens) for s in states)
         tokens = np.full((len(states), width), pad_id, np.int32)
         mask = np.zeros((len(states), width), np.int32)
         for row, state in enumerate(states):
-            tokens[row, : len(state.tokens)] = state.tokens
-            mask[row, state.prompt_length : len(state.tokens)] = 1
+            end = len(state.tokens)
+            tokens[row, :end] = state.tokens
+            if state.episode is None:
+                mask[row, state.prompt_length : end] = 1
+            else:
+                mask[row, :end] = state.episode.loss_mask[0, :end]
         return np.asarray(score_tokens(tokens, mask), np.float64)
 
     return score
@@ -90,7 +96,19 @@ def step_scores(score: Scorer, states: Sequence[State]) -> tuple[np.ndarray, np.
     prefixes = []
     for state in states:
         ends = state.prompt_length + np.cumsum([len(step) for step in state.steps], dtype=int)
-        prefixes.append([State(state.tokens[:end], state.prompt_length) for end in ends])
+        # A prefix keeps the whole transcript's episode: its loss mask, cut to the prefix, is
+        # the prefix's own.
+        prefixes.append(
+            [
+                State(
+                    state.tokens[:end],
+                    state.prompt_length,
+                    state.steps[: i + 1],
+                    episode=state.episode,
+                )
+                for i, end in enumerate(ends)
+            ]
+        )
     values = iter(_score(score, [p for row in prefixes for p in row]))
     return _padded([[next(values) for _ in row] for row in prefixes])
 

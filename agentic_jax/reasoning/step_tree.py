@@ -9,19 +9,24 @@ A node is terminal when the turn ended or after ``max_steps`` steps: it pays ``r
 (a verifier, or an outcome reward model) with discount 0; a live node is valued by ``value``
 (a value or process reward model; zeros for pure Monte Carlo search).  A child reached twice is
 looked up, never sampled again, so the tree is the same whichever order mctx visits it in.
+
+:func:`tree_search` is MCTS with the other searches' signature: one prompt in, a
+``SearchResult`` out (the best-rewarded finished solution the tree holds).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import gin
 import jax
 import jax.numpy as jnp
 import mctx
 import numpy as np
 
+from agentic_jax.reasoning import mcts
 from agentic_jax.reasoning.budget import Budget
-from agentic_jax.reasoning.search import Scorer
+from agentic_jax.reasoning.search import Scorer, SearchResult, _score
 from agentic_jax.reasoning.steps import State, StepModel, root
 
 MISSING = -1e9  # the prior logit of a candidate the budget or a terminal node did not sample
@@ -151,3 +156,71 @@ class StepTree:
             reward=reward, discount=discount, prior_logits=prior, value=value
         )
         return out, child
+
+
+def _most_visited_end(tree: mctx.Tree) -> int:
+    """The node (its ``StepTree`` id) that following the most visited child from the root of
+    batch row 0 ends at."""
+    children = np.asarray(tree.children_index[0])
+    visits = np.asarray(tree.node_visits[0])
+    node = mctx.Tree.ROOT_INDEX
+    while (kids := children[node][children[node] != mctx.Tree.UNVISITED]).size:
+        node = int(kids[np.argmax(visits[kids])])
+    return int(np.asarray(tree.embeddings[0])[node])
+
+
+@gin.configurable(module="reasoning", denylist=["model", "prompt", "score", "key", "budget"])
+def tree_search(
+    model: StepModel,
+    prompt: Sequence[int] | State,
+    score: Scorer,
+    *,
+    key,
+    k: int = 4,
+    simulations: int = 32,
+    max_steps: int = 8,
+    policy: str = "muzero",
+    temperature: float = 1.0,
+    reward: Callable[[State], float] | None = None,
+    budget: Budget | None = None,
+) -> SearchResult:
+    """MCTS over steps (``mcts.search`` on a :class:`StepTree`) from one prompt.
+
+    ``score`` values live nodes (a PRM) and, unless ``reward`` is given (a verifier), pays
+    finished ones too (an outcome reward model).  ``candidates`` are the finished solutions the
+    tree reached, valued by that reward; if it reached none, the end of its most visited path
+    is completed greedily (within the budget) and is the only candidate.
+    """
+    budget = Budget() if budget is None else budget
+    reward = reward or (lambda state: float(_score(score, [state])[0]))
+    key, search_key = jax.random.split(key)
+    tree = StepTree(
+        model,
+        k=k,
+        reward=reward,
+        value=score,
+        max_steps=max_steps,
+        temperature=temperature,
+        key=key,
+        budget=budget,
+    )
+    out = mcts.search(
+        None,
+        search_key,
+        tree.root_output([prompt]),
+        tree.recurrent_fn,
+        num_simulations=simulations,
+        policy=policy,
+        max_depth=max_steps,
+    )
+    finished = sorted(tree.rewards)  # node ids: in the order they were created
+    candidates = [tree.states[i] for i in finished]
+    values = np.array([tree.rewards[i] for i in finished])
+    if not candidates:
+        end = tree.states[_most_visited_end(out.search_tree)]
+        rest = max_steps - len(end.steps) + len(root(prompt).steps)
+        (end,) = model.complete(
+            [end], key=key, temperature=0.0, max_steps=max(rest, 0), budget=budget
+        )
+        candidates, values = [end], np.array([reward(end)])
+    return SearchResult(candidates[int(np.argmax(values))], candidates, values, budget)

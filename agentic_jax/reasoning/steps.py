@@ -23,6 +23,7 @@ from agentic_jax.inference.decoding.generate import generate, truncate_at_stop_s
 from agentic_jax.inference.decoding.prompts import PromptBatch, check_token_ids
 from agentic_jax.inference.decoding.sampling import SamplingParams
 from agentic_jax.models import TransformerConfig
+from agentic_jax.models.export import load_checkpoint
 from agentic_jax.reasoning.budget import Budget
 
 PAD_MULTIPLE = 32
@@ -30,22 +31,29 @@ PAD_MULTIPLE = 32
 
 @dataclasses.dataclass(frozen=True)
 class State:
-    """A transcript: ``tokens`` (prompt then steps), the steps' token ids, their summed
-    log-probability under the model's own softmax, and whether the turn has ended."""
+    """A transcript: ``tokens`` (the prompt, then the steps one after another), the steps' token
+    ids, the sampled tokens' summed log-probability under the model's own softmax, and whether
+    the turn (or episode) has ended.  When steps are agent turns (``TurnModel``), ``reward`` is
+    the environment's return so far and ``episode`` its state for this transcript."""
 
     tokens: tuple[int, ...]
     prompt_length: int
     steps: tuple[tuple[int, ...], ...] = ()
     logprob: float = 0.0
     done: bool = False
+    reward: float = 0.0
+    episode: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def generated(self) -> tuple[int, ...]:
         return self.tokens[self.prompt_length :]
 
 
-def root(prompt: Sequence[int]) -> State:
-    """The state before any step: the prompt alone."""
+def root(prompt: Sequence[int] | State) -> State:
+    """The state a search starts from: the prompt alone, or a given state (an episode's first
+    observation from ``TurnModel.roots``, or a move already made)."""
+    if isinstance(prompt, State):
+        return prompt
     prompt = tuple(int(t) for t in prompt)
     if not prompt:
         raise ValueError("a reasoning state needs a non-empty prompt")
@@ -78,6 +86,12 @@ class StepModel:
             ends = [self.tokenizer.eos_id, self._token(IM_END)]
             self.stop_token_ids = tuple(t for t in ends if t is not None)
         self.stop_token_ids = tuple(self.stop_token_ids)
+
+    @classmethod
+    def from_checkpoint(cls, path, **options) -> StepModel:
+        """The model of a training workdir or a model directory with its tokenizer."""
+        config, params, tokenizer = load_checkpoint(path)
+        return cls(params, config, tokenizer, **options)
 
     def _token(self, token: str) -> int | None:
         try:
@@ -132,23 +146,31 @@ class StepModel:
         pad_id = self.tokenizer.pad_id or 0
         prompts = [states[i].tokens for i in rows]
         check_token_ids(prompts, self.config.vocab_size)
-        # Pad to a multiple of PAD_MULTIPLE so that a growing tree reuses a few compilations.
+        # Pad prompts to a multiple of PAD_MULTIPLE so that a growing tree reuses a few
+        # compilations...
         longest = max(len(p) for p in prompts)
         width = min(
             -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE, self.config.max_seq_len - max_tokens
         )
+        # ... and the batch to a power of two with copies of the first prompt (dropped below).
+        batch = 1 << (len(prompts) - 1).bit_length()
         result = generate(
             self.params,
             self.config,
-            PromptBatch.from_lists(prompts, pad_id=pad_id, length=max(width, longest)),
+            PromptBatch.from_lists(
+                prompts + [prompts[0]] * (batch - len(prompts)),
+                pad_id=pad_id,
+                length=max(width, longest),
+            ),
             sampling=sampling,
             key=key,
             pad_id=pad_id,
         )
         result = truncate_at_stop_strings(result, self.tokenizer, sampling, pad_id)
-        tokens, lengths = np.asarray(result.tokens), np.asarray(result.lengths)
-        logprobs = np.asarray(result.raw_logprobs).sum(axis=1)
-        budget.charge(len(rows), int(lengths.sum()))
+        tokens = np.asarray(result.tokens)[: len(rows)]
+        lengths = np.asarray(result.lengths)[: len(rows)]
+        logprobs = np.asarray(result.raw_logprobs)[: len(rows)].sum(axis=1)
+        budget.charge(len(rows), int(lengths.sum()), sum(map(len, prompts)))
         for row, i in enumerate(rows):
             step = tuple(int(t) for t in tokens[row, : lengths[row]])
             parent = states[i]
