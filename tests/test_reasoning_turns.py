@@ -6,6 +6,7 @@ import jax
 import numpy as np
 import pytest
 from tiny_models import task_model_dir
+from tiny_tasks import replay_demonstrations
 
 from agentic_jax.envs.text import Arithmetic, demonstration_actions
 from agentic_jax.inference.decoding.sampling import SamplingParams
@@ -14,7 +15,6 @@ from agentic_jax.post_training.tasks import TaskSpec
 from agentic_jax.reasoning import (
     Budget,
     State,
-    StepModel,
     StepTree,
     TurnModel,
     best_of_n,
@@ -35,34 +35,12 @@ def setup(tmp_path_factory):
     return TurnModel(params, config, tokenizer, env=env), env
 
 
-def _replaying(monkeypatch, env, correct):
-    """Makes the sampler propose, for every state, the task's next demonstration turn."""
-    tasks = env.tasks
-
-    def expand(self, states, k, *, key, temperature=1.0, budget=None):
-        out = []
-        for s in states:
-            if s.done:
-                out.append([])
-                continue
-            task = tasks[int(s.episode.task[0])]
-            turns = demonstration_actions(task.render(self.tokenizer, correct), env.action_length)
-            turn = turns[len(s.steps)]
-            step = tuple(int(t) for t in turn[turn != env.pad_id])
-            out.append(
-                [dataclasses.replace(s, tokens=s.tokens + step, steps=s.steps + (step,))] * k
-            )
-        return out
-
-    monkeypatch.setattr(StepModel, "expand", expand)
-
-
 @pytest.mark.parametrize("correct", [True, False])
 def test_replayed_demonstrations_render_the_conversation_and_earn_the_verifier_reward(
     setup, monkeypatch, correct
 ):
     model, env = setup
-    _replaying(monkeypatch, env, correct)
+    replay_demonstrations(monkeypatch, env, correct)
     rows = list(range(len(env.tasks)))
     final = model.complete(model.roots(rows), key=jax.random.key(0))
     for row, state in zip(rows, final):

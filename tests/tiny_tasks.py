@@ -1,10 +1,13 @@
 """Test helpers: a task the tiny random models learn in a few RL steps; the main pipeline at toy sizes."""
 
+import dataclasses
+
 import jax.numpy as jnp
 from tiny_models import CORPUS
 
-from agentic_jax.envs.text import Arithmetic, Reward
+from agentic_jax.envs.text import Arithmetic, Reward, demonstration_actions
 from agentic_jax.post_training.tasks import TaskSpec
+from agentic_jax.reasoning import StepModel
 
 
 class HasDigit(Reward):
@@ -61,3 +64,27 @@ TINY_PIPELINE = [
     "rl/TaskSpec.num_train = 8",
     "rl/TaskSpec.num_heldout = 2",
 ]
+
+
+def replay_demonstrations(monkeypatch, env, correct: bool = True) -> None:
+    """Makes every ``StepModel`` propose, for each episode state, its task's next demonstration
+    turn (the correct or the corrupted one) as all ``k`` candidates, charged to the budget:
+    searches over agent turns then replay the demonstrations through ``env``."""
+
+    def expand(self, states, k, *, key, temperature=1.0, budget=None):
+        out = []
+        for s in states:
+            if s.done:
+                out.append([])
+                continue
+            task = env.tasks[int(s.episode.task[0])]
+            turns = demonstration_actions(task.render(self.tokenizer, correct), env.action_length)
+            turn = turns[len(s.steps)]
+            step = tuple(int(t) for t in turn[turn != env.pad_id])
+            child = dataclasses.replace(s, tokens=s.tokens + step, steps=s.steps + (step,))
+            out.append([child] * k)
+            if budget is not None:  # charged as the sampler charges
+                budget.charge(k, k * len(step), k * len(s.tokens))
+        return out
+
+    monkeypatch.setattr(StepModel, "expand", expand)

@@ -7,11 +7,19 @@ the current policy (``rollout.collect``), keeps those the verifier marks success
 (2022), STaR, arXiv:2203.14465; Yuan et al. (2023), RFT, arXiv:2308.01825.  It is the baseline
 the RL trainers must beat: it uses the same samples but learns only from successes.
 
+``sampler`` replaces the policy's own samples with another source of episodes: expert
+iteration's search (``reasoning.SearchSampler``, ``configs/expert_iteration.gin``), called as
+``sampler(params, config, tokenizer, tasks, prompts, samples_per_prompt, key)`` and returning
+rows with the fields of a ``Rollouts`` that a round reads (``tokens``, ``loss_mask``, ``length``,
+``success``, ``reward``, ``sample_counts``, ``generation_seconds``).
+
 A checkpoint is written after every round; a run killed mid-round repeats that round from its
 start, with the same samples (they depend only on the round's model and seed).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import gin
 import jax
@@ -46,6 +54,7 @@ def train_rft(
     batch_size: int = 16,
     peak_lr: float = 1e-4,
     finetune=FullFinetune(),
+    sampler: Callable | None = None,
     seed: int = 0,
     progress: bool = True,
 ) -> dict:
@@ -71,16 +80,20 @@ def train_rft(
     for round_ in tqdm(range(start_round, rounds), disable=not progress, desc="rft", unit="round"):
         params = finetune.model_params(state.params, frozen)
         prompts = next_prompts(round_ * prompts_per_round, prompts_per_round, num_tasks, seed)
-        r = collect(
-            params,
-            config,
-            env,
-            env.default_params,
-            prompts,
-            group_size=samples_per_prompt,
-            sampling=sampling,
-            key=jax.random.fold_in(jax.random.key(seed), round_),
-        )
+        key = jax.random.fold_in(jax.random.key(seed), round_)
+        if sampler is None:
+            r = collect(
+                params,
+                config,
+                env,
+                env.default_params,
+                prompts,
+                group_size=samples_per_prompt,
+                sampling=sampling,
+                key=key,
+            )
+        else:
+            r = sampler(params, config, tokenizer, tasks, prompts, samples_per_prompt, key)
         kept = [
             next_token_example(r.tokens[b, : r.length[b]], r.loss_mask[b, : r.length[b]])
             for b in np.flatnonzero(r.success)

@@ -25,6 +25,7 @@ one decoder call; a :class:`Budget` counts sampled sequences and tokens for ever
 """
 
 from agentic_jax.reasoning.budget import Budget
+from agentic_jax.reasoning.expert import SearchEpisodes, SearchSampler
 from agentic_jax.reasoning.forcing import budget_forcing
 from agentic_jax.reasoning.search import (
     SearchResult,
@@ -40,7 +41,9 @@ from agentic_jax.reasoning.turns import TurnModel, episode_return
 
 __all__ = [
     "Budget",
+    "SearchEpisodes",
     "SearchResult",
+    "SearchSampler",
     "State",
     "StepModel",
     "StepTree",
