@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiny_models import make_model_dir
 
-from agentic_jax.reasoning import Budget, StepModel, root
+from agentic_jax.reasoning import Budget, StepModel, reflector, root
 from agentic_jax.reasoning.mcts import continue_search, reuse_subtree, search, tree_size
 from agentic_jax.reasoning.step_tree import StepTree, tree_search
 
@@ -208,3 +208,62 @@ def test_tree_search_returns_the_best_finished_solution_or_completes_its_most_vi
     (visited,) = [c for c in first if c.steps[0] == only.steps[0]][:1]
     greedy = model.complete([visited], key=jax.random.key(5), temperature=0.0, max_steps=3)[0]
     assert only.tokens == greedy.tokens
+
+
+def test_context_conditions_the_sampled_step_but_joins_no_state(tmp_path):
+    config, params, tokenizer = make_model_dir(tmp_path, max_seq_len=64)
+    model = StepModel(params, config, tokenizer, delimiters=(" ",), max_step_tokens=4)
+    prompt, context = tokenizer.encode("the model reads"), tokenizer.encode("a reflection")
+    budget = Budget()
+    ((child,),) = model.expand(
+        [root(prompt)], 1, key=jax.random.key(0), temperature=0.0, budget=budget, context=context
+    )
+    ((alone,),) = model.expand([root(context + prompt)], 1, key=jax.random.key(0), temperature=0.0)
+    assert child.tokens == tuple(prompt) + child.steps[0] and child.prompt_length == len(prompt)
+    assert child.steps == alone.steps
+    assert budget.prompt_tokens_spent == len(context) + len(prompt)
+
+
+def test_lats_reflects_once_on_each_failed_solution_and_samples_after_its_reflections(tmp_path):
+    config, params, tokenizer = make_model_dir(tmp_path, max_seq_len=96)
+    contexts = []
+
+    class Recording(StepModel):
+        def expand(self, states, k, **options):
+            contexts.append(tuple(options.get("context", ())))
+            return super().expand(states, k, **options)
+
+    model = Recording(params, config, tokenizer, delimiters=(" ",), max_step_tokens=3)
+    note = tuple(tokenizer.encode("try another word"))
+    render = lambda state: note + state.generated  # noqa: E731
+    reflect = reflector(model, render, wrap=lambda words: note + tuple(words), max_steps=1)
+    prompt = tokenizer.encode("the model reads")
+    tree = StepTree(
+        model,
+        k=2,
+        reward=lambda s: 0.0,
+        max_steps=3,
+        key=jax.random.key(0),
+        reflect=reflect,
+        max_reflections=2,
+    )
+    out = search(
+        None,
+        jax.random.key(1),
+        tree.root_output([prompt]),
+        tree.recurrent_fn,
+        num_simulations=16,
+        max_depth=3,
+    )
+    assert int(tree_size(out.search_tree)[0]) > 1
+    assert len(tree.reflections) == len(tree.rewards) > 0  # every failure once, none twice
+    for words in tree.reflections:
+        assert words[: len(note)] == note
+    # A reflection is the model's greedy continuation of the rendered failure.
+    failed = tree.states[min(tree.rewards)]
+    (reference,) = model.complete(
+        [root(render(failed))], key=jax.random.key(0), temperature=0.0, max_steps=1
+    )
+    assert tree.reflections[0] == note + reference.generated
+    assert contexts[0] == () and tree.context == sum(tree.reflections[-2:], ())
+    assert any(len(c) > 0 for c in contexts)

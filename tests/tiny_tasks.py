@@ -71,7 +71,7 @@ def replay_demonstrations(monkeypatch, env, correct: bool = True) -> None:
     turn (the correct or the corrupted one) as all ``k`` candidates, charged to the budget:
     searches over agent turns then replay the demonstrations through ``env``."""
 
-    def expand(self, states, k, *, key, temperature=1.0, budget=None):
+    def expand(self, states, k, *, key, temperature=1.0, budget=None, context=()):
         out = []
         for s in states:
             if s.done:

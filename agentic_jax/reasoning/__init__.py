@@ -19,6 +19,8 @@ one decoder call; a :class:`Budget` counts sampled sequences and tokens for ever
     kept = mcts.reuse_subtree(out.search_tree, out.action)               # after the move
     out = mcts.continue_search(None, key, kept, tree.recurrent_fn, num_simulations=64)
     result = tree_search(model, prompt, prm, key=key, k=4, simulations=64)  # MCTS, one call
+    result = tree_search(model, prompt, prm, key=key, reward=verifier,
+                         reflect=reflector(model, render_failure))                # LATS
     traces = budget_forcing(model, prompts, key=key, min_tokens=64, max_tokens=256)  # s1
     turns = TurnModel(params, config, tokenizer, env=host_env)     # a step = an agent turn
     result = step_beam_search(turns, turns.roots([task])[0], episode_return, key=key)
@@ -27,6 +29,7 @@ one decoder call; a :class:`Budget` counts sampled sequences and tokens for ever
 from agentic_jax.reasoning.budget import Budget
 from agentic_jax.reasoning.expert import SearchEpisodes, SearchSampler
 from agentic_jax.reasoning.forcing import budget_forcing
+from agentic_jax.reasoning.reflection import reflector
 from agentic_jax.reasoning.search import (
     SearchResult,
     step_beam_search,
@@ -54,6 +57,7 @@ __all__ = [
     "episode_return",
     "maj_at_k",
     "majority_vote",
+    "reflector",
     "root",
     "step_beam_search",
     "step_scores",

@@ -10,6 +10,11 @@ A node is terminal when the turn ended or after ``max_steps`` steps: it pays ``r
 (a value or process reward model; zeros for pure Monte Carlo search).  A child reached twice is
 looked up, never sampled again, so the tree is the same whichever order mctx visits it in.
 
+With ``reflect`` the search is LATS's (Zhou et al. 2023, "Language Agent Tree Search",
+arXiv:2310.04406): a finished solution paid less than ``reflect_below`` gets a self-reflection
+(``reflection.reflector``: the model's own account of what went wrong), and every node created
+afterwards samples its candidates with the latest ``max_reflections`` reflections as context.
+
 :func:`tree_search` is MCTS with the other searches' signature: one prompt in, a
 ``SearchResult`` out (the best-rewarded finished solution the tree holds).
 """
@@ -47,6 +52,9 @@ class StepTree:
         temperature: float = 1.0,
         key=None,
         budget: Budget | None = None,
+        reflect: Callable[[State, Budget], Sequence[int]] | None = None,
+        reflect_below: float = 0.5,
+        max_reflections: int = 3,
     ):
         if k < 1 or max_steps < 1:
             raise ValueError(f"need k >= 1 and max_steps >= 1, got {k} and {max_steps}")
@@ -59,6 +67,9 @@ class StepTree:
         self.children: dict[tuple[int, int], int] = {}
         self.rewards: dict[int, float] = {}  # a terminal node's reward, computed once
         self.expansions = 0  # decoder calls made
+        self.reflect, self.reflect_below = reflect, reflect_below
+        self.max_reflections = max_reflections
+        self.reflections: list[tuple[int, ...]] = []  # token ids, oldest first
 
     def terminal(self, state: State) -> bool:
         return state.done or len(state.steps) >= self.max_steps
@@ -74,6 +85,7 @@ class StepTree:
                     key=jax.random.fold_in(self.key, len(self.states)),
                     temperature=self.temperature,
                     budget=self.budget,
+                    context=self.context,
                 )
             )
         ids = []
@@ -83,9 +95,17 @@ class StepTree:
             self.candidates.append([] if self.terminal(state) else next(sampled))
         return ids
 
+    @property
+    def context(self) -> tuple[int, ...]:
+        """What new nodes are sampled after: the latest reflections, oldest first."""
+        recent = self.reflections[-self.max_reflections :] if self.max_reflections else []
+        return sum(recent, ())
+
     def _reward(self, i: int) -> float:
         if i not in self.rewards:
             self.rewards[i] = float(self.reward(self.states[i]))
+            if self.reflect is not None and self.rewards[i] < self.reflect_below:
+                self.reflections.append(tuple(self.reflect(self.states[i], self.budget)))
         return self.rewards[i]
 
     def _priors(self, ids) -> np.ndarray:
@@ -182,9 +202,11 @@ def tree_search(
     policy: str = "muzero",
     temperature: float = 1.0,
     reward: Callable[[State], float] | None = None,
+    reflect: Callable[[State, Budget], Sequence[int]] | None = None,
     budget: Budget | None = None,
 ) -> SearchResult:
-    """MCTS over steps (``mcts.search`` on a :class:`StepTree`) from one prompt.
+    """MCTS over steps (``mcts.search`` on a :class:`StepTree`) from one prompt; with
+    ``reflect``, LATS (see the module docstring).
 
     ``score`` values live nodes (a PRM) and, unless ``reward`` is given (a verifier), pays
     finished ones too (an outcome reward model).  ``candidates`` are the finished solutions the
@@ -203,6 +225,7 @@ def tree_search(
         temperature=temperature,
         key=key,
         budget=budget,
+        reflect=reflect,
     )
     out = mcts.search(
         None,

@@ -114,25 +114,30 @@ class StepModel:
         key,
         temperature: float = 1.0,
         budget: Budget | None = None,
+        context: Sequence[int] = (),
     ) -> list[list[State]]:
         """``k`` sampled next steps for each live state, from one ``generate`` call.
 
         Terminal states get no children.  With a ``budget`` only the candidates it can afford
         (at ``max_step_tokens`` each) are sampled, states in order; each sampled step is one
         model call and its kept tokens (up to and including the delimiter) are charged.
+        ``context`` (token ids, e.g. a rendered message of LATS reflections) is put before every
+        state's tokens to condition the sampling, and is part of no state.
         """
         if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         budget = Budget() if budget is None else budget
+        context = tuple(int(t) for t in context)
         children: list[list[State]] = [[] for _ in states]
         live = [i for i, s in enumerate(states) if not s.done]
         if not live:
             return children
-        room = self.config.max_seq_len - max(len(states[i].tokens) for i in live)
+        room = self.config.max_seq_len - len(context) - max(len(states[i].tokens) for i in live)
         max_tokens = min(self.max_step_tokens, room)
         if max_tokens < 1:
             raise ValueError(
-                f"a live state already fills the model's max_seq_len={self.config.max_seq_len}"
+                f"a live state (with {len(context)} context tokens) already fills the model's "
+                f"max_seq_len={self.config.max_seq_len}"
             )
         rows = [i for i in live for _ in range(k)][: budget.affordable(len(live) * k, max_tokens)]
         if not rows:
@@ -144,7 +149,7 @@ class StepModel:
             stop_strings=self.delimiters,
         )
         pad_id = self.tokenizer.pad_id or 0
-        prompts = [states[i].tokens for i in rows]
+        prompts = [context + states[i].tokens for i in rows]
         check_token_ids(prompts, self.config.vocab_size)
         # Pad prompts to a multiple of PAD_MULTIPLE so that a growing tree reuses a few
         # compilations...

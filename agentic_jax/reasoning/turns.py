@@ -86,12 +86,15 @@ class TurnModel(StepModel):
         key,
         temperature: float = 1.0,
         budget: Budget | None = None,
+        context: Sequence[int] = (),
     ) -> list[list[State]]:
         """``k`` sampled turns for each live state (one decoder call), each then stepped by the
         environment (one batched env step)."""
         if any(s.episode is None for s in states if not s.done):
             raise ValueError("TurnModel expands episode states: start from TurnModel.roots")
-        sampled = super().expand(states, k, key=key, temperature=temperature, budget=budget)
+        sampled = super().expand(
+            states, k, key=key, temperature=temperature, budget=budget, context=context
+        )
         flat = [(i, c) for i, kids in enumerate(sampled) for c in kids]
         children: list[list[State]] = [[] for _ in states]
         if not flat:
