@@ -22,8 +22,8 @@ turn with the calculator executed (``reasoning.TurnModel``), at compute levels `
 The sampling methods draw one pool of ``max(levels)`` samples per problem and use its first N.
 Success is the verifier's on the chosen episode.  Compute is counted the same way for every
 method: tokens the policy generated, and FLOPs = the policy's forward ``flops_per_token`` times
-every token it processed (each sampled turn's prompt, re-prefilled, and its generated tokens) plus
-the reward model's forward FLOPs over every row it scored.  The report gives success (with a
+every token it processed (each distinct prompt of a batched call prefilled once, and the generated
+tokens) plus the reward model's forward FLOPs over every row it scored.  The report gives success (with a
 bootstrap 95% interval at the largest N), tokens and FLOPs per problem for each method and level,
 and where each method plateaus: the smallest N within one problem's worth of its best success.
 ``OUT/results.json`` holds everything; ``OUT/scaling.png`` draws success against tokens and FLOPs.
@@ -81,10 +81,15 @@ class RewardScorer:
         return self.score(states)
 
 
-def _processed(state) -> int:
-    """Tokens the policy processed for a sampled episode: each turn's prompt and the turn."""
-    ends = state.prompt_length + np.cumsum([0] + [len(s) for s in state.steps])
-    return int(ends[:-1].sum() + state.episode.loss_mask.sum())
+def _processed(samples) -> int:
+    """Tokens the policy processed for episodes sampled from one root together: the root's
+    prompt once (its samples share that prefill), every later turn's whole transcript (each
+    call prefills it again), and the generated turns."""
+    total = samples[0].prompt_length
+    for state in samples:
+        ends = state.prompt_length + np.cumsum([len(s) for s in state.steps])
+        total += int(ends[:-1].sum()) + _generated(state)
+    return total
 
 
 def _generated(state) -> int:
@@ -111,7 +116,7 @@ def _pool_methods(model, roots, levels, key, orm, prm, policy_flops) -> dict:
             1: _row(
                 map(_solved, greedy),
                 [_generated(s) for s in greedy],
-                [policy_flops * _processed(s) for s in greedy],
+                [policy_flops * _processed([s]) for s in greedy],
             )
         }
     }
@@ -144,7 +149,7 @@ def _pool_methods(model, roots, levels, key, orm, prm, policy_flops) -> dict:
             results[name][n] = _row(
                 solved,
                 [sum(map(_generated, pool[:n])) for pool in pools],
-                [sum(policy_flops * _processed(s) + rm_flops for s in pool[:n]) for pool in pools],
+                [policy_flops * _processed(pool[:n]) + rm_flops * n for pool in pools],
             )
     return results
 

@@ -184,3 +184,22 @@ def test_host_prompts_outside_the_vocabulary_are_rejected(prompts):
     for decode in decoders:
         with pytest.raises(ValueError, match="token ids"):
             decode()
+
+
+@pytest.mark.parametrize("padding", ["left", "right"])
+@pytest.mark.parametrize("fork", [[0, 0, 0, 1, 2, 2], [2, 1, 0, 1, 2, 0]])
+def test_forked_rows_share_a_prefill_and_equal_the_repeated_prompts(params, padding, fork):
+    """Forking a prompt's prefill into several rows samples exactly what the prompt repeated does."""
+    sampling = SamplingParams(temperature=1.0, max_tokens=NEW)
+    options = {"sampling": sampling, "key": jax.random.key(3), "eos_id": EOS}
+    forked = generate(
+        params, CFG, PromptBatch.from_lists(PROMPTS, padding=padding), fork=fork, **options
+    )
+    repeated = generate(
+        params, CFG, PromptBatch.from_lists([PROMPTS[i] for i in fork], padding=padding), **options
+    )
+    np.testing.assert_array_equal(forked.tokens, repeated.tokens)
+    np.testing.assert_array_equal(forked.lengths, repeated.lengths)
+    np.testing.assert_allclose(forked.raw_logprobs, repeated.raw_logprobs, atol=1e-5)
+    with pytest.raises(ValueError, match="outside"):
+        generate(params, CFG, PromptBatch.from_lists(PROMPTS), fork=[0, 3], **options)

@@ -84,7 +84,7 @@ def replay_demonstrations(monkeypatch, env, correct: bool = True) -> None:
             child = dataclasses.replace(s, tokens=s.tokens + step, steps=s.steps + (step,))
             out.append([child] * k)
             if budget is not None:  # charged as the sampler charges
-                budget.charge(k, k * len(step), k * len(s.tokens))
+                budget.charge(k, k * len(step), len(s.tokens))
         return out
 
     monkeypatch.setattr(StepModel, "expand", expand)

@@ -16,9 +16,10 @@ class Budget:
     Methods ask :meth:`affordable` before each batched expansion, with the worst case of the
     calls they would make, so they stop *at* the budget, never past it; :meth:`charge` records
     what an expansion really spent.  The same counters give every method one x-axis in the
-    test-time scaling curves.  ``prompt_tokens_spent`` counts the prompt tokens each sampled
-    sequence was conditioned on (every sequence prefills its own prompt; no cache is shared), so
-    that compute is ``flops_per_token`` times the prompt and generated tokens together.
+    test-time scaling curves.  ``prompt_tokens_spent`` counts the prompt tokens prefilled: once
+    per distinct prompt of a batched expansion (a state's candidates, and copies of one root,
+    share one prefill and its KV cache), so that compute is ``flops_per_token`` times the
+    prefilled and generated tokens together.
     """
 
     model_calls: int | None = None

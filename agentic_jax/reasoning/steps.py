@@ -149,27 +149,26 @@ class StepModel:
             stop_strings=self.delimiters,
         )
         pad_id = self.tokenizer.pad_id or 0
-        prompts = [context + states[i].tokens for i in rows]
+        # Equal prompts (a state's k candidates, copies of one root) share one prefill.
+        unique: dict[tuple[int, ...], int] = {}
+        fork = [unique.setdefault(context + states[i].tokens, len(unique)) for i in rows]
+        prompts = list(unique)
         check_token_ids(prompts, self.config.vocab_size)
         # Pad prompts to a multiple of PAD_MULTIPLE so that a growing tree reuses a few
-        # compilations...
+        # compilations, and both batches to powers of two (the extra rows are dropped below).
         longest = max(len(p) for p in prompts)
         width = min(
             -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE, self.config.max_seq_len - max_tokens
         )
-        # ... and the batch to a power of two with copies of the first prompt (dropped below).
-        batch = 1 << (len(prompts) - 1).bit_length()
+        padded = prompts + [prompts[0]] * ((1 << (len(prompts) - 1).bit_length()) - len(prompts))
         result = generate(
             self.params,
             self.config,
-            PromptBatch.from_lists(
-                prompts + [prompts[0]] * (batch - len(prompts)),
-                pad_id=pad_id,
-                length=max(width, longest),
-            ),
+            PromptBatch.from_lists(padded, pad_id=pad_id, length=max(width, longest)),
             sampling=sampling,
             key=key,
             pad_id=pad_id,
+            fork=np.asarray(fork + [0] * ((1 << (len(fork) - 1).bit_length()) - len(fork))),
         )
         result = truncate_at_stop_strings(result, self.tokenizer, sampling, pad_id)
         tokens = np.asarray(result.tokens)[: len(rows)]

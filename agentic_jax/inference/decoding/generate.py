@@ -26,7 +26,13 @@ import numpy as np
 from agentic_jax.data.chat import MessageLike, render_ids
 from agentic_jax.data.tokenizer import IM_END, Tokenizer
 from agentic_jax.inference.decoding.constrained import TokenConstraint
-from agentic_jax.inference.decoding.kv_cache import KVCache, extend_logits, init_cache, prefill
+from agentic_jax.inference.decoding.kv_cache import (
+    KVCache,
+    extend_logits,
+    init_cache,
+    prefill,
+    reorder_rows,
+)
 from agentic_jax.inference.decoding.prompts import PromptBatch, as_prompt_batch, is_stop
 from agentic_jax.inference.decoding.sampling import (
     SamplingArrays,
@@ -104,6 +110,7 @@ def _generate(
     arrays: SamplingArrays,
     key,
     constraint: TokenConstraint | None,
+    fork,
     *,
     max_new: int,
     eos_id: int | None,
@@ -111,9 +118,12 @@ def _generate(
     track_counts: bool,
     return_logits: bool,
 ) -> GenerationResult:
-    b = prompts.tokens.shape[0]
     v = config.vocab_size
     pre = run_prefill(params, config, prompts, prompts.tokens.shape[1] + max_new)
+    if fork is not None:  # every row continues its prompt's prefill
+        pre = PrefillState(reorder_rows(pre.cache, fork), pre.write[fork], pre.logits[fork], None)
+        prompts = PromptBatch(prompts.tokens[fork], prompts.start[fork], prompts.end[fork])
+    b = prompts.tokens.shape[0]
     prompt_counts = count_tokens(prompts.tokens, v, prompts.real) if track_counts else None
     out = GenerationResult(
         jnp.full((b, max_new), pad_id, jnp.int32),
@@ -187,6 +197,7 @@ def generate(
     padding: str = "left",
     constraint: TokenConstraint | None = None,
     return_logits: bool = False,
+    fork=None,
 ) -> GenerationResult:
     """Samples a continuation of each prompt with a KV cache.
 
@@ -195,9 +206,21 @@ def generate(
     has ``max(max_tokens)`` columns.  ``eos_id`` ends a row and is never truncated away by top-k/p
     or min-p; ``constraint`` masks tokens by a grammar automaton (see ``constrained.py``).  Stop
     strings are not applied here (they need a tokenizer): see :func:`truncate_at_stop_strings`.
+
+    ``fork`` (int ``[R]``, prompt rows) samples ``R`` continuations, row ``r`` of prompt
+    ``fork[r]``, from one prefill per prompt: the prompt's KV cache is shared by the rows forked
+    from it (many samples of one prompt, the children of one search node) and the result equals
+    ``generate`` on the prompts repeated as ``fork`` says.
     """
     prompts = as_prompt_batch(prompts, padding=padding, pad_id=pad_id, vocab_size=config.vocab_size)
-    arrays = sampling_arrays(sampling, prompts.tokens.shape[0])
+    if fork is not None:
+        fork = jnp.asarray(fork, jnp.int32)
+        if fork.ndim != 1 or fork.size == 0:
+            raise ValueError(f"fork must be a non-empty 1-D array of prompt rows, got {fork.shape}")
+        if int(fork.min()) < 0 or int(fork.max()) >= prompts.tokens.shape[0]:
+            raise ValueError(f"fork names prompt rows outside [0, {prompts.tokens.shape[0]})")
+    rows = prompts.tokens.shape[0] if fork is None else fork.shape[0]
+    arrays = sampling_arrays(sampling, rows)
     if constraint is not None and constraint.allowed.shape[1] != config.vocab_size:
         raise ValueError(
             f"constraint tables cover {constraint.allowed.shape[1]} tokens; the model "
@@ -210,6 +233,7 @@ def generate(
         arrays,
         key,
         constraint,
+        fork,
         max_new=max_tokens(sampling),
         eos_id=eos_id,
         pad_id=pad_id,
