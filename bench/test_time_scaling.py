@@ -14,12 +14,13 @@ turn with the calculator executed (``reasoning.TurnModel``), at compute levels `
 * ``BoN-oracle``: any of N samples right, the verifier choosing (pass@N, an upper bound);
 * ``beam``: step beam search over turns, width N/2 with 2 expansions each, PRM-valued;
 * ``DVTS``: N/2 subtrees, each grown greedily by the PRM (2 expansions per step);
-* ``ToT-DFS``: depth-first Tree-of-Thoughts, 2 thoughts per expansion, pruned below 0.5, at most
-  N expansions;
+* ``ToT-DFS``: depth-first Tree-of-Thoughts, 2 thoughts per expansion, those the PRM scores below
+  ``--tot_threshold`` pruned, at most N x (the turn limit) expansions;
 * ``MCTS``: ``reasoning.tree_search`` (PUCT), 2 sampled turns per node, 2N simulations, the
   reward model as value and as the finished solutions' reward.
 
-The sampling methods draw one pool of ``max(levels)`` samples per problem and use its first N.
+The sampling methods draw one pool of ``max(levels)`` samples per problem; at level N each selects
+from every disjoint group of N samples of the pool, and the groups' success is averaged.
 Success is the verifier's on the chosen episode.  Compute is counted the same way for every
 method: tokens the policy generated, and FLOPs = the policy's forward ``flops_per_token`` times
 every token it processed (each distinct prompt of a batched call prefilled once, and the generated
@@ -102,10 +103,22 @@ def _solved(state) -> bool:
 
 def _row(solved, tokens, flops) -> dict:
     return {
-        "success": [int(s) for s in solved],
+        "success": [float(s) for s in solved],
         "tokens": float(np.mean(tokens)),
         "flops": float(np.mean(flops)),
     }
+
+
+def _choose(name: str, model, samples, orm_scores, prm_scores):
+    """The sample a selection method keeps."""
+    if name == "self-consistency":
+        answers = [model.answer(s) for s in samples]
+        if all(a is None for a in answers):
+            return samples[0]
+        return samples[answers.index(majority_vote(answers))]
+    if name == "BoN-oracle":
+        return max(samples, key=_solved)
+    return samples[best_of_n(orm_scores if name == "BoN-ORM" else prm_scores)]
 
 
 def _pool_methods(model, roots, levels, key, orm, prm, policy_flops) -> dict:
@@ -126,35 +139,26 @@ def _pool_methods(model, roots, levels, key, orm, prm, policy_flops) -> dict:
     scored = [(orm(p), prm(p)) for p in pools]  # each sample scored once, charged once
     score_flops = (orm.flops + prm.flops) / (len(roots) * n_max)  # per sample
     for name in SAMPLING:
+        rm_flops = 0.0 if name in ("self-consistency", "BoN-oracle") else score_flops
         results[name] = {}
         for n in levels:
-            chosen = []
+            # The pool's n_max // n disjoint groups of n samples, each selected from, averaged:
+            # the estimate at N uses every sample (as pass@k's estimator does), not the first n.
+            groups = range(0, n_max - n + 1, n)
+            solved, tokens, flops = [], [], []
             for pool, (o, p) in zip(pools, scored):
-                pool, o, p = pool[:n], o[:n], p[:n]
-                if name == "self-consistency":
-                    answers = [model.answer(s) for s in pool]
-                    if all(a is None for a in answers):
-                        chosen.append(pool[0])
-                        continue
-                    chosen.append(pool[answers.index(majority_vote(answers))])
-                elif name == "BoN-oracle":
-                    chosen.append(max(pool, key=_solved))
-                else:
-                    chosen.append(pool[best_of_n(o if name == "BoN-ORM" else p)])
-            solved = [
-                any(map(_solved, pool[:n])) if name == "BoN-oracle" else _solved(c)
-                for pool, c in zip(pools, chosen)
-            ]
-            rm_flops = 0.0 if name in ("self-consistency", "BoN-oracle") else score_flops
-            results[name][n] = _row(
-                solved,
-                [sum(map(_generated, pool[:n])) for pool in pools],
-                [policy_flops * _processed(pool[:n]) + rm_flops * n for pool in pools],
-            )
+                picks = [
+                    _choose(name, model, pool[g : g + n], o[g : g + n], p[g : g + n])
+                    for g in groups
+                ]
+                solved.append(np.mean([_solved(c) for c in picks]))
+                tokens.append(np.mean([sum(map(_generated, pool[g : g + n])) for g in groups]))
+                flops.append(np.mean([policy_flops * _processed(pool[g : g + n]) for g in groups]))
+            results[name][n] = _row(solved, tokens, np.asarray(flops) + rm_flops * n)
     return results
 
 
-def _search(name: str, n: int, model, start, prm, orm, key, max_turns: int):
+def _search(name: str, n: int, model, start, prm, orm, key, max_turns: int, threshold: float):
     half = max(n // 2, 1)
     wide = 2 if n > 1 else 1
     if name == "beam":
@@ -189,9 +193,9 @@ def _search(name: str, n: int, model, start, prm, orm, key, max_turns: int):
             prm,
             key=key,
             expansions=2,
-            threshold=0.5,
+            threshold=threshold,
             max_steps=max_turns,
-            max_expansions=n,
+            max_expansions=max_turns * n,
             aggregation="min",
             budget=Budget(),
         )
@@ -208,14 +212,18 @@ def _search(name: str, n: int, model, start, prm, orm, key, max_turns: int):
     )
 
 
-def _search_method(name, model, roots, levels, key, orm, prm, policy_flops, max_turns) -> dict:
+def _search_method(
+    name, model, roots, levels, key, orm, prm, policy_flops, max_turns, threshold
+) -> dict:
     """One search method at every level, problem by problem."""
     results = {}
     for n in levels:
         solved, tokens, flops = [], [], []
         for i, start in enumerate(tqdm(roots, desc=f"{name} N={n}", leave=False)):
             scored_before = orm.flops + prm.flops
-            result = _search(name, n, model, start, prm, orm, jax.random.fold_in(key, i), max_turns)
+            result = _search(
+                name, n, model, start, prm, orm, jax.random.fold_in(key, i), max_turns, threshold
+            )
             spent = result.budget
             solved.append(_solved(result.best))
             tokens.append(spent.tokens_spent)
@@ -300,6 +308,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--problems", type=int, default=40, help="held-out problems (the first)")
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--tot_threshold", type=float, default=0.3, help="ToT prunes thoughts the PRM scores below"
+    )
     parser.add_argument("--gin_param", action="append", default=[], help="a binding; repeatable")
     args = parser.parse_args(argv)
     if min(args.levels) < 1:
@@ -328,7 +339,7 @@ def main(argv=None) -> dict:
     for name in SEARCHES:
         started = time.monotonic()
         results[name] = _search_method(
-            name, model, roots, levels, key, orm, prm, policy_flops, max_turns
+            name, model, roots, levels, key, orm, prm, policy_flops, max_turns, args.tot_threshold
         )
         seconds[name] = time.monotonic() - started
     os.makedirs(args.out, exist_ok=True)
