@@ -311,6 +311,12 @@ def main(argv=None) -> dict:
     parser.add_argument(
         "--tot_threshold", type=float, default=0.3, help="ToT prunes thoughts the PRM scores below"
     )
+    parser.add_argument(
+        "--searches",
+        nargs="+",
+        choices=SEARCHES,
+        help="rerun only these searches, keeping OUT/results.json's other rows (same problems)",
+    )
     parser.add_argument("--gin_param", action="append", default=[], help="a binding; repeatable")
     args = parser.parse_args(argv)
     if min(args.levels) < 1:
@@ -333,17 +339,28 @@ def main(argv=None) -> dict:
     max_turns = env.default_params.max_turns
     key = jax.random.key(args.seed)
     orm, prm = RewardScorer(rm, "last", env.max_length), RewardScorer(rm, "min", env.max_length)
-    started = time.monotonic()
-    results = _pool_methods(model, roots, levels, key, orm, prm, policy_flops)
-    seconds = dict.fromkeys(results, time.monotonic() - started)  # one shared pool of samples
-    for name in SEARCHES:
+    results_path = os.path.join(args.out, "results.json")
+    if args.searches:
+        with open(results_path) as f:
+            kept = json.load(f)
+        if kept["problems"] != problems:
+            raise SystemExit(f"{results_path} has {kept['problems']} problems, not {problems}")
+        seconds = kept["seconds"]
+        results = {
+            name: {int(n): row for n, row in rows.items()} for name, rows in kept["results"].items()
+        }
+    else:
+        started = time.monotonic()
+        results = _pool_methods(model, roots, levels, key, orm, prm, policy_flops)
+        seconds = dict.fromkeys(results, time.monotonic() - started)  # one shared pool of samples
+    for name in args.searches or SEARCHES:
         started = time.monotonic()
         results[name] = _search_method(
             name, model, roots, levels, key, orm, prm, policy_flops, max_turns, args.tot_threshold
         )
         seconds[name] = time.monotonic() - started
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
+    with open(results_path, "w") as f:
         json.dump({"problems": problems, "seconds": seconds, "results": results}, f)
     _plot(results, os.path.join(args.out, "scaling.png"))
     report = _report(results, problems, seconds)

@@ -54,3 +54,6 @@ def test_every_method_runs_at_every_level_and_the_oracle_bounds_selection(tmp_pa
     assert all(f"| {name} |" in report for name in bench.METHODS)
     assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((out / "results.json").read_text())["problems"] == 2
+    # One search rerun alone: the other rows are kept as they were.
+    again = bench.main([*argv, "--searches", "ToT-DFS"])
+    assert again["BoN-PRM"] == results["BoN-PRM"] and again["ToT-DFS"] == results["ToT-DFS"]

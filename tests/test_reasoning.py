@@ -258,9 +258,11 @@ def test_depth_first_search_with_one_greedy_expansion_is_greedy_decoding(tiny):
         threshold=-np.inf,
         temperature=0.0,
         max_steps=5,
+        max_expansions=5,  # exactly the depth: the last expansion's child still counts
     )
     flat = [t for step in result.best.steps for t in step]
     assert len(result.best.steps) == 5 and flat == continuation[: len(flat)]
+    assert [s.steps for s in result.candidates] == [result.best.steps]
 
 
 class _Counting(StepModel):

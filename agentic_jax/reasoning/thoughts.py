@@ -56,9 +56,8 @@ def depth_first_search(
     _check(expansions=expansions, max_expansions=max_expansions)
     budget = Budget() if budget is None else budget
     stack, finished, seen, accepted = [_Node(root(prompt), ())], [], [], None
-    for count in range(max_expansions):
-        if not stack:
-            break
+    count = 0  # expansions made; once they are all spent, the stack's finished nodes still count
+    while stack:
         node = stack.pop()
         seen.append(node)
         if node.state.done or len(node.state.steps) >= max_steps:
@@ -67,6 +66,8 @@ def depth_first_search(
                 accepted = node
                 break
             continue
+        if count == max_expansions:
+            continue
         (kids,) = model.expand(
             [node.state],
             expansions,
@@ -74,6 +75,7 @@ def depth_first_search(
             temperature=temperature,
             budget=budget,
         )
+        count += 1
         if not kids:
             break  # the budget is spent
         children = _scored_children(score, [node], [kids])[0]
