@@ -3,6 +3,7 @@
 import collections
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -13,6 +14,7 @@ from tiny_models import make_model_dir
 from agentic_jax.eval import pass_at_k
 from agentic_jax.inference.decoding.generate import generate
 from agentic_jax.inference.decoding.sampling import SamplingParams
+from agentic_jax.models import forward
 from agentic_jax.reasoning import (
     Budget,
     State,
@@ -23,6 +25,7 @@ from agentic_jax.reasoning import (
     maj_at_k,
     majority_vote,
     root,
+    self_evaluation_scorer,
     step_beam_search,
     step_scores,
     token_scorer,
@@ -328,3 +331,20 @@ def test_vote_scores_are_each_candidates_share_of_valid_votes(tiny, picks):
     states = [root([1]), root([2]), root([3])]
     expected = np.array([sum(p == i + 1 for p in picks) for i in range(3)]) / len(picks)
     np.testing.assert_allclose(score(states), expected)
+
+
+def test_self_evaluation_reads_p_yes_of_each_rendered_state_alone(tiny):
+    config, params, tokenizer, prompt, _ = tiny
+    model = StepModel(params, config, tokenizer)
+    single = [i for i in range(30, 300) if tokenizer.encode(tokenizer.decode([i])) == [i]]
+    (a, b), (yes, no) = single[:2], [tokenizer.decode([i]) for i in single[:2]]
+    question = tokenizer.encode(" is it right?")
+    render = lambda state: state.tokens + tuple(question)  # noqa: E731
+    states = [root(prompt), root(prompt[:3]), root(prompt[:1] + prompt)]
+    scores = self_evaluation_scorer(model, render, yes=yes, no=no)(states)
+    for state, got in zip(states, scores):
+        logits = forward(params, config, jnp.asarray([render(state)]))[0, -1]
+        want = jax.nn.softmax(logits[jnp.array([a, b])])[0]
+        np.testing.assert_allclose(got, want, rtol=1e-4)
+    with pytest.raises(ValueError, match="one token"):
+        self_evaluation_scorer(model, render, yes=yes + no + yes, no=no)

@@ -39,7 +39,11 @@ from agentic_jax.reasoning.search import (
 from agentic_jax.reasoning.selection import best_of_n, maj_at_k, majority_vote
 from agentic_jax.reasoning.step_tree import StepTree, tree_search
 from agentic_jax.reasoning.steps import State, StepModel, root
-from agentic_jax.reasoning.thoughts import depth_first_search, vote_scorer
+from agentic_jax.reasoning.thoughts import (
+    depth_first_search,
+    self_evaluation_scorer,
+    vote_scorer,
+)
 from agentic_jax.reasoning.turns import TurnModel, episode_return
 
 __all__ = [
@@ -59,6 +63,7 @@ __all__ = [
     "majority_vote",
     "reflector",
     "root",
+    "self_evaluation_scorer",
     "step_beam_search",
     "step_scores",
     "token_scorer",

@@ -9,7 +9,8 @@ is spent, or after ``max_expansions``.  DFS is sequential by nature: one decoder
 expanded node.
 
 A *vote* evaluator (ToT's for tasks without a natural value) asks the model itself which of
-several candidates is best, ``votes`` times, and scores each by its share of the votes.
+several candidates is best, ``votes`` times, and scores each by its share of the votes; a
+*self-evaluation* value asks it whether each state is on track and reads P(yes).
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from collections.abc import Callable, Sequence
 
 import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
 
+from agentic_jax.inference.decoding.prompts import check_token_ids
+from agentic_jax.models import forward
 from agentic_jax.reasoning.budget import Budget
 from agentic_jax.reasoning.search import (
     Scorer,
@@ -31,7 +35,7 @@ from agentic_jax.reasoning.search import (
     _scored_children,
     _values,
 )
-from agentic_jax.reasoning.steps import State, StepModel, root
+from agentic_jax.reasoning.steps import PAD_MULTIPLE, State, StepModel, root
 
 
 @gin.configurable(module="reasoning", denylist=["model", "prompt", "score", "key", "budget"])
@@ -125,5 +129,46 @@ def vote_scorer(
             if found and 1 <= int(found.group()) <= len(states):
                 counts[int(found.group()) - 1] += 1
         return counts / votes
+
+    return score
+
+
+_forward = jax.jit(forward, static_argnums=1)
+
+
+@gin.configurable(module="reasoning", denylist=["model", "render"])
+def self_evaluation_scorer(
+    model: StepModel,
+    render: Callable[[State], Sequence[int]],
+    *,
+    yes: str = "yes",
+    no: str = "no",
+) -> Scorer:
+    """ToT's value prompt: the model judges each state itself (Yao et al. 2023).
+
+    ``render(state)`` is a prompt asking whether the partial solution is on track, answered by
+    one token; the score is ``P(yes) / (P(yes) + P(no))`` from the model's next-token
+    distribution, one forward pass over all states (no sampling, so nothing is charged).
+    """
+    ids = []
+    for word in (yes, no):
+        encoded = model.tokenizer.encode(word)
+        if len(encoded) != 1:
+            raise ValueError(f"{word!r} must be one token of the tokenizer, it is {encoded}")
+        ids.append(encoded[0])
+
+    def score(states: Sequence[State]) -> np.ndarray:
+        prompts = [tuple(render(s)) for s in states]
+        check_token_ids(prompts, model.config.vocab_size)
+        longest = max(map(len, prompts))
+        width = -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE  # a few shapes, a few compilations
+        if width > model.config.max_seq_len:
+            raise ValueError(f"a rendered state has {longest} tokens > max_seq_len")
+        tokens = np.zeros((len(prompts), width), np.int32)
+        for row, prompt in enumerate(prompts):
+            tokens[row, : len(prompt)] = prompt
+        logits = np.asarray(_forward(model.params, model.config, jnp.asarray(tokens)))
+        last = logits[np.arange(len(prompts)), [len(p) - 1 for p in prompts]]
+        return 1.0 / (1.0 + np.exp(last[:, ids[1]] - last[:, ids[0]]))
 
     return score
