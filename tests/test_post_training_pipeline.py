@@ -14,7 +14,7 @@ from agentic_jax.cli import main
 from agentic_jax.config import config_dir
 from agentic_jax.training.metrics import read_metrics
 
-RL_STEPS = 6
+RL_STEPS = 4
 PARAMS = [*TINY_PIPELINE, f"train_rl.steps = {RL_STEPS}", "train_rl.checkpoint_every = 2"]
 TIMING = ("generation_seconds", "training_seconds")
 _AFTER_SFT = {"rl", "report.json", "report.png"}

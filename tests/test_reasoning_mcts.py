@@ -19,6 +19,12 @@ from agentic_jax.reasoning.step_tree import StepTree, tree_search
 ACTIONS, DEPTH = 3, 3
 
 
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A random 1-layer model and its tokenizer, shared by the language-model tests."""
+    return make_model_dir(tmp_path_factory.mktemp("model"), max_seq_len=96)
+
+
 FIRST_LEAF = sum(ACTIONS**d for d in range(DEPTH))
 ROOT = mctx.RootFnOutput(
     prior_logits=jnp.zeros((1, ACTIONS)),
@@ -145,8 +151,8 @@ def test_reusing_an_unexpanded_child_is_refused():
         search(values, jax.random.key(0), root, recurrent_fn, num_simulations=5, policy="ucb")
 
 
-def test_mcts_over_language_model_steps_finds_the_rewarded_first_step(tmp_path):
-    config, params, tokenizer = make_model_dir(tmp_path, max_seq_len=64)
+def test_mcts_over_language_model_steps_finds_the_rewarded_first_step(tiny_model):
+    config, params, tokenizer = tiny_model
     model = StepModel(params, config, tokenizer, delimiters=(" ",), max_step_tokens=4)
     prompt = tokenizer.encode("the model reads", add_bos=True)
     budget = Budget(tokens=400)
@@ -179,9 +185,9 @@ def test_mcts_over_language_model_steps_finds_the_rewarded_first_step(tmp_path):
 
 
 def test_tree_search_returns_the_best_finished_solution_or_completes_its_most_visited_path(
-    tmp_path,
+    tiny_model,
 ):
-    config, params, tokenizer = make_model_dir(tmp_path, max_seq_len=64)
+    config, params, tokenizer = tiny_model
     model = StepModel(params, config, tokenizer, delimiters=(" ",), max_step_tokens=4)
     prompt = tokenizer.encode("the model reads", add_bos=True)
 
@@ -210,8 +216,8 @@ def test_tree_search_returns_the_best_finished_solution_or_completes_its_most_vi
     assert only.tokens == greedy.tokens
 
 
-def test_context_conditions_the_sampled_step_but_joins_no_state(tmp_path):
-    config, params, tokenizer = make_model_dir(tmp_path, max_seq_len=64)
+def test_context_conditions_the_sampled_step_but_joins_no_state(tiny_model):
+    config, params, tokenizer = tiny_model
     model = StepModel(params, config, tokenizer, delimiters=(" ",), max_step_tokens=4)
     prompt, context = tokenizer.encode("the model reads"), tokenizer.encode("a reflection")
     budget = Budget()
@@ -224,8 +230,8 @@ def test_context_conditions_the_sampled_step_but_joins_no_state(tmp_path):
     assert budget.prompt_tokens_spent == len(context) + len(prompt)
 
 
-def test_lats_reflects_once_on_each_failed_solution_and_samples_after_its_reflections(tmp_path):
-    config, params, tokenizer = make_model_dir(tmp_path, max_seq_len=96)
+def test_lats_reflects_once_on_each_failed_solution_and_samples_after_its_reflections(tiny_model):
+    config, params, tokenizer = tiny_model
     contexts = []
 
     class Recording(StepModel):
