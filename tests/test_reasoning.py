@@ -24,6 +24,7 @@ from agentic_jax.reasoning import (
     depth_first_search,
     maj_at_k,
     majority_vote,
+    rollout_scorer,
     root,
     self_evaluation_scorer,
     step_beam_search,
@@ -348,3 +349,17 @@ def test_self_evaluation_reads_p_yes_of_each_rendered_state_alone(tiny):
         np.testing.assert_allclose(got, want, rtol=1e-4)
     with pytest.raises(ValueError, match="one token"):
         self_evaluation_scorer(model, render, yes=yes + no + yes, no=no)
+
+
+def test_a_rollout_value_is_the_reward_of_the_states_completion(tiny):
+    config, params, tokenizer, prompt, _ = tiny
+    model = StepModel(params, config, tokenizer, delimiters=(" ",), max_step_tokens=4)
+    reward = lambda state: float(len(state.generated))  # noqa: E731
+    budget = Budget()
+    states = [root(prompt), root(prompt[:2])]
+    values = rollout_scorer(
+        model, reward, key=jax.random.key(0), temperature=0.0, max_steps=3, budget=budget
+    )(states)
+    greedy = model.complete(states, key=jax.random.key(9), temperature=0.0, max_steps=3)
+    np.testing.assert_array_equal(values, [reward(s) for s in greedy])
+    assert budget.tokens_spent == sum(len(s.generated) for s in greedy)

@@ -32,6 +32,7 @@ from agentic_jax.reasoning.forcing import budget_forcing
 from agentic_jax.reasoning.reflection import reflector
 from agentic_jax.reasoning.search import (
     SearchResult,
+    rollout_scorer,
     step_beam_search,
     step_scores,
     token_scorer,
@@ -62,6 +63,7 @@ __all__ = [
     "maj_at_k",
     "majority_vote",
     "reflector",
+    "rollout_scorer",
     "root",
     "self_evaluation_scorer",
     "step_beam_search",

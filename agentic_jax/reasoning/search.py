@@ -20,6 +20,7 @@ greedy step-by-step decoding.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -222,3 +223,30 @@ def step_beam_search(
         budget=budget,
     )
     return _result(groups, aggregation, budget)
+
+
+def rollout_scorer(
+    model: StepModel,
+    reward: Callable[[State], float],
+    *,
+    key,
+    temperature: float = 1.0,
+    max_steps: int = 16,
+    budget: Budget | None = None,
+) -> Scorer:
+    """A state's value by a rollout to a terminal verifier, MCTS's classic evaluation: each
+    state is completed once by the model (one batched call per step, charged to ``budget``)
+    and the completion is paid ``reward``.  Every call of the scorer draws fresh rollouts."""
+    calls = itertools.count()
+
+    def score(states: Sequence[State]) -> np.ndarray:
+        ends = model.complete(
+            states,
+            key=jax.random.fold_in(key, next(calls)),
+            temperature=temperature,
+            max_steps=max_steps,
+            budget=budget,
+        )
+        return np.array([reward(s) for s in ends], np.float64)
+
+    return score
