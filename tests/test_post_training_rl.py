@@ -9,13 +9,13 @@ import optax
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tiny_models import task_tokenizer
+from tiny_models import changed_weights, task_tokenizer
 from tiny_tasks import SHORT
 
 from agentic_jax import rl
 from agentic_jax.envs.text import Arithmetic
 from agentic_jax.models import TransformerConfig, forward, init_params
-from agentic_jax.models.export import load_checkpoint, load_model, save_model
+from agentic_jax.models.export import load_checkpoint, save_model
 from agentic_jax.models.lora import LoRA, LoraConfig
 from agentic_jax.post_training import common
 from agentic_jax.post_training.common import next_prompts, token_logprobs, token_values
@@ -46,7 +46,6 @@ from agentic_jax.training import FullFinetune, make_update
 from agentic_jax.training.loss import cross_entropy
 from agentic_jax.training.metrics import read_metrics
 from agentic_jax.training.state import TrainState
-from sharding.partition import path_str
 
 
 @pytest.fixture(scope="module")
@@ -161,14 +160,6 @@ def test_train_sft_lowers_held_out_loss_and_resumes(run_dir, tmp_path):
         progress=False,
     )
     assert again == {} and first["step"] == 6
-
-
-def changed_weights(base_dir, merged_dir) -> set[str]:
-    """Paths ("layers/attn/q", ...) of the saved weights that differ between two models."""
-    _, base = load_model(base_dir)
-    _, merged = load_model(merged_dir)
-    differs = jax.tree.map(lambda a, b: not np.array_equal(a, b), base, merged)
-    return {path_str(path) for path, d in jax.tree_util.tree_leaves_with_path(differs) if d}
 
 
 def test_sft_with_lora_trains_only_adapters_and_saves_the_merged_model(run_dir, tmp_path):

@@ -8,7 +8,8 @@ import numpy as np
 
 from agentic_jax.data.tokenizer import SPECIAL_TOKENS, train_tokenizer
 from agentic_jax.models import TransformerConfig, init_params, param_shapes
-from agentic_jax.models.export import save_model
+from agentic_jax.models.export import load_model, save_model
+from sharding.partition import path_str
 
 CORPUS = os.path.join(os.path.dirname(__file__), "data", "tiny_corpus.txt")
 
@@ -71,3 +72,11 @@ def task_model_dir(path, *, max_seq_len: int, n_layers: int = 1, seed: int = 0):
     params = init_params(config, jax.random.key(seed))
     save_model(path / "model", config, params)
     return config, params, tokenizer
+
+
+def changed_weights(base_dir, merged_dir) -> set[str]:
+    """Paths ("layers/attn/q", ...) of the saved weights that differ between two models."""
+    _, base = load_model(base_dir)
+    _, merged = load_model(merged_dir)
+    differs = jax.tree.map(lambda a, b: not np.array_equal(a, b), base, merged)
+    return {path_str(path) for path, d in jax.tree_util.tree_leaves_with_path(differs) if d}

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from agentic_jax.reasoning.budget import Budget
-from agentic_jax.reasoning.search import Scorer
+from agentic_jax.reasoning.search import Scorer, policy_rows
 from agentic_jax.reasoning.step_tree import tree_search
 from agentic_jax.reasoning.turns import TurnModel, episode_return
 
@@ -61,11 +61,7 @@ class SearchSampler:
         for i, start in enumerate(model.roots(rows)):
             search_key = jax.random.fold_in(key, i)
             chosen.append(self.search(model, start, self.score, key=search_key, budget=budget).best)
-        tokens = np.full((len(rows), env.max_length), env.pad_id, np.int32)
-        loss_mask = np.zeros_like(tokens)
-        for row, state in enumerate(chosen):
-            tokens[row, : len(state.tokens)] = state.tokens
-            loss_mask[row, : len(state.tokens)] = state.episode.loss_mask[0, : len(state.tokens)]
+        tokens, loss_mask = policy_rows(chosen, env.pad_id, env.max_length)
         reward = np.array([s.reward for s in chosen], np.float32)
         return SearchEpisodes(
             tokens,

@@ -47,24 +47,31 @@ class SearchResult(NamedTuple):
     budget: Budget
 
 
-def token_scorer(score_tokens: Callable, pad_id: int = 0) -> Scorer:
-    """A :data:`Scorer` from a function of right-padded ``tokens [B, L]`` and a ``mask [B, L]``
-    over the policy's tokens, such as a trained reward model's ``scores`` or ``episode_rewards``.
-    The mask covers the generated tokens; for an episode's state (``TurnModel``), only the
+def policy_rows(
+    states: Sequence[State], pad_id: int = 0, width: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded ``tokens [B, width]`` (default: the longest state) and a ``mask`` over the
+    policy's tokens: the generated tokens; for an episode's state (``TurnModel``), only the
     policy's own turns, not the tool messages (the episode's loss mask)."""
+    width = max(len(s.tokens) for s in states) if width is None else width
+    tokens = np.full((len(states), width), pad_id, np.int32)
+    mask = np.zeros((len(states), width), np.int32)
+    for row, state in enumerate(states):
+        end = len(state.tokens)
+        tokens[row, :end] = state.tokens
+        if state.episode is None:
+            mask[row, state.prompt_length : end] = 1
+        else:
+            mask[row, :end] = state.episode.loss_mask[0, :end]
+    return tokens, mask
+
+
+def token_scorer(score_tokens: Callable, pad_id: int = 0) -> Scorer:
+    """A :data:`Scorer` from a function of :func:`policy_rows`' ``tokens`` and ``mask``, such
+    as a trained reward model's ``scores`` or ``episode_rewards``."""
 
     def score(states: Sequence[State]) -> np.ndarray:
-        width = max(len(s.tokens) for s in states)
-        tokens = np.full((len(states), width), pad_id, np.int32)
-        mask = np.zeros((len(states), width), np.int32)
-        for row, state in enumerate(states):
-            end = len(state.tokens)
-            tokens[row, :end] = state.tokens
-            if state.episode is None:
-                mask[row, state.prompt_length : end] = 1
-            else:
-                mask[row, :end] = state.episode.loss_mask[0, :end]
-        return np.asarray(score_tokens(tokens, mask), np.float64)
+        return np.asarray(score_tokens(*policy_rows(states, pad_id)), np.float64)
 
     return score
 
