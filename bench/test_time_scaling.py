@@ -161,27 +161,16 @@ def _pool_methods(model, roots, levels, key, orm, prm, policy_flops) -> dict:
 def _search(name: str, n: int, model, start, prm, orm, key, max_turns: int, threshold: float):
     half = max(n // 2, 1)
     wide = 2 if n > 1 else 1
-    if name == "beam":
+    if name in ("beam", "DVTS"):  # beam: one group of N/2 beams; DVTS: N/2 groups of one
+        width, subtrees = (half, 1) if name == "beam" else (1, half)
         return step_beam_search(
             model,
             start,
             prm,
             key=key,
-            width=half,
+            width=width,
             expansions=wide,
-            max_steps=max_turns,
-            aggregation="min",
-            budget=Budget(),
-        )
-    if name == "DVTS":
-        return step_beam_search(
-            model,
-            start,
-            prm,
-            key=key,
-            width=1,
-            expansions=wide,
-            subtrees=half,
+            subtrees=subtrees,
             max_steps=max_turns,
             aggregation="min",
             budget=Budget(),
