@@ -15,6 +15,8 @@
     agentic-jax agent --gin_file F [--checkpoint DIR] [--task TEXT | --task_file FILE]
                       [--trace FILE] [--yes] [--gin_param P]...
     agentic-jax team --gin_file F [--task TEXT] [--trace FILE] [--gin_param P]...
+    agentic-jax eval --suite NAME (--checkpoint DIR | --endpoint URL [--model M]) [--out DIR]
+                     [--api_key_env VAR] [--gin_param P]...
     agentic-jax trace show FILE [--run ID]
     agentic-jax trace compare GOLDEN NEW [--golden_run ID] [--new_run ID] [--with_arguments]
                               [--min_similarity S] [--max_token_overhead O]
@@ -211,6 +213,20 @@ def _parser() -> argparse.ArgumentParser:
     team = job("team", "run a multi-agent team on a task, streaming its messages", workdir=False)
     team.add_argument("--task", default=None, help="the task (default: the config's)")
     team.add_argument("--trace", default=None, help="append the run's events to this JSONL file")
+    ev = job(
+        "eval",
+        "evaluate a checkpoint or an endpoint on a suite (configs/eval_<suite>.gin)",
+        workdir=False,
+    )
+    ev.add_argument("--suite", required=True, help="arithmetic, multi_hop, coding, robustness")
+    source = ev.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", help="a training workdir or model directory")
+    source.add_argument("--endpoint", help="an OpenAI-compatible base URL ending in /v1")
+    ev.add_argument("--model", default="default", help="the endpoint's model name")
+    ev.add_argument(
+        "--api_key_env", default=None, help="environment variable holding the endpoint's API key"
+    )
+    ev.add_argument("--out", default=None, help="report directory (default runs/eval_<suite>)")
     trace = verbs.add_parser("trace", help="show agent traces or compare one with a golden trace")
     trace_verbs = trace.add_subparsers(dest="trace_verb", required=True)
     show = trace_verbs.add_parser("show", help="render a JSONL trace as a transcript")
@@ -243,6 +259,8 @@ def _setup(args) -> str:
         import agentic_jax.registry  # noqa: F401  (registers every configurable before parsing)
 
     files = args.gin_file or ([DEFAULT_CONFIG[args.verb]] if args.verb in DEFAULT_CONFIG else [])
+    if args.verb == "eval":
+        files = [f"eval_{args.suite}", *files]
     gin_config.parse(files, args.gin_param)
     name = os.path.splitext(os.path.basename(files[-1]))[0] if files else args.verb
     return getattr(args, "workdir", None) or os.path.join("runs", name)
@@ -422,6 +440,21 @@ def _team(args) -> int:
     return 0 if result.ok else 1
 
 
+def _eval(args, workdir: str) -> int:
+    """Runs the suite and prints the report; 0 when it was written."""
+    from agentic_jax.eval.suites.run import evaluate
+
+    out = args.out or workdir
+    api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    evaluate(
+        out, checkpoint=args.checkpoint, endpoint=args.endpoint, model=args.model, api_key=api_key
+    )
+    with open(os.path.join(out, "report.md"), encoding="utf-8") as report:
+        print(report.read())
+    print(f"wrote {out}/results.json, report.md and success.png")
+    return 0
+
+
 def _trace(args) -> int:
     from agentic_jax.agents.context import golden, tracing
 
@@ -493,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
             return _agent(args)
         elif args.verb == "team":
             return _team(args)
+        elif args.verb == "eval":
+            return _eval(args, workdir)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

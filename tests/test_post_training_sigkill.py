@@ -16,17 +16,17 @@ TIMING = ("generation_seconds", "training_seconds", "tokens_per_sec", "step_seco
 STAGES = {
     "sft": """
         from agentic_jax.post_training.sft import train_sft
-        train_sft(workdir, init_from=base, tasks=SHORT, steps=60, batch_size=4, peak_lr=1e-2,
+        train_sft(workdir, init_from=base, tasks=SHORT, steps=30, batch_size=4, peak_lr=1e-2,
                   eval_every=20, checkpoint_every=10, progress=False)
     """,
     "rft": """
         from agentic_jax.post_training.rft import train_rft
-        train_rft(workdir, init_from=base, tasks=SHORT, rounds=5, prompts_per_round=4,
+        train_rft(workdir, init_from=base, tasks=SHORT, rounds=3, prompts_per_round=4,
                   samples_per_prompt=2, steps_per_round=2, batch_size=2, peak_lr=1e-2,
                   progress=False)
     """,
 }
-# The checkpoint after which each run is killed: SFT at step 10 of 60, RFT after round 2 of 5.
+# The checkpoint after which each run is killed: SFT at step 10 of 30, RFT after round 2 of 3.
 KILL_AFTER = {"sft": 10, "rft": 4}
 
 

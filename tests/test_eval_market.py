@@ -1,0 +1,59 @@
+"""The shared-market scenario against hand-computed rounds of greedy buyers."""
+
+import json
+
+import pytest
+
+from agentic_jax.agents.policies.base import AssistantMessage, Usage
+from agentic_jax.data.chat import ToolCall
+from agentic_jax.eval.suites.market import MarketConfig, run_market
+
+
+class Greedy:
+    """Asks for all it still needs every turn; answers once it has it."""
+
+    def __init__(self, need):
+        self.need = need
+
+    def respond(self, messages, tools=(), **sampling):
+        owned = 0
+        for m in messages:
+            if m.role == "tool":
+                owned = json.loads(m.content).get("units_owned", owned)
+        if owned >= self.need:
+            return AssistantMessage("done", (), Usage(5, 1))
+        call = ToolCall("buy", {"quantity": self.need - owned})
+        return AssistantMessage("", (call,), Usage(5, 2), "tool_calls")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_scarce_stock_makes_the_later_buyers_wait_and_pay_the_surge(seed):
+    # 3 agents need 4 each; 4 units per round.  Round 0: the first buys 4 at 2, the others get
+    # nothing (2 contention failures).  Demand was 12, so round 1 costs 2 + 0.5 * 8 = 6: the
+    # second buys 4, the third gets nothing (1 failure).  Round 2 costs 2 + 0.5 * (8 - 4) = 4.
+    config = MarketConfig(agents=3, need=4, budget=40, stock_per_round=4, seed=seed)
+    rows, totals = run_market([Greedy(4) for _ in range(3)], config)
+    assert totals["success"] == 1.0 and totals["contention_failures"] == 3
+    assert sorted(r["spent"] for r in rows) == [8.0, 16.0, 24.0]
+    assert sorted(r["contention_failures"] for r in rows) == [0, 1, 2]
+    assert all(r["tokens"] > 0 and r["invalid_calls"] == 0 for r in rows)
+
+
+def test_the_order_of_play_follows_the_seed():
+    orders = set()
+    for seed in range(6):
+        rows, _ = run_market([Greedy(4) for _ in range(3)], MarketConfig(seed=seed))
+        orders.add(tuple(r["contention_failures"] for r in rows))
+    assert len(orders) > 1
+
+
+def test_enough_stock_means_no_contention_and_a_budget_caps_purchases():
+    rows, totals = run_market([Greedy(4) for _ in range(3)], MarketConfig(stock_per_round=12))
+    assert totals["contention_failures"] == 0 and {r["spent"] for r in rows} == {8.0}
+    rows, totals = run_market(
+        [Greedy(4) for _ in range(2)], MarketConfig(agents=2, budget=10, max_rounds=2)
+    )
+    # The second buyer meets the surge price 2 + 0.5 * 4 = 4 with 10 credits: 2 units, not 4.
+    assert sorted(r["units"] for r in rows) == [2, 4] and totals["success"] == 0.5
+    with pytest.raises(ValueError, match="need 3 policies"):
+        run_market([Greedy(4)], MarketConfig())
