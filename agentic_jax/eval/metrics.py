@@ -1,4 +1,4 @@
-"""Metrics of sampled solutions: pass@k and bootstrap confidence intervals."""
+"""Metrics of sampled solutions: pass@k, pass^k and bootstrap confidence intervals."""
 
 from __future__ import annotations
 
@@ -6,12 +6,9 @@ import numpy as np
 import scipy.stats
 
 
-def pass_at_k(n, c, k: int):
-    """The unbiased pass@k estimator ``1 - C(n-c, k) / C(n, k)`` (Chen et al. 2021, arXiv:2107.03374).
-
-    ``n`` samples of a problem of which ``c`` are correct; arrays broadcast.  Computed as
-    ``1 - Π_{i=n-c+1}^{n} (1 - k/i)``, which never forms the huge binomials.
-    """
+def _counts(n, c, k: int, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` and ``c`` broadcast together, after checking they are counts that ``metric`` at
+    ``k`` can use."""
     n, c = np.asarray(n), np.asarray(c)
     if not all(np.issubdtype(a.dtype, np.integer) for a in (n, c, np.asarray(k))):
         raise ValueError(
@@ -23,13 +20,38 @@ def pass_at_k(n, c, k: int):
     if np.any(c < 0) or np.any(c > n):
         raise ValueError("need 0 <= c <= n for every problem")
     if np.any(n < k):
-        raise ValueError(f"pass@{k} needs at least k={k} samples per problem; got n={n.min()}")
-    n_b, c_b = np.broadcast_arrays(n, c)
+        raise ValueError(f"{metric}{k} needs at least k={k} samples per problem; got n={n.min()}")
+    return np.broadcast_arrays(n, c)
+
+
+def pass_at_k(n, c, k: int):
+    """The unbiased pass@k estimator ``1 - C(n-c, k) / C(n, k)`` (Chen et al. 2021, arXiv:2107.03374).
+
+    ``n`` samples of a problem of which ``c`` are correct; arrays broadcast.  Computed as
+    ``1 - Π_{i=n-c+1}^{n} (1 - k/i)``, which never forms the huge binomials.
+    """
+    n_b, c_b = _counts(n, c, k, "pass@")
     out = np.empty(n_b.shape, np.float64)
     for index in np.ndindex(n_b.shape):
         total, correct = int(n_b[index]), int(c_b[index])
         i = np.arange(total - correct + 1, total + 1, dtype=np.float64)
         out[index] = 1.0 if total - correct < k else 1.0 - np.prod(1.0 - k / i)
+    return out if out.ndim else float(out)
+
+
+def pass_hat_k(n, c, k: int):
+    """pass^k, the chance that ``k`` trials drawn without replacement from ``n`` all succeed:
+    ``C(c, k) / C(n, k)`` (Yao et al. 2024, τ-bench, arXiv:2406.12045).
+
+    Where pass@k rewards one success in k tries, pass^k asks for k out of k, so it measures how
+    reliably a task is solved.  ``n`` trials of a problem of which ``c`` succeeded; arrays
+    broadcast.  Computed as ``Π_{i=0}^{k-1} (c - i) / (n - i)``, never the huge binomials.
+    """
+    n_b, c_b = _counts(n, c, k, "pass^")
+    i = np.arange(k, dtype=np.float64)
+    # A factor (c - i) / (n - i) is 0 once i reaches c, so c < k gives exactly 0.
+    ratios = np.maximum(c_b[..., None] - i, 0.0) / (n_b[..., None] - i)
+    out = np.prod(ratios, axis=-1)
     return out if out.ndim else float(out)
 
 
