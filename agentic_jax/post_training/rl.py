@@ -874,7 +874,8 @@ def summarize(
         "response_length": float(rollouts.response_length.mean()),
         "tool_calls": float(rollouts.tool_calls.mean()),
         "truncated": float(rollouts.truncated.mean()),
-        "zero_variance_groups": samples.zero_variance,
+        # a group of one has no spread to lack (PPO with a critic): not reported
+        **({"zero_variance_groups": samples.zero_variance} if group_size > 1 else {}),
         "sampling_rounds": samples.rounds,
         "episodes": samples.episodes,
         "generated_tokens": samples.generated_tokens,
