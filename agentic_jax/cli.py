@@ -17,6 +17,7 @@
     agentic-jax team --gin_file F [--task TEXT] [--trace FILE] [--gin_param P]...
     agentic-jax eval --suite NAME (--checkpoint DIR | --endpoint URL [--model M]) [--out DIR]
                      [--api_key_env VAR] [--gin_param P]...
+                     (--suite arena: --checkpoint and --endpoint once per contestant)
     agentic-jax trace show FILE [--run ID]
     agentic-jax trace compare GOLDEN NEW [--golden_run ID] [--new_run ID] [--with_arguments]
                               [--min_similarity S] [--max_token_overhead O]
@@ -218,11 +219,25 @@ def _parser() -> argparse.ArgumentParser:
         "evaluate a checkpoint or an endpoint on a suite (configs/eval_<suite>.gin)",
         workdir=False,
     )
-    ev.add_argument("--suite", required=True, help="arithmetic, multi_hop, coding, robustness")
-    source = ev.add_mutually_exclusive_group(required=True)
-    source.add_argument("--checkpoint", help="a training workdir or model directory")
-    source.add_argument("--endpoint", help="an OpenAI-compatible base URL ending in /v1")
-    ev.add_argument("--model", default="default", help="the endpoint's model name")
+    from agentic_jax.config import config_dir
+
+    suites = sorted(p.stem.removeprefix("eval_") for p in config_dir().glob("eval_*.gin"))
+    ev.add_argument("--suite", required=True, help=", ".join(suites))
+    ev.add_argument(
+        "--checkpoint",
+        action="append",
+        help="a training workdir or model directory (the arena: one per contestant)",
+    )
+    ev.add_argument(
+        "--endpoint",
+        action="append",
+        help="an OpenAI-compatible base URL ending in /v1 (the arena: one per contestant)",
+    )
+    ev.add_argument(
+        "--model",
+        action="append",
+        help="the endpoint's model name (default 'default'; the arena: one, or one per endpoint)",
+    )
     ev.add_argument(
         "--api_key_env", default=None, help="environment variable holding the endpoint's API key"
     )
@@ -442,16 +457,24 @@ def _team(args) -> int:
 
 def _eval(args, workdir: str) -> int:
     """Runs the suite and prints the report; 0 when it was written."""
+    from agentic_jax import config as gin_config
     from agentic_jax.eval.suites.run import evaluate
 
     out = args.out or workdir
     api_key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    gin_config.save_config(out, operative=False)
     evaluate(
-        out, checkpoint=args.checkpoint, endpoint=args.endpoint, model=args.model, api_key=api_key
+        out,
+        checkpoint=args.checkpoint,
+        endpoint=args.endpoint,
+        model=args.model or "default",
+        api_key=api_key,
     )
+    gin_config.save_config(out, operative=True)
     with open(os.path.join(out, "report.md"), encoding="utf-8") as report:
         print(report.read())
-    print(f"wrote {out}/results.json, report.md and success.png")
+    written = sorted(p for p in os.listdir(out) if p.endswith((".json", ".md", ".png", ".gin")))
+    print(f"wrote {', '.join(os.path.join(out, p) for p in written)}")
     return 0
 
 
@@ -482,7 +505,10 @@ def _trace(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.verb == "eval" and not (args.checkpoint or args.endpoint):
+        parser.error("eval needs --checkpoint or --endpoint")
     if args.verb == "convert":
         from agentic_jax.models.export import hf_to_native, native_to_hf
 

@@ -7,7 +7,13 @@ import agentic_jax.agents.protocols.a2a_server
 import agentic_jax.agents.session
 import agentic_jax.data.pipeline
 import agentic_jax.data.tokenizer
+import agentic_jax.eval.suites.arena_suite
+import agentic_jax.eval.suites.judge_suite
+import agentic_jax.eval.suites.judging
+import agentic_jax.eval.suites.market
+import agentic_jax.eval.suites.run
 import agentic_jax.eval.suites.suite
+import agentic_jax.eval.suites.training_data
 import agentic_jax.inference.serving.engine
 import agentic_jax.jobs
 import agentic_jax.models.config

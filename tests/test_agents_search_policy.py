@@ -99,6 +99,10 @@ def test_an_unparseable_turn_and_an_overlong_prompt_are_policy_errors(model_dir)
         broken.respond([Message("user", "q")])
     with pytest.raises(PolicyError, match="max_seq_len"):
         SearchPolicy(model, _flat).respond([Message("user", "word " * 4000)])
+    # A budget too small for one expansion samples nothing: an error, not an empty turn.
+    starved = SearchPolicy(model, _flat, tokens=8)
+    with pytest.raises(PolicyError, match="budget of 8 tokens per turn does not pay"):
+        starved.respond([Message("user", "q")])
 
 
 def test_mcts_search_under_the_policy_stays_in_its_token_budget(model_dir):

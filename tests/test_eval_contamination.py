@@ -68,22 +68,39 @@ def test_short_items_need_an_index_of_short_grams():
     assert NgramIndex.build(["Confirmed moons of Saturn!"]).overlap(item) == 1.0
 
 
-words = st.lists(st.sampled_from(["a", "B", "c,", "d", "e."]), max_size=25)
+def test_kept_symbols_tell_arithmetic_problems_apart():
+    assert normalise("What is 3+4*-2?", "+-*/") == ["what", "is", "3", "+", "4", "*", "-", "2"]
+    item, corpus = "What is 3 + 4?", ["Quiz: what is 3 * 4? Answers below."]
+    # Deleted, the operators leave "what is 3 4" in both.
+    assert NgramIndex.build(corpus, min_n=4).overlap(item) == 1.0
+    assert NgramIndex.build(corpus, min_n=5, symbols="+-*/").overlap(item) == 0.0
+    assert NgramIndex.build(["Quiz: what is 3+4?"], min_n=5, symbols="+-*/").overlap(item) == 1.0
+    with pytest.raises(ValueError, match="symbols must be"):
+        normalise("x", "a+")
+
+
+words = st.lists(st.sampled_from(["a", "B", "c,", "d", "e.", "f+g"]), max_size=25)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(words, min_size=1, max_size=3), words, st.integers(1, 6), st.integers(0, 5))
-def test_overlap_equals_a_brute_force_search(corpus, item, n, drop):
+@given(
+    st.lists(words, min_size=1, max_size=3),
+    words,
+    st.integers(1, 6),
+    st.integers(0, 5),
+    st.sampled_from(["", "+"]),
+)
+def test_overlap_equals_a_brute_force_search(corpus, item, n, drop, symbols):
     min_n = max(1, n - drop)
     texts = [" ".join(doc) for doc in corpus]
-    index = NgramIndex.build(texts, n=n, min_n=min_n)
+    index = NgramIndex.build(texts, n=n, min_n=min_n, symbols=symbols)
     stored = set()
-    for doc in map(normalise, texts):
+    for doc in (normalise(text, symbols) for text in texts):
         if doc and len(doc) < min_n:
             stored.add(tuple(doc))
         for k in range(min_n, n + 1):
             stored |= {tuple(doc[i : i + k]) for i in range(len(doc) - k + 1)}
-    grams = ngrams(" ".join(item), n)
+    grams = ngrams(" ".join(item), n, symbols)
     expected = np.mean([g in stored for g in grams]) if grams else 0.0
     assert index.overlap(" ".join(item)) == pytest.approx(expected)
 

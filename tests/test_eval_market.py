@@ -1,12 +1,16 @@
-"""The shared-market scenario against hand-computed rounds of greedy buyers."""
+"""The shared-market scenario against hand-computed rounds of greedy buyers, and as a suite."""
 
 import json
 
+import gin
 import pytest
 
+import agentic_jax.registry  # noqa: F401  (registers every configurable for the gin config)
+from agentic_jax import config as gin_config
 from agentic_jax.agents.policies.base import AssistantMessage, Usage
 from agentic_jax.data.chat import ToolCall
-from agentic_jax.eval.suites.market import MarketConfig, run_market
+from agentic_jax.eval.suites.market import MarketConfig, MarketSuite, run_market
+from agentic_jax.eval.suites.run import evaluate
 
 
 class Greedy:
@@ -57,3 +61,34 @@ def test_enough_stock_means_no_contention_and_a_budget_caps_purchases():
     assert sorted(r["units"] for r in rows) == [2, 4] and totals["success"] == 0.5
     with pytest.raises(ValueError, match="need 3 policies"):
         run_market([Greedy(4)], MarketConfig())
+
+
+def test_the_market_suite_reports_what_run_market_plays(tmp_path):
+    """Every agent is the evaluated policy: the suite's rows are run_market's with copies."""
+    suite = MarketSuite(agents=3, need=4, seed=2)
+    result = evaluate(tmp_path, policy=Greedy(4), suite=suite, progress=False)
+    rows, totals = run_market([Greedy(4) for _ in range(3)], MarketConfig(agents=3, seed=2))
+    assert result["agents"] == rows and result["totals"] == totals
+    assert totals["tool_calls"] == sum(r["tool_calls"] for r in rows)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["agents"] == rows and saved["settings"]["seed"] == 2
+    report = (tmp_path / "report.md").read_text()
+    assert "| agent | success | units | spent | contention failures |" in report
+    assert "| all | 1.000 | 4 | 16 | 3 |" in report  # spent 8, 16 and 24; 2 + 1 + 0 failures
+    # configs/eval_market.gin is what `agentic-jax eval --suite market` runs.
+    gin_config.parse(["eval_market"], ["eval.MarketSuite.agents = 2"])
+    try:
+        result = evaluate(tmp_path / "gin", policy=Greedy(4), progress=False)
+    finally:
+        gin.clear_config()
+    assert result["suite"] == "market" and len(result["agents"]) == 2
+    assert (tmp_path / "gin" / "report.md").exists()
+
+
+def test_bad_market_settings_are_named():
+    with pytest.raises(ValueError, match="agents must be >= 1, got 0"):
+        MarketSuite(agents=0)
+    with pytest.raises(ValueError, match="base_price must be > 0, got 0; surge must be >= 0"):
+        MarketConfig(base_price=0, surge=-1)
+    with pytest.raises(ValueError, match="temperature >= 0"):
+        MarketSuite(temperature=-0.5)

@@ -30,9 +30,10 @@ from agentic_jax.eval.agent_metrics import (
 )
 from agentic_jax.eval.metrics import pass_at_k
 from agentic_jax.eval.suites import robustness
-from agentic_jax.eval.suites.episodes import play, verifier_id
+from agentic_jax.eval.suites.episodes import play, task_id, verifier_id
 from agentic_jax.eval.suites.report import build_result, compare, load_result, write_report
 from agentic_jax.eval.suites.suite import Suite, run_suite
+from agentic_jax.eval.suites.training_data import TrainingData
 
 
 def _perturb(arguments):
@@ -233,13 +234,31 @@ def test_a_suite_reports_resumes_and_refuses_mismatched_comparisons(tmp_path):
     episodes = run_suite(suite, PerVariant(), tmp_path, progress=False)
     assert {n: len(e) for n, e in episodes.items()} == dict.fromkeys(suite.variants, 12)
     assert all(e.success for eps in episodes.values() for e in eps)
-    result = build_result(suite, episodes, "demo")
+    # A tiny pretraining corpus into which the first problem was copied.
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(f"Quiz: {tasks[0].prompt[-1].content} Answers below.")
+    result = build_result(suite, episodes, "demo", TrainingData(corpus=[str(corpus)]))
     paths = write_report(result, tmp_path)
-    assert [p.exists() for p in paths] == [True] * 3
-    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in paths if p.exists()] == [
+        "results.json",
+        "report.md",
+        "success.png",
+        "reliability.png",
+    ]
+    assert paths[2].read_bytes()[:8] == paths[3].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = paths[1].read_text()
     assert "## Robustness" in report and "injected_errors" in report
+    assert "## Contamination" in report and f"`{task_id(tasks[0])}`" in report
+    assert "## Calibration" in report
     loaded = load_result(tmp_path)
+    flagged = {t for t, v in loaded["contamination"]["items"].items() if v["flagged"]}
+    assert flagged == {task_id(tasks[0])} and loaded["contamination"]["fraction_flagged"] == 1 / 6
+    assert loaded["contamination"]["variants"]["original"] == dict.fromkeys(
+        ("success", "clean", "flagged"), 1.0
+    )
+    # Both trials of every task agree and are right: confidence 1, accuracy 1, ECE 0.
+    calibration = loaded["calibration"]["original"]
+    assert (calibration["trials"], calibration["ece"], calibration["confidence"]) == (2, 0.0, 1.0)
     assert loaded["hashes"]["original"] != loaded["hashes"]["renamed"]
     assert loaded["variants"]["renamed"]["difference_vs_original"] == [0.0, 0.0, 0.0]
     assert loaded["variants"]["original"]["summary"]["pass^2"] == 1.0
@@ -296,4 +315,17 @@ def test_the_eval_verb_writes_the_report_of_a_checkpoint(tmp_path, capsys):
     result = load_result(out)
     assert result["evaluated"] == str(tmp_path / "model")
     assert result["variants"]["original"]["summary"]["episodes"] == 3  # one task per difficulty
-    assert "# Evaluation: suite `arithmetic`" in capsys.readouterr().out
+    # The shipped training data: the held-out one-operator problem repeats an SFT problem.
+    sources = {t: v["sources"] for t, v in result["contamination"]["items"].items()}
+    assert sources == {
+        "Arithmetic/d1/s1000000": ["SFT demonstrations"],
+        "Arithmetic/d2/s1000000": [],
+        "Arithmetic/d3/s1000000": [],
+    }
+    assert result["calibration"]["original"] == {
+        "trials": 1,
+        "needs": "at least 2 trials per task (seeds x trials)",
+    }
+    printed = capsys.readouterr().out
+    assert "# Evaluation: suite `arithmetic`" in printed
+    assert "calibration needs at least 2 trials" in printed

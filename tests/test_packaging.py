@@ -18,6 +18,7 @@ OURS = {
     "pallas_kernels",
     "sharding",
     "tiny_models",
+    "scripted_answers",
     "tiny_tasks",
     "killed_runs",
     "bench",

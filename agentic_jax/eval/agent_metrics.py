@@ -26,7 +26,12 @@ class Episode:
     """One agent run on one task.  ``tool_calls`` are ``name(arguments JSON)`` strings (see
     `call_key`) in call order, ``tool_statuses`` their outcomes (``ok``, or why not: an error
     result, invalid arguments, an unknown tool); ``golden_calls`` the reference trajectory's
-    calls; ``latencies_s`` one per model call; ``error`` is set when the run itself failed."""
+    calls; ``latencies_s`` one per model call; ``error`` is set when the run itself failed.
+    A conversational task records its simulated user (``user_id``), everything it said
+    (``user_turns``, the opening first) and everything the agent told it (``agent_turns``), so
+    that the episode can be replayed and checked; a stateful one the hashes of the state it
+    ended in and of its goal state (``final_state``, ``goal_state``).
+    """
 
     task_id: str
     state_hash: str
@@ -47,6 +52,11 @@ class Episode:
     stop_reason: str = ""
     answer: str | None = None
     error: str | None = None
+    user_id: str = ""
+    user_turns: tuple[str, ...] = ()
+    agent_turns: tuple[str, ...] = ()
+    final_state: str = ""
+    goal_state: str = ""
 
     def __post_init__(self):
         if len(self.tool_calls) != len(self.tool_statuses):
@@ -54,12 +64,24 @@ class Episode:
                 f"episode {self.task_id!r}: {len(self.tool_calls)} tool calls but "
                 f"{len(self.tool_statuses)} statuses"
             )
-        for name in ("latencies_s", "tool_calls", "tool_statuses", "golden_calls"):
+        for name in (
+            "latencies_s",
+            "tool_calls",
+            "tool_statuses",
+            "golden_calls",
+            "user_turns",
+            "agent_turns",
+        ):
             object.__setattr__(self, name, tuple(getattr(self, name)))
 
     @property
     def tokens(self) -> int:
         return self.prompt_tokens + self.completion_tokens
+
+    @property
+    def reached_goal(self) -> bool | None:
+        """Whether a stateful task ended in its goal state (None: the task has no state)."""
+        return self.final_state == self.goal_state if self.goal_state else None
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -135,8 +157,9 @@ def seed_variance(episodes: Sequence[Episode]) -> dict[str, float]:
 def summarize(episodes: Sequence[Episode], *, max_steps: int, ks: Sequence[int] = (1,)) -> dict:
     """Every aggregate of a set of episodes: success, reliability, cost, latency percentiles,
     trajectory efficiency, tool-call precision and recall against the golden calls, the
-    invalid-call rate, and the recovery rate (of episodes that met a failed tool call, the
-    fraction that still succeeded)."""
+    invalid-call rate, the recovery rate (of episodes that met a failed tool call, the
+    fraction that still succeeded), and, where tasks have state, the fraction that ended in
+    the goal state (``goal_state``)."""
     if not episodes:
         raise ValueError("no episodes to summarize")
     calls = [s for e in episodes for s in e.tool_statuses]
@@ -159,6 +182,9 @@ def summarize(episodes: Sequence[Episode], *, max_steps: int, ks: Sequence[int] 
         **reliability(episodes, ks),
         **seed_variance(episodes),
     }
+    reached = [e.reached_goal for e in episodes if e.reached_goal is not None]
+    if reached:
+        out["goal_state"] = float(np.mean(reached))
     for q in (50, 90, 99):
         out[f"latency_p{q}_s"] = float(np.percentile(latencies, q)) if latencies.size else None
     return out
@@ -166,10 +192,11 @@ def summarize(episodes: Sequence[Episode], *, max_steps: int, ks: Sequence[int] 
 
 def check_comparable(a: Sequence[Episode], b: Sequence[Episode]) -> None:
     """Raises ``ValueError`` unless ``a`` and ``b`` cover the same tasks with the same initial
-    states and verifiers (the only condition under which their scores compare)."""
+    states, verifiers and simulated users (the only condition under which their scores
+    compare)."""
 
     def keys(episodes):
-        return {e.task_id: (e.state_hash, e.verifier_id) for e in episodes}
+        return {e.task_id: (e.state_hash, e.verifier_id, e.user_id) for e in episodes}
 
     ka, kb = keys(a), keys(b)
     if set(ka) != set(kb):
@@ -178,6 +205,7 @@ def check_comparable(a: Sequence[Episode], b: Sequence[Episode]) -> None:
     differ = [t for t in ka if ka[t] != kb[t]]
     if differ:
         raise ValueError(
-            f"{len(differ)} tasks differ in initial state or verifier (e.g. {differ[:5]}): "
+            f"{len(differ)} tasks differ in initial state or verifier, or in their user "
+            f"(e.g. {differ[:5]}): "
             "the runs are not comparable"
         )

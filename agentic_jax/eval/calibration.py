@@ -10,7 +10,9 @@ held-out data, which changes the confidences but never the argmax (so never the 
 
 from __future__ import annotations
 
+import os
 import pathlib
+from typing import BinaryIO
 
 import jax
 import jax.numpy as jnp
@@ -67,9 +69,10 @@ def expected_calibration_error(confidences, correct, n_bins: int = 15) -> float:
 
 def reliability_diagram(
     confidences, correct, path, n_bins: int = 15, title: str | None = None
-) -> pathlib.Path:
+) -> pathlib.Path | BinaryIO:
     """Write the reliability diagram (accuracy per confidence bin against the diagonal of
-    perfect calibration, with the ECE) as a PNG at ``path``; returns the path.
+    perfect calibration, with the ECE) as a PNG at ``path`` (a file name, or a binary file so
+    that a caller can write it atomically); returns the path.
 
     Uses ``matplotlib.figure.Figure`` directly, never pyplot, so no global figure state or
     interactive backend is touched.
@@ -104,7 +107,8 @@ def reliability_diagram(
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy")
     ax.set_title(f"ECE = {ece:.4f}" if title is None else f"{title} (ECE = {ece:.4f})")
     ax.legend(loc="upper left")
-    path = pathlib.Path(path)
+    if isinstance(path, str | os.PathLike):
+        path = pathlib.Path(path)
     fig.savefig(path, format="png", dpi=100)
     return path
 

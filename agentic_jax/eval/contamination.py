@@ -8,10 +8,12 @@ A.6) grades items by how much of them such matches cover.  Both give the score o
 subset beside the full one, which :func:`clean_subset_score` computes.
 
 Text is normalised before it is split: lowercased, punctuation and symbols deleted, split on
-whitespace.  The index keeps one 64-bit hash per distinct gram (a sorted ``uint64`` array,
-8 bytes a gram, never the corpus text): each token is hashed with BLAKE2b (stable across
-processes, unlike ``hash``) and a gram's hash chains its tokens' through the SplitMix64 mixer,
-so a whole document's grams are hashed in ``n`` vectorised numpy passes.
+whitespace.  Deleting symbols makes ``3 + 4`` and ``3 * 4`` one text, so an index may keep some
+(``symbols="+-*/="``) as tokens of their own, for items that are arithmetic.  The index keeps
+one 64-bit hash per distinct gram (a sorted ``uint64`` array, 8 bytes a gram, never the corpus
+text): each token is hashed with BLAKE2b (stable across processes, unlike ``hash``) and a
+gram's hash chains its tokens' through the SplitMix64 mixer, so a whole document's grams are
+hashed in ``n`` vectorised numpy passes.
 
 An item shorter than ``n`` tokens is checked as one gram of all its tokens (the GPT-3 rule).
 The index finds such a gram only if it stores grams of that length: built with
@@ -30,23 +32,34 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-_PUNCTUATION = re.compile(r"[^\w\s]|_")
 _SEED = np.uint64(0x9E3779B97F4A7C15)
 _MIX1, _MIX2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _CONSOLIDATE = 1 << 22  # hashes buffered before they are merged into the sorted set
 
 
-def normalise(text: str) -> list[str]:
-    """Lowercase, delete punctuation and symbols (``don't`` → ``dont``), split on whitespace."""
-    return _PUNCTUATION.sub("", text.lower()).split()
+@functools.lru_cache(maxsize=16)
+def _symbol_rules(symbols: str) -> tuple[dict, re.Pattern]:
+    """The table that sets each kept symbol apart, and the pattern deleting every other one."""
+    if re.search(r"[\w\s]", symbols):
+        raise ValueError(f"symbols must be punctuation or symbol characters, got {symbols!r}")
+    apart = str.maketrans({c: f" {c} " for c in symbols})
+    return apart, re.compile(f"[^\\w\\s{re.escape(symbols)}]|_")
 
 
-def ngrams(text: str, n: int = 13) -> list[tuple[str, ...]]:
-    """The ``n``-token windows of ``normalise(text)``; a text of fewer than ``n`` tokens is one
-    gram of all of them, and a text with no tokens has none."""
+def normalise(text: str, symbols: str = "") -> list[str]:
+    """Lowercase, delete punctuation and symbols (``don't`` → ``dont``) except each character
+    of ``symbols``, which becomes a token of its own (``"3+4"`` → ``3 + 4``), split on
+    whitespace."""
+    apart, others = _symbol_rules(symbols)
+    return others.sub("", text.lower().translate(apart)).split()
+
+
+def ngrams(text: str, n: int = 13, symbols: str = "") -> list[tuple[str, ...]]:
+    """The ``n``-token windows of ``normalise(text, symbols)``; a text of fewer than ``n``
+    tokens is one gram of all of them, and a text with no tokens has none."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    words = normalise(text)
+    words = normalise(text, symbols)
     if len(words) < n:
         return [tuple(words)] if words else []
     return [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
@@ -86,19 +99,35 @@ def _item_hashes(words: Sequence[str], n: int) -> np.ndarray:
     return _chain(words, range(length, length + 1))[0]
 
 
+def _distinct(hashes: np.ndarray) -> np.ndarray:
+    """The sorted distinct values: sorted, then deduplicated (NumPy 2's ``np.unique`` hashes
+    first, some 100 times slower on millions of ``uint64``)."""
+    hashes = np.sort(hashes)
+    return hashes[np.concatenate(([True], hashes[1:] != hashes[:-1]))] if hashes.size else hashes
+
+
 @dataclasses.dataclass(frozen=True)
 class NgramIndex:
     """The sorted distinct hashes of a corpus's grams of ``min_n..n`` tokens (see the module
-    docstring), built with :meth:`build`."""
+    docstring), normalised keeping ``symbols``, built with :meth:`build`."""
 
     hashes: np.ndarray
     n: int
     min_n: int
+    symbols: str = ""
 
     @classmethod
-    def build(cls, corpus_texts: Iterable[str], n: int = 13, *, min_n: int | None = None):
+    def build(
+        cls,
+        corpus_texts: Iterable[str],
+        n: int = 13,
+        *,
+        min_n: int | None = None,
+        symbols: str = "",
+    ):
         """Index every gram of ``min_n..n`` tokens (``min_n`` defaults to ``n``) of each
-        document, and each document shorter than ``min_n`` as one gram."""
+        document, and each document shorter than ``min_n`` as one gram; items are normalised
+        the same way, keeping ``symbols`` (see `normalise`)."""
         min_n = n if min_n is None else min_n
         if not 1 <= min_n <= n:
             raise ValueError(f"need 1 <= min_n <= n, got min_n={min_n}, n={n}")
@@ -107,7 +136,7 @@ class NgramIndex:
         for text in corpus_texts:
             if not isinstance(text, str):
                 raise ValueError(f"corpus_texts must hold strings, got {type(text).__name__}")
-            words = normalise(text)
+            words = normalise(text, symbols)
             if not words:
                 continue
             low = min(min_n, len(words))
@@ -115,9 +144,9 @@ class NgramIndex:
             pending.extend(grams)
             buffered += sum(g.size for g in grams)
             if buffered >= _CONSOLIDATE:
-                stored = np.unique(np.concatenate([stored, *pending]))
+                stored = _distinct(np.concatenate([stored, *pending]))
                 pending, buffered = [], 0
-        return cls(np.unique(np.concatenate([stored, *pending])), n, min_n)
+        return cls(_distinct(np.concatenate([stored, *pending])), n, min_n, symbols)
 
     def __len__(self) -> int:
         return self.hashes.size
@@ -129,7 +158,7 @@ class NgramIndex:
     def overlap(self, text: str) -> float:
         """The fraction of the item's gram windows (counted with repeats) found in the corpus;
         0 for an item with no tokens."""
-        hashes = _item_hashes(normalise(text), self.n)
+        hashes = _item_hashes(normalise(text, self.symbols), self.n)
         return float(self._found(hashes).mean()) if hashes.size else 0.0
 
 
@@ -163,7 +192,7 @@ def contamination_report(
     if not 0 <= threshold < 1:
         raise ValueError(f"threshold must be in [0, 1), got {threshold}")
     overlap = np.array([index.overlap(item) for item in items], np.float64)
-    short = np.array([len(normalise(item)) < index.min_n for item in items], bool)
+    short = np.array([len(normalise(item, index.symbols)) < index.min_n for item in items], bool)
     return ContaminationReport(overlap, overlap > threshold, short, threshold, index.n)
 
 

@@ -10,13 +10,16 @@ goes on).  Around that core the loop enforces
   stops the run if it persists; so do steps that bring no new results;
 * context management (``context.py``), when given a :class:`ContextManager`: the prompt is built
   within the window, and the model may compact its own history with the ``compact_context`` tool.
+
+`ReActAgent.converse` runs the loop once per user message of a conversation (tau-bench's
+setting, a simulated user answering the agent), each continuing the same history.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from agentic_jax.agents.context.manager import ContextManager, compaction_tool
 from agentic_jax.agents.context.tracing import Tracer
@@ -70,6 +73,37 @@ class ReActAgent:
         run.start(task, "react")
         return run.finish(task, self.loop(run, task, retrieved=retrieved))
 
+    def converse(
+        self, opening: str, user: Callable[[str], str | None], *, max_turns: int = 10
+    ) -> AgentResult:
+        """A conversation that ``opening``, the user's first message, starts: each reply of the
+        agent without a tool call goes to ``user``, whose answer continues the same history,
+        until ``user`` returns None (done: stop reason ``answer``), ``max_turns`` replies have
+        gone to a user who is not done (``max_turns``), or the loop stops otherwise (a budget,
+        a loop, a policy error).  One budget and one trace cover the whole conversation; the
+        answer is the agent's last reply."""
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        run = Run(BudgetTracker(self.budget, self.pricing), self.tracer)
+        run.start(opening, "react")
+        history, message = [], opening
+        for turn in range(1, max_turns + 1):
+            outcome = self.loop(run, message, history=history)
+            if outcome.reason is not StopReason.ANSWER:
+                break
+            message = user(outcome.answer)
+            if message is None:
+                run.decide("answer", "the user ended the conversation")
+                break
+            run.tracer.message(turn, "user", ["agent"], "reply", message)
+            history = outcome.messages
+        else:
+            detail = f"{max_turns} replies went to the user, who did not end the conversation"
+            run.decide("stop", detail, reason=StopReason.MAX_TURNS.value)
+            messages = [*outcome.messages, Message("user", message)]
+            outcome = Outcome(outcome.answer, StopReason.MAX_TURNS, detail, messages)
+        return run.finish(opening, outcome)
+
     def _tools(self) -> list[Tool]:
         return self.executor.available() + self.harness.available()
 
@@ -94,13 +128,15 @@ class ReActAgent:
         *,
         system_prompt: str | None = None,
         retrieved: Sequence[str] = (),
+        history: Sequence[Message] = (),
     ) -> Outcome:
-        """The ReAct loop inside ``run`` (whose budget and trace it shares)."""
+        """The ReAct loop inside ``run`` (whose budget and trace it shares) on the user message
+        ``task``, which continues the conversation ``history`` (none: a new one)."""
         system = self.system_prompt if system_prompt is None else system_prompt
         detector = dataclasses.replace(self.loop_detector)  # fresh counts
-        history = [Message("user", task)]
-        if self.context is not None:
+        if self.context is not None and not history:
             self.context.new_history()
+        history = [*history, Message("user", task)]
         while True:
             tools = self._tools()
             try:

@@ -67,6 +67,11 @@ class SearchPolicy:
         key = jax.random.key(next(self._seeds) if seed is None else seed)
         budget = Budget(tokens=self.tokens)
         best = self.search(self.model, prompt, self.score, key=key, budget=budget).best
+        if budget.tokens_spent == 0:
+            raise PolicyError(
+                f"the search sampled nothing: its budget of {self.tokens} tokens per turn "
+                "does not pay for one expansion (width x expansions x the step's token limit)"
+            )
         ends = set(self.model.stop_token_ids)
         turn = [t for t in best.generated if t not in ends]
         text = tokenizer.decode(turn, skip_special_tokens=False)

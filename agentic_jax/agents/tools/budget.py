@@ -28,6 +28,7 @@ class StopReason(str, enum.Enum):
     NO_PROGRESS = "no_progress"  # tool results stopped bringing anything new
     MAX_ATTEMPTS = "max_attempts"  # Reflexion / verify-retry ran out of attempts
     POLICY_ERROR = "policy_error"
+    MAX_TURNS = "max_turns"  # a conversation's limit of replies to its user came first
     REJECTED = "rejected"  # a human rejected the run at an approval gate
     # Multi-agent runs (``multi_agent``):
     MAX_ROUNDS = "max_rounds"  # the round limit came before an agreement or a final answer

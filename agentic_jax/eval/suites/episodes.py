@@ -5,6 +5,10 @@ handed to the ReAct loop as harness tools, so a checkpoint (``JaxPolicy``), an
 OpenAI-compatible endpoint (``HTTPPolicy``) or a script is evaluated by the same loop that
 `agentic-jax agent` runs, on the conversation the environments train on.  The verifier is the
 task family's reward on the final answer.
+
+A stateful task (``envs.stateful``, tau-bench's setting) plays on a fresh copy of its database
+and is a conversation with a simulated user (``envs.users``), every user turn recorded; its
+verifier reads the final database and everything the agent told the user.
 """
 
 from __future__ import annotations
@@ -14,30 +18,33 @@ import hashlib
 import json
 from collections.abc import Sequence
 
+from agentic_jax.agents.loops.agent import AgentResult, StopReason
 from agentic_jax.agents.loops.react import ReActAgent
 from agentic_jax.agents.policies.base import Policy
 from agentic_jax.agents.tools.base import Tool, ToolArgumentError
 from agentic_jax.agents.tools.budget import Budget
 from agentic_jax.data.chat import ToolCall, tools_system_prompt
+from agentic_jax.envs.stateful import StatefulTask
 from agentic_jax.envs.text import Task
+from agentic_jax.envs.users import RuleUser, is_done
 from agentic_jax.eval.agent_metrics import OK, Episode, call_key
 from agentic_jax.eval.suites.robustness import Variant
 
 
 def state_hash(task: Task) -> str:
-    """A hash of everything the episode starts from: prompt, reference answer and tool data."""
-    blob = json.dumps(
-        [
-            [dataclasses.asdict(m) for m in task.prompt],
-            task.answer,
-            task.value,
-            list(task.numbers),
-            [list(f) for f in task.facts],
-            list(task.documents),
-        ],
-        sort_keys=True,
-        default=str,
-    )
+    """A hash of everything the episode starts from: prompt, reference answer and tool data,
+    and a stateful task's initial database and its user's instruction."""
+    parts = [
+        [dataclasses.asdict(m) for m in task.prompt],
+        task.answer,
+        task.value,
+        list(task.numbers),
+        [list(f) for f in task.facts],
+        list(task.documents),
+    ]
+    if isinstance(task, StatefulTask):
+        parts += [task.initial_hash, describe(task.instruction)]
+    blob = json.dumps(parts, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -117,6 +124,26 @@ def _status(event: dict) -> str:
     return "error_result" if str(event["content"]).startswith("error") else OK
 
 
+class Transcript:
+    """One conversation with a simulated user: everything the user said (``user_turns``, the
+    opening first) and everything the agent told it (``agent_turns``)."""
+
+    def __init__(self):
+        self.user_turns: list[str] = []
+        self.agent_turns: list[str] = []
+
+    def play(self, agent: ReActAgent, user, max_turns: int) -> AgentResult:
+        """``agent`` converses with ``user`` (one episode's) until the user says it is done."""
+        self.user_turns.append(user.opening())
+
+        def answer(message: str) -> str | None:
+            self.agent_turns.append(message)
+            self.user_turns.append(user.reply(message))
+            return None if is_done(self.user_turns[-1]) else self.user_turns[-1]
+
+        return agent.converse(self.user_turns[0], answer, max_turns=max_turns)
+
+
 def play(
     policy: Policy,
     task: Task,
@@ -129,13 +156,19 @@ def play(
     seed: int = 0,
     trial: int = 0,
     success_threshold: float = 0.5,
+    user=RuleUser(),
+    max_user_turns: int = 10,
 ) -> Episode:
     """One episode of ``task`` by ``policy`` under ``variant``; ``seed`` goes into sampling.
-    A run that raises is kept as a failed episode with its error."""
+    A stateful task is a conversation with ``user`` (an ``envs.users`` user, started with
+    ``seed``) of at most ``max_user_turns`` replies to it.  A run that raises is kept as a
+    failed episode with its error."""
+    stateful = isinstance(task, StatefulTask)
+    world = task.start() if stateful else task
     tools = variant.tools(env_tools)
     agent = ReActAgent(
         policy,
-        task_tools(tools, task),
+        task_tools(tools, world),
         system_prompt=system_prompt(task, env_tools),
         budget=Budget(max_steps=max_steps),
         sampling={**(sampling or {}), "seed": seed},
@@ -149,13 +182,31 @@ def play(
         golden_calls=tuple(
             call_key(c.name, c.arguments) for c in golden_calls(task, env_tools, variant)
         ),
+        user_id=user.id if stateful else "",
     )
+    transcript = Transcript()
     try:
-        result = agent.run(task.prompt[-1].content)
+        if stateful:
+            result = transcript.play(agent, user.start(task, seed), max_user_turns)
+        else:
+            result = agent.run(task.prompt[-1].content)
     except Exception as e:  # an errored sample stays in the results, as a failure
-        return Episode(success=False, error=f"{type(e).__name__}: {e}", **common)
+        result, error = None, f"{type(e).__name__}: {e}"
+    else:
+        # the policy's failure (a prompt too long, a search that could not sample), in words
+        error = result.detail if result.stop_reason is StopReason.POLICY_ERROR else None
+    if stateful:
+        common.update(
+            user_turns=tuple(transcript.user_turns),
+            agent_turns=tuple(transcript.agent_turns),
+            final_state=world.state_hash(),
+            goal_state=task.goal_hash,
+        )
+    if result is None:
+        return Episode(success=False, error=error, **common)
     calls = [e for e in result.trace if e["kind"] == "tool_call"]
-    score = reward.host(result.answer, task) if result.answer is not None else 0.0
+    content = "\n\n".join(transcript.agent_turns) if stateful else result.answer
+    score = reward.host(content, world) if content is not None and error is None else 0.0
     return Episode(
         success=score >= success_threshold,  # as the environments' rollouts count success
         reward=float(score),
@@ -169,5 +220,6 @@ def play(
         tool_statuses=tuple(map(_status, calls)),
         stop_reason=result.stop_reason.value,
         answer=result.answer,
+        error=error,
         **common,
     )

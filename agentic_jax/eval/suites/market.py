@@ -10,7 +10,8 @@ others bought first is a *contention failure*.
 
 Per agent the report gives success (``need`` units bought within budget), units, money spent,
 contention failures, tool calls and tokens; the scenario is deterministic given the policies
-and the seed.
+and the seed.  `MarketSuite` is the scenario as an ``agentic-jax eval`` suite
+(``configs/eval_market.gin``) whose every agent is the evaluated policy.
 """
 
 from __future__ import annotations
@@ -18,11 +19,15 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
+from pathlib import Path
 
+import gin
 import numpy as np
+from tqdm import tqdm
 
 from agentic_jax.agents.policies.base import Policy, Usage
 from agentic_jax.data.chat import Message, ToolSpec
+from agentic_jax.files import atomic_write
 
 SYSTEM = (
     "You are a purchasing agent in a shared market with other agents. Buy {need} units of "
@@ -55,8 +60,22 @@ class MarketConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if self.agents < 1 or self.need < 1 or self.stock_per_round < 0 or self.max_rounds < 1:
-            raise ValueError(f"invalid market settings: {self}")
+        rules = {
+            "agents": (self.agents >= 1, ">= 1"),
+            "need": (self.need >= 1, ">= 1"),
+            "budget": (self.budget > 0, "> 0"),
+            "stock_per_round": (self.stock_per_round >= 0, ">= 0"),
+            "base_price": (self.base_price > 0, "> 0"),
+            "surge": (self.surge >= 0, ">= 0"),
+            "max_rounds": (self.max_rounds >= 1, ">= 1"),
+        }
+        bad = [
+            f"{name} must be {rule}, got {getattr(self, name)!r}"
+            for name, (ok, rule) in rules.items()
+            if not ok
+        ]
+        if bad:
+            raise ValueError("invalid market settings: " + "; ".join(bad))
 
 
 @dataclasses.dataclass
@@ -104,8 +123,15 @@ class Market:
         return json.dumps({"bought": got, "price": self.price, "units_owned": ledger.units})
 
 
-def run_market(policies: Sequence[Policy], config: MarketConfig, sampling: dict | None = None):
-    """Plays the scenario; returns ``(per-agent rows, totals)``."""
+def run_market(
+    policies: Sequence[Policy],
+    config: MarketConfig,
+    sampling: dict | None = None,
+    *,
+    progress: bool = False,
+):
+    """Plays the scenario (a progress bar over rounds if ``progress``); returns ``(per-agent
+    rows, totals)``."""
     if len(policies) != config.agents:
         raise ValueError(
             f"{config.agents} agents need {config.agents} policies, got {len(policies)}"
@@ -116,7 +142,7 @@ def run_market(policies: Sequence[Policy], config: MarketConfig, sampling: dict 
         [Message("system", system), Message("user", "The market is open.")] for _ in policies
     ]
     rng = np.random.default_rng(config.seed)
-    for round_ in range(config.max_rounds):
+    for round_ in tqdm(range(config.max_rounds), "market", unit="round", disable=not progress):
         if round_:
             market.new_round()
         for agent in rng.permutation(config.agents):
@@ -153,5 +179,79 @@ def run_market(policies: Sequence[Policy], config: MarketConfig, sampling: dict 
         "contention_failures": sum(r["contention_failures"] for r in rows),
         "spent_per_agent": float(np.mean([r["spent"] for r in rows])),
         "units_per_agent": float(np.mean([r["units"] for r in rows])),
+        **{key: sum(r[key] for r in rows) for key in ("tool_calls", "invalid_calls", "tokens")},
     }
     return rows, totals
+
+
+@gin.configurable(module="eval")
+@dataclasses.dataclass(frozen=True)
+class MarketSuite(MarketConfig):
+    """The scenario as an ``agentic-jax eval`` suite: every agent is the evaluated policy (one
+    policy answering each agent's own conversation), so the report shows a model competing with
+    copies of itself for a scarce good.  ``temperature`` and ``max_tokens`` go into every call."""
+
+    name: str = "market"
+    temperature: float = 0.0
+    max_tokens: int = 128
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.temperature < 0 or self.max_tokens < 1:
+            raise ValueError(
+                f"MarketSuite needs temperature >= 0 and max_tokens >= 1, got "
+                f"{self.temperature} and {self.max_tokens}"
+            )
+
+    def evaluate(self, policy: Policy, out_dir, *, evaluated: str, progress: bool = True) -> dict:
+        """Plays the market and writes ``results.json`` and ``report.md`` into ``out_dir``."""
+        sampling = {"temperature": self.temperature, "max_tokens": self.max_tokens}
+        rows, totals = run_market([policy] * self.agents, self, sampling, progress=progress)
+        result = {
+            "suite": self.name,
+            "settings": dataclasses.asdict(self),
+            "evaluated": evaluated,
+            "agents": rows,
+            "totals": totals,
+        }
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in (
+            ("results.json", json.dumps(result, indent=1, sort_keys=True)),
+            ("report.md", market_markdown(result)),
+        ):
+            with atomic_write(out_dir / name) as f:
+                f.write(text)
+        return result
+
+
+def market_markdown(result: dict) -> str:
+    """The market's report: the settings, then one row per agent and one for all of them."""
+    s, t = result["settings"], result["totals"]
+    lines = [
+        f"# Evaluation: suite `{result['suite']}`",
+        "",
+        f"Evaluated: `{result['evaluated']}`, playing each of {s['agents']} agents in one market. "
+        f"Each must buy {s['need']} units within {s['budget']} credits; {s['stock_per_round']} "
+        f"units are restocked every round at {s['base_price']} credits plus {s['surge']} per "
+        f"unit of the last round's excess demand; at most {s['max_rounds']} rounds, order of "
+        f"play shuffled by seed {s['seed']}; temperature {s['temperature']}.",
+        "",
+        "| agent | success | units | spent | contention failures | tool calls | invalid calls "
+        "| tokens |",
+        "|" + " --- |" * 8,
+    ]
+    for r in result["agents"]:
+        lines.append(
+            f"| {r['agent']} | {'yes' if r['success'] else 'no'} | {r['units']} | "
+            f"{r['spent']:g} | {r['contention_failures']} | {r['tool_calls']} | "
+            f"{r['invalid_calls']} | {r['tokens']} |"
+        )
+    lines += [
+        f"| all | {t['success']:.3f} | {t['units_per_agent']:.3g} | {t['spent_per_agent']:.3g} | "
+        f"{t['contention_failures']} | {t['tool_calls']} | {t['invalid_calls']} | {t['tokens']} |",
+        "",
+        "All: the success rate and the mean units and spending per agent; the other columns are "
+        "totals. A contention failure is a purchase cut short because others bought first.",
+    ]
+    return "\n".join(lines) + "\n"

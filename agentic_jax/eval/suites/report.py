@@ -18,8 +18,18 @@ from matplotlib.figure import Figure
 from agentic_jax.eval.agent_metrics import Episode, check_comparable, summarize
 from agentic_jax.eval.metrics import bootstrap_ci
 from agentic_jax.eval.stats import wilson_interval
+from agentic_jax.eval.suites.consistency import (
+    calibration,
+    calibration_markdown,
+    write_reliability,
+)
 from agentic_jax.eval.suites.robustness import variant
 from agentic_jax.eval.suites.suite import Suite, prompt_hashes
+from agentic_jax.eval.suites.training_data import (
+    TrainingData,
+    contamination,
+    contamination_markdown,
+)
 from agentic_jax.files import atomic_write
 
 COLUMNS = (
@@ -56,7 +66,14 @@ def paired_difference(episodes, baseline, seed: int = 0) -> tuple[float, float, 
     return bootstrap_ci([a[t] for t in tasks], paired_with=[b[t] for t in tasks], seed=seed)
 
 
-def build_result(suite: Suite, episodes: dict[str, list[Episode]], evaluated: str) -> dict:
+def build_result(
+    suite: Suite,
+    episodes: dict[str, list[Episode]],
+    evaluated: str,
+    training_data: TrainingData | None = None,
+) -> dict:
+    """Aggregates per variant, the contamination check against ``training_data`` (skipped
+    when None) and the self-consistency calibration, beside every episode."""
     variants = {}
     for name, eps in episodes.items():
         successes = sum(e.success for e in eps)
@@ -76,6 +93,8 @@ def build_result(suite: Suite, episodes: dict[str, list[Episode]], evaluated: st
         "hashes": prompt_hashes(suite),
         "evaluated": evaluated,
         "variants": variants,
+        "contamination": contamination(suite, episodes, training_data),
+        "calibration": {n: calibration(eps) for n, eps in episodes.items()},
         "episodes": {n: [e.to_json() for e in eps] for n, eps in episodes.items()},
     }
 
@@ -89,6 +108,9 @@ def _cell(value) -> str:
 def markdown(result: dict) -> str:
     ks = result["settings"]["ks"]
     k = max(ks)
+    # Stateful tasks: the final database against the goal state, beside success.
+    stateful = any("goal_state" in v["summary"] for v in result["variants"].values())
+    columns = (COLUMNS[0], ("goal state", "goal_state"), *COLUMNS[1:]) if stateful else COLUMNS
     lines = [
         f"# Evaluation: suite `{result['suite']}`",
         "",
@@ -97,15 +119,15 @@ def markdown(result: dict) -> str:
         f"chat template `{result['hashes']['chat_template']}`.",
         "",
         "| variant | episodes | "
-        + " | ".join(c.replace("k", str(k)) if c.startswith("pass") else c for c, _ in COLUMNS)
+        + " | ".join(c.replace("k", str(k)) if c.startswith("pass") else c for c, _ in columns)
         + " |",
-        "|" + " --- |" * (len(COLUMNS) + 2),
+        "|" + " --- |" * (len(columns) + 2),
     ]
     for name, v in result["variants"].items():
         s = v["summary"]
         cells = [
             _cell(s.get(c.replace("k", str(k)))) if key is None else _cell(s.get(key))
-            for c, key in COLUMNS
+            for c, key in columns
         ]
         low, high = v["success_interval"]
         cells[0] = f"{s['success']:.3f} [{low:.3f}, {high:.3f}]"
@@ -113,7 +135,14 @@ def markdown(result: dict) -> str:
     lines += [
         "",
         f"Success with a Wilson 95% interval; pass@{k}: some of {k} trials of a task succeed, "
-        f"pass^{k}: all {k} do. Latency per model call.",
+        f"pass^{k}: all {k} do. Latency per model call."
+        + (
+            " Goal state: the episode's final database equals the task's goal state (the "
+            "golden actions applied to its initial state); success also needs every answer the "
+            "user asked for."
+            if stateful
+            else ""
+        ),
     ]
     robust = {n: v for n, v in result["variants"].items() if "difference_vs_original" in v}
     if robust:
@@ -139,6 +168,8 @@ def markdown(result: dict) -> str:
         )
         + ".",
     ]
+    lines += contamination_markdown(result["contamination"])
+    lines += calibration_markdown(result["calibration"])
     return "\n".join(lines) + "\n"
 
 
@@ -164,7 +195,8 @@ def plot_success(result: dict, path) -> None:
 
 
 def write_report(result: dict, out_dir: str | Path) -> list[Path]:
-    """Writes ``results.json``, ``report.md`` and ``success.png``; returns their paths."""
+    """Writes ``results.json``, ``report.md``, ``success.png`` and, when calibration was
+    measured, ``reliability.png`` (the first variant's); returns their paths."""
     out_dir = Path(out_dir)
     paths = [out_dir / "results.json", out_dir / "report.md", out_dir / "success.png"]
     for path, text in zip(paths, (json.dumps(result, indent=1, sort_keys=True), markdown(result))):
@@ -172,6 +204,10 @@ def write_report(result: dict, out_dir: str | Path) -> list[Path]:
             f.write(text)
     with atomic_write(paths[2], "wb") as f:
         plot_success(result, f)
+    name, section = next(iter(result["calibration"].items()))
+    title = f"suite {result['suite']}, {name}"
+    if write_reliability(section, out_dir / "reliability.png", title):
+        paths.append(out_dir / "reliability.png")
     return paths
 
 

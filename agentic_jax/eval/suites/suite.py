@@ -19,11 +19,17 @@ import gin
 from tqdm import tqdm
 
 from agentic_jax.data.chat import Message, render, with_tools
+from agentic_jax.envs.orders import Orders
 from agentic_jax.envs.text import Arithmetic, Generator
+from agentic_jax.envs.users import PolicyUser, RuleUser
 from agentic_jax.eval.agent_metrics import Episode
 from agentic_jax.eval.suites.episodes import describe, play, system_prompt, task_id
 from agentic_jax.eval.suites.robustness import variant
 from agentic_jax.post_training.tasks import HELDOUT_SEED_OFFSET
+
+gin.external_configurable(Orders, module="agentic_jax.envs.orders")
+gin.external_configurable(RuleUser, module="agentic_jax.envs.users")
+gin.external_configurable(PolicyUser, module="agentic_jax.envs.users")
 
 
 @gin.configurable(module="eval")
@@ -31,7 +37,9 @@ from agentic_jax.post_training.tasks import HELDOUT_SEED_OFFSET
 class Suite:
     """``num_tasks`` problems per generator from seed ``first_seed``; each played ``trials``
     times under each sampling seed of ``seeds`` (the seed goes into the policy's sampling), for
-    each robustness variant (``"original"`` first).  ``ks``: the k of pass@k and pass^k."""
+    each robustness variant (``"original"`` first).  ``ks``: the k of pass@k and pass^k.
+    Stateful tasks (`Orders`) are conversations with the simulated ``user`` (`RuleUser`, or a
+    `PolicyUser`) of at most ``max_user_turns`` replies to it."""
 
     name: str = "arithmetic"
     generators: Sequence[Generator] = (Arithmetic(2),)
@@ -44,14 +52,20 @@ class Suite:
     max_steps: int = 6
     variants: Sequence[str] = ("original",)
     ks: Sequence[int] = (1,)
+    user: RuleUser | PolicyUser = dataclasses.field(default_factory=RuleUser)
+    max_user_turns: int = 10
 
     def __post_init__(self):
         for name in self.variants:
-            variant(name)  # fails on an unknown name before any work
+            changed = variant(name)  # fails on an unknown name before any work
+            for g in self.generators:
+                changed.tools(g.tools)  # and on tools it cannot change (one argument each)
         if self.variants and self.variants[0] != "original":
             raise ValueError(f"Suite.variants must start with 'original', got {self.variants}")
         if self.num_tasks < 1 or self.trials < 1 or not self.seeds:
             raise ValueError("Suite needs num_tasks >= 1, trials >= 1 and at least one seed")
+        if self.max_user_turns < 1:
+            raise ValueError(f"Suite.max_user_turns must be >= 1, got {self.max_user_turns}")
         if max(self.ks) > self.trials * len(self.seeds):
             raise ValueError(
                 f"Suite.ks={self.ks} needs as many trials per task; it has "
@@ -68,10 +82,11 @@ class Suite:
         return {
             "name": self.name,
             "generators": [describe(g) for g in self.generators],
+            "user": self.user.id,
             **{
                 f.name: getattr(self, f.name)
                 for f in dataclasses.fields(self)
-                if f.name not in ("name", "generators")
+                if f.name not in ("name", "generators", "user")
             },
         }
 
@@ -136,6 +151,8 @@ def run_suite(suite: Suite, policy, out_dir: str | Path, *, progress: bool = Tru
                                 # distinct seeds per trial, reproducible from (seed, trial)
                                 seed=seed * 1000 + trial,
                                 trial=trial,
+                                user=suite.user,
+                                max_user_turns=suite.max_user_turns,
                             )
                             sink.write(json.dumps({"key": key, **done[key].to_json()}) + "\n")
                             sink.flush()
