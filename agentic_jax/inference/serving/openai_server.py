@@ -364,10 +364,14 @@ class OpenAIServer:
                     "server_error",
                     code="server_busy",
                 )
+            # Freed before the response's last bytes go out (`_Handler.finish_generating`), so a
+            # client that has its answer can send the next request at once.
+            h.finish_generating = _Slot(self._generating).release
             try:
                 fn(h, body)
             finally:
-                self._generating.release()
+                h.finish_generating()
+                h.finish_generating = _nothing
 
         return limited
 
@@ -544,6 +548,22 @@ def _total(done: list[Generation]) -> dict:
     return {k: sum(u[k] for u in usages) for k in usages[0]}
 
 
+class _Slot:
+    """A generating request's place under the concurrency limit, freed once."""
+
+    def __init__(self, semaphore: threading.BoundedSemaphore):
+        self.semaphore, self.held = semaphore, True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.semaphore.release()
+
+
+def _nothing() -> None:
+    pass
+
+
 class _LazyStream:
     """Server-sent events over chunked encoding, started by the first event, so that an error
     before any output can still be answered with a proper status."""
@@ -569,6 +589,7 @@ class _LazyStream:
         self._write(f"data: {text}\n\n".encode())
 
     def close(self) -> None:
+        self.handler.finish_generating()
         self.send("[DONE]")
         self.handler.wfile.write(b"0\r\n\r\n")
         self.handler.wfile.flush()
@@ -581,6 +602,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     api: OpenAIServer
     stream: _LazyStream | None = None
+    finish_generating = staticmethod(_nothing)  # frees a generating request's slot
 
     def __getattr__(self, name: str):
         if name.startswith("do_"):
@@ -588,6 +610,7 @@ class _Handler(BaseHTTPRequestHandler):
         raise AttributeError(name)
 
     def send_json(self, status: int, body: dict) -> None:
+        self.finish_generating()
         data = json.dumps(body, ensure_ascii=False).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
