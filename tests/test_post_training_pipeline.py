@@ -5,6 +5,7 @@ import json
 import shutil
 import sys
 
+import gin
 import pytest
 from killed_runs import kill_when_exists
 from tiny_tasks import TINY_PIPELINE
@@ -12,6 +13,8 @@ from tiny_tasks import TINY_PIPELINE
 from agentic_jax import config as gin_config
 from agentic_jax.cli import main
 from agentic_jax.config import config_dir
+from agentic_jax.post_training.pipeline import evaluate_run
+from agentic_jax.post_training.tasks import TaskSpec
 from agentic_jax.training.metrics import read_metrics
 
 RL_STEPS = 4
@@ -55,6 +58,18 @@ def test_quickstart_pipeline_writes_every_stage_and_the_report_and_survives_sigk
         weighted = sum(row["problems"] * row[f"success_{model}"] for row in slices.values())
         assert weighted / 2 == pytest.approx(report[when]["success"])
     assert {"reward_mean", "success_rate", "response_length"} <= report["rl_curves"][-1].keys()
+    # Retention: both models on SFT's held-out problems too, by slice, the paired difference in
+    # its interval.
+    kept = report["retention"]
+    low, high = kept["success_ci95"]
+    assert low <= kept["success_difference"] <= high
+    assert kept["success_difference"] == pytest.approx(kept["success_rl"] - kept["success_sft"])
+    problems = sum(row["problems"] for row in kept["by_slice"].values())
+    for model in ("sft", "rl"):
+        weighted = sum(
+            row["problems"] * row[f"success_{model}"] for row in kept["by_slice"].values()
+        )
+        assert weighted / problems == pytest.approx(kept[f"success_{model}"])
     assert (workdir / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # Running the command again finds every stage done and only re-evaluates.
     assert main(_args(workdir)) == 0
@@ -68,6 +83,12 @@ def test_quickstart_pipeline_writes_every_stage_and_the_report_and_survives_sigk
     kill_when_exists(cli, killed / "rl" / "checkpoints" / "2")
     assert main(_args(killed)) == 0
     assert _outputs(killed) == _outputs(workdir)
+    # A kept evaluation is reused only for the same problems, samples and seed.
+    with gin.config_scope("rl"):
+        spec = TaskSpec()
+    kept = json.loads((workdir / "sft" / "heldout_eval.json").read_text())
+    assert evaluate_run(str(workdir / "sft"), spec, 2, 0) == kept
+    assert evaluate_run(str(workdir / "sft"), spec, 1, 0)["samples"] == 1
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in config_dir().glob("*.gin")))

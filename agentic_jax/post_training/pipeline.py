@@ -17,6 +17,7 @@ continues where it stopped (stages resume from their own checkpoints too).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -64,13 +65,20 @@ def task_tokenizer(
     train_tokenizer(path, files=files + [text], vocab_size=vocab_size)
 
 
-def evaluate_run(run_dir: str, tasks: TaskSpec, samples: int, seed: int) -> dict:
-    """Held-out metrics (and per-task greedy successes) of a run's model, kept in
-    ``run_dir/heldout_eval.json`` so that a rerun of the pipeline does not evaluate again."""
-    path = os.path.join(run_dir, "heldout_eval.json")
+def evaluate_run(
+    run_dir: str, tasks: TaskSpec, samples: int, seed: int, name: str = "heldout_eval"
+) -> dict:
+    """Held-out metrics (and per-task greedy successes) of a run's model on ``tasks``, kept in
+    ``run_dir/<name>.json`` so that a rerun of the pipeline does not evaluate again; a kept
+    result of other problems, samples or seed is evaluated anew."""
+    path = os.path.join(run_dir, f"{name}.json")
+    problems = [(t.prompt[-1].content, t.answer) for t in tasks.tasks("heldout")]
+    setting = hashlib.sha256(json.dumps([problems, samples, seed]).encode()).hexdigest()[:16]
     if os.path.exists(path):
         with open(path) as f:
-            return json.load(f)
+            kept = json.load(f)
+        if kept.get("setting") == setting:
+            return kept
     config, params, tokenizer = load_checkpoint(run_dir)
     result = evaluate_policy(
         params, config, tasks.env(tokenizer, "heldout"), samples=samples, key=jax.random.key(seed)
@@ -80,6 +88,7 @@ def evaluate_run(run_dir: str, tasks: TaskSpec, samples: int, seed: int) -> dict
         "per_task_success": result.success.astype(int).tolist(),
         "per_task_sampled_correct": result.sampled_correct.tolist(),
         "samples": samples,
+        "setting": setting,
     }
     with open(path, "w") as f:
         json.dump(out, f)
@@ -133,6 +142,15 @@ def by_slice(tasks: TaskSpec, before: dict, after: dict, samples: int) -> dict:
     return out
 
 
+def _print_slices(slices: dict) -> None:
+    for name, row in slices.items():
+        print(
+            f"  {name} ({row['problems']} problems): greedy {row['success_sft']:.3f} -> "
+            f"{row['success_rl']:.3f}, pass@1 {row['pass@1_sft']:.3f} -> {row['pass@1_rl']:.3f}",
+            flush=True,
+        )
+
+
 @gin.configurable
 def post_training(
     workdir: str,
@@ -149,7 +167,8 @@ def post_training(
 
     The stages' own settings come from gin: ``train.*`` (pretraining), ``train_sft.*`` and
     ``train_rl.*``; their ``tasks`` are ``sft_tasks`` and ``rl_tasks``.  The SFT and the RL model
-    are evaluated on ``rl_tasks``' held-out problems.  The tokenizer is fit on
+    are evaluated on ``rl_tasks``' held-out problems, and on ``sft_tasks``' (``retention``: what
+    RL kept of what SFT learned, the easier slices RL did not train on included).  The tokenizer is fit on
     ``tokenizer_corpus`` (default: the shipped corpus) plus the train conversations of the tasks
     and of ``tokenizer_tasks`` (more of the family than SFT and RL train on: their numbers then
     get tokens of their own).
@@ -185,6 +204,13 @@ def post_training(
         paired_with=np.divide(before["per_task_sampled_correct"], eval_samples),
         seed=seed,
     )
+    kept = [
+        evaluate_run(stage[name], sft_tasks, eval_samples, seed, "sft_heldout_eval")
+        for name in ("sft", "rl")
+    ]
+    retention = bootstrap_ci(
+        kept[1]["per_task_success"], paired_with=kept[0]["per_task_success"], seed=seed
+    )
     records = read_metrics(os.path.join(stage["rl"], "metrics.jsonl"))
     report = {
         "before_rl": before,
@@ -196,6 +222,13 @@ def post_training(
             "pass@1_ci95": list(sampled[1:]),
         },
         "by_slice": by_slice(rl_tasks, before, after, eval_samples),
+        "retention": {
+            "success_sft": kept[0]["success"],
+            "success_rl": kept[1]["success"],
+            "success_difference": retention[0],
+            "success_ci95": list(retention[1:]),
+            "by_slice": by_slice(sft_tasks, *kept, eval_samples),
+        },
         "rl_curves": [
             {k: r[k] for k in r if k == "step" or k in dict(CURVES) or k.startswith("eval_")}
             for r in records
@@ -217,12 +250,14 @@ def post_training(
             f"95% CI [{low:+.3f}, {high:+.3f}]",
             flush=True,
         )
-    for name, row in report["by_slice"].items():
-        print(
-            f"  {name} ({row['problems']} problems): greedy {row['success_sft']:.3f} -> "
-            f"{row['success_rl']:.3f}, pass@1 {row['pass@1_sft']:.3f} -> {row['pass@1_rl']:.3f}",
-            flush=True,
-        )
+    _print_slices(report["by_slice"])
+    mean, low, high = retention
+    print(
+        f"SFT's held-out problems (retention): greedy {kept[0]['success']:.3f} (SFT) -> "
+        f"{kept[1]['success']:.3f} (RL), difference {mean:+.3f}, 95% CI [{low:+.3f}, {high:+.3f}]",
+        flush=True,
+    )
+    _print_slices(report["retention"]["by_slice"])
     print(
         f"tool calls per episode {before['tool_calls']:.2f} -> {after['tool_calls']:.2f}",
         flush=True,
