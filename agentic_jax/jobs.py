@@ -2,7 +2,8 @@
 
 Pretraining (``training.loop.train``) unless the config names another job: the main
 pipeline ``@post_training``, or one stage of it (``@train_sft``, ``@train_rl``,
-``@train_preference``, ``@train_reward_model``, ``@train_rft``).
+``@train_preference``, ``@train_reward_model``, ``@train_rft``), or a retrieval model
+(``@train_encoder``, ``@train_reranker``).
 """
 
 from __future__ import annotations

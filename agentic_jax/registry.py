@@ -22,6 +22,9 @@ import agentic_jax.post_training.pipeline
 import agentic_jax.post_training.preference
 import agentic_jax.post_training.rft
 import agentic_jax.reasoning
+import agentic_jax.retrieval
+import agentic_jax.retrieval.encoders
+import agentic_jax.retrieval.rerank
 import agentic_jax.training.loop
 import agentic_jax.training.optim  # noqa: F401
 import sharding  # noqa: F401

@@ -127,6 +127,7 @@ DEFAULT_TABLE = (
     ("layers", None),
     ("norm", None),
     ("lora_rank", None),  # LoRA adapters' rank r: small, kept whole
+    ("retrieval_embed", None),  # a retrieval encoder's projected embedding: small, kept whole
     ("exp", "expert"),
     ("activation_batch", ("data", "fsdp")),
     ("activation_length", "sequence"),

@@ -1,6 +1,8 @@
 """Test helper: a training workdir's layout (``model/`` + ``tokenizer.json``) with a random model."""
 
 import os
+import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -58,7 +60,13 @@ def task_model_dir(path, *, max_seq_len: int, n_layers: int = 1, seed: int = 0):
     """A run directory (``model/`` + ``tokenizer.json``) holding a random d=32 model over
     :func:`task_tokenizer`, for post-training trainers to start from.  Returns
     ``(config, params, tokenizer)``."""
-    tokenizer = task_tokenizer(path)
+    return _random_model(
+        path, task_tokenizer(path), max_seq_len=max_seq_len, n_layers=n_layers, seed=seed
+    )
+
+
+def _random_model(path, tokenizer, *, max_seq_len, n_layers=1, seed=0, init_std=0.02):
+    """A random d=32 model over ``tokenizer``, saved as ``path/model``."""
     config = TransformerConfig(
         vocab_size=tokenizer.vocab_size,
         d_model=32,
@@ -68,6 +76,7 @@ def task_model_dir(path, *, max_seq_len: int, n_layers: int = 1, seed: int = 0):
         head_dim=16,
         d_ff=64,
         max_seq_len=max_seq_len,
+        init_std=init_std,
     )
     params = init_params(config, jax.random.key(seed))
     save_model(path / "model", config, params)
@@ -80,3 +89,51 @@ def changed_weights(base_dir, merged_dir) -> set[str]:
     _, merged = load_model(merged_dir)
     differs = jax.tree.map(lambda a, b: not np.array_equal(a, b), base, merged)
     return {path_str(path) for path, d in jax.tree_util.tree_leaves_with_path(differs) if d}
+
+
+def retrieval_model_dir(path, *, max_seq_len: int = 64, init_std: float = 0.02):
+    """A run directory holding a random d=32 model over a 1000-token BPE of the tiny corpus
+    (common words are one token each, as :func:`dictionary_splits` needs).  Returns
+    ``(config, params, tokenizer)``."""
+    tokenizer = train_tokenizer(path / "tokenizer.json", files=[CORPUS], vocab_size=1000)
+    return _random_model(path, tokenizer, max_seq_len=max_seq_len, init_std=init_std)
+
+
+def _words(words) -> str:
+    """Words each after a space, so each is the one token it is after a space."""
+    return "".join(f" {w}" for w in words)
+
+
+def dictionary_splits(
+    tokenizer, *, words: int = 8, hard_negatives: int = 1, translate: bool = True, seed: int = 0
+):
+    """A retrieval task an untrained encoder is at chance on and a few steps learn: a passage is
+    five words of one list, its query the counterparts (same position in a second list, sharing
+    no token with the first) of three of them, so only a learned dictionary matches the two;
+    with ``translate=False``, three of its own words (a lexical match).  ``{"train": 200 queries,
+    "heldout": 60}``, one query per passage, as ``RetrievalSplit``s."""
+    from agentic_jax.retrieval.training_data import RetrievalSplit
+
+    vocab = sorted(set(re.findall(r"[a-z]{4,}", pathlib.Path(CORPUS).read_text())))
+    single = [w for w in vocab if len(tokenizer.encode(f" {w}")) == 1]
+    chosen = np.random.default_rng(seed).permutation(single)[: 2 * words]
+    query_words, passage_words = chosen[:words], chosen[words:]
+    if not translate:
+        query_words = passage_words
+    rng = np.random.default_rng(seed)
+
+    def split(n):
+        picks = [rng.choice(words, 5, replace=False) for _ in range(n)]
+        negatives = [
+            rng.choice(np.delete(np.arange(n), i), hard_negatives, replace=False) for i in range(n)
+        ]
+        return RetrievalSplit(
+            passages=tuple(_words(passage_words[p]) for p in picks),
+            documents=tuple(str(i) for i in range(n)),
+            queries=tuple(_words(query_words[rng.choice(p, 3, replace=False)]) for p in picks),
+            kinds=("dictionary",) * n,
+            positives=np.arange(n, dtype=np.int32),
+            hard_negatives=np.asarray(negatives, np.int32),
+        )
+
+    return {"train": split(200), "heldout": split(60)}

@@ -25,9 +25,10 @@ names of other hosts) are accepted and not used; any other key is an error, so a
 
 **Selection** scores each skill's text (name, description, examples, instructions) against the
 task with Okapi BM25 (Robertson & Zaragoza 2009, *The Probabilistic Relevance Framework: BM25
-and Beyond*) by a :class:`~agentic_jax.agents.tools.retrieval.Retriever`, whose docstring gives the
-formula and tokenisation: whole lowercased words without stemming, English stop words removed.
-Skills that share no word with the task are never selected.
+and Beyond*) by a :class:`~agentic_jax.agents.tools.retrieval.Retriever`, whose index,
+:class:`~agentic_jax.retrieval.BM25`, has the formula and tokenisation in its module
+docstring: whole lowercased words without stemming, English stop words removed. Skills that
+share no word with the task are never selected.
 """
 
 from __future__ import annotations
