@@ -31,6 +31,7 @@ from agentic_jax.eval import arena
 from agentic_jax.eval.judge import PairwiseJudge, position_bias_report
 from agentic_jax.eval.suites import judging
 from agentic_jax.eval.suites.episodes import verifier_id
+from agentic_jax.eval.suites.report import write_files
 
 
 def contestant_dir(name: str) -> str:
@@ -161,7 +162,7 @@ class ArenaSuite(judging.JudgedSuite):
             ),
             "win_rates.png": lambda f: arena.plot_win_rates(names, matrix, f),
         }
-        judging.write_files(out_dir, result, markdown(result), plots)
+        write_files(out_dir, result, markdown(result), plots)
         return result
 
     def _ratings(self, m: int, battles: arena.Battles) -> dict:

@@ -49,8 +49,8 @@ from agentic_jax.eval.suites.judging import (
     answers,
     success_interval,
     table,
-    write_files,
 )
+from agentic_jax.eval.suites.report import write_files
 
 
 def mean_interval(values: Sequence[float], confidence: float, seed: int) -> list | None:

@@ -1,5 +1,5 @@
-"""What the judge and arena suites share: the answers judged, judges that never ask twice, the
-report files.
+"""What the judge and arena suites share: the answers judged, judges that never ask twice,
+Markdown tables.
 
 The answers are an agent `Suite`'s episodes (its problems at held-out seeds, played through the
 harness by `run_suite`, so resumed from ``episodes.jsonl``); each is judged against the
@@ -14,9 +14,8 @@ import dataclasses
 import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
 
 import gin
 
@@ -26,7 +25,6 @@ from agentic_jax.eval.judge import PAIRWISE_PROMPT, JudgePrompt
 from agentic_jax.eval.stats import wilson_interval
 from agentic_jax.eval.suites.episodes import task_id
 from agentic_jax.eval.suites.suite import Suite, prompt_hashes, run_suite
-from agentic_jax.files import atomic_write
 
 WIN = {"A": 1.0, "tie": 0.5, "B": 0.0}  # a verdict as the outcome of the answer shown as A
 
@@ -151,23 +149,3 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     """A Markdown table's lines."""
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
-
-
-def write_files(
-    out_dir: str | Path,
-    result: dict,
-    report: str,
-    plots: Mapping[str, Callable[[IO], None]],
-) -> list[Path]:
-    """Writes ``results.json``, ``report.md`` and each plot (``file name -> draw(file)``)
-    atomically; returns their paths."""
-    out_dir = Path(out_dir)
-    paths = [out_dir / "results.json", out_dir / "report.md"]
-    for path, text in zip(paths, (json.dumps(result, indent=1, sort_keys=True), report)):
-        with atomic_write(path) as f:
-            f.write(text)
-    for name, draw in plots.items():
-        paths.append(out_dir / name)
-        with atomic_write(paths[-1], "wb") as f:
-            draw(f)
-    return paths

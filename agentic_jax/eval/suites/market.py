@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
-from pathlib import Path
 
 import gin
 import numpy as np
@@ -27,7 +26,7 @@ from tqdm import tqdm
 
 from agentic_jax.agents.policies.base import Policy, Usage
 from agentic_jax.data.chat import Message, ToolSpec
-from agentic_jax.files import atomic_write
+from agentic_jax.eval.suites.report import write_files
 
 SYSTEM = (
     "You are a purchasing agent in a shared market with other agents. Buy {need} units of "
@@ -214,14 +213,7 @@ class MarketSuite(MarketConfig):
             "agents": rows,
             "totals": totals,
         }
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for name, text in (
-            ("results.json", json.dumps(result, indent=1, sort_keys=True)),
-            ("report.md", market_markdown(result)),
-        ):
-            with atomic_write(out_dir / name) as f:
-                f.write(text)
+        write_files(out_dir, result, market_markdown(result), {})
         return result
 
 

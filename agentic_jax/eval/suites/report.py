@@ -9,8 +9,11 @@ per-task success with bootstrap intervals.
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -194,20 +197,36 @@ def plot_success(result: dict, path) -> None:
     fig.savefig(path, format="png", dpi=120)
 
 
+def write_files(
+    out_dir: str | Path,
+    result: dict,
+    report: str,
+    plots: Mapping[str, Callable[[IO], None]],
+) -> list[Path]:
+    """Writes ``results.json``, ``report.md`` and each plot (``file name -> draw(file)``) into
+    ``out_dir``, each atomically; returns their paths.  Every suite's report goes through it."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "results.json", out_dir / "report.md"]
+    for path, text in zip(paths, (json.dumps(result, indent=1, sort_keys=True), report)):
+        with atomic_write(path) as f:
+            f.write(text)
+    for name, draw in plots.items():
+        paths.append(out_dir / name)
+        with atomic_write(paths[-1], "wb") as f:
+            draw(f)
+    return paths
+
+
 def write_report(result: dict, out_dir: str | Path) -> list[Path]:
     """Writes ``results.json``, ``report.md``, ``success.png`` and, when calibration was
     measured, ``reliability.png`` (the first variant's); returns their paths."""
-    out_dir = Path(out_dir)
-    paths = [out_dir / "results.json", out_dir / "report.md", out_dir / "success.png"]
-    for path, text in zip(paths, (json.dumps(result, indent=1, sort_keys=True), markdown(result))):
-        with atomic_write(path) as f:
-            f.write(text)
-    with atomic_write(paths[2], "wb") as f:
-        plot_success(result, f)
+    plots = {"success.png": functools.partial(plot_success, result)}
+    paths = write_files(out_dir, result, markdown(result), plots)
     name, section = next(iter(result["calibration"].items()))
     title = f"suite {result['suite']}, {name}"
-    if write_reliability(section, out_dir / "reliability.png", title):
-        paths.append(out_dir / "reliability.png")
+    if write_reliability(section, Path(out_dir) / "reliability.png", title):
+        paths.append(Path(out_dir) / "reliability.png")
     return paths
 
 
