@@ -3,7 +3,9 @@
 Pretraining (``training.loop.train``) unless the config names another job: the main
 pipeline ``@post_training``, or one stage of it (``@train_sft``, ``@train_rl``,
 ``@train_preference``, ``@train_reward_model``, ``@train_rft``), or a retrieval model
-(``@train_encoder``, ``@train_reranker``).
+(``@train_encoder``, ``@train_reranker``, ``@train_ra_rft`` after
+``@measure_demonstration_utilities``), or memory's sleep-time consolidation
+(``@consolidation_job``).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ import agentic_jax.agents.multi_agent.session
 import agentic_jax.agents.policies.search
 import agentic_jax.agents.policies.voting
 import agentic_jax.agents.protocols.a2a_server
+import agentic_jax.agents.rag
 import agentic_jax.agents.session
 import agentic_jax.data.pipeline
 import agentic_jax.data.tokenizer
@@ -16,13 +17,16 @@ import agentic_jax.eval.suites.suite
 import agentic_jax.eval.suites.training_data
 import agentic_jax.inference.serving.engine
 import agentic_jax.jobs
+import agentic_jax.memory
 import agentic_jax.models.config
 import agentic_jax.models.lora
+import agentic_jax.post_training.demonstration_utility
 import agentic_jax.post_training.pipeline
 import agentic_jax.post_training.preference
 import agentic_jax.post_training.rft
 import agentic_jax.reasoning
 import agentic_jax.retrieval
+import agentic_jax.retrieval.distillation
 import agentic_jax.retrieval.encoders
 import agentic_jax.retrieval.rerank
 import agentic_jax.training.loop

@@ -2,12 +2,17 @@
 
 import dataclasses
 
+import gin
 import jax.numpy as jnp
+import numpy as np
 from tiny_models import CORPUS
 
+from agentic_jax.config import parse
 from agentic_jax.envs.text import Arithmetic, Reward, demonstration_actions
+from agentic_jax.post_training.rl import train_rl
 from agentic_jax.post_training.tasks import TaskSpec
 from agentic_jax.reasoning import StepModel
+from agentic_jax.training.metrics import read_metrics
 
 
 class HasDigit(Reward):
@@ -88,3 +93,19 @@ def replay_demonstrations(monkeypatch, env, correct: bool = True) -> None:
         return out
 
     monkeypatch.setattr(StepModel, "expand", expand)
+
+
+def train_rl_config(name: str, bindings, workdir) -> dict:
+    """``train_rl`` under the shipped config ``name`` with test-sized ``bindings``: the last
+    step's metrics, after checking that every step was logged and the loss is finite."""
+    import agentic_jax.registry  # noqa: F401  (registers every configurable; slow, so only here)
+
+    parse([name], list(bindings))
+    try:
+        last = train_rl(str(workdir))
+    finally:
+        gin.clear_config()
+    records = read_metrics(workdir / "metrics.jsonl")
+    assert records and [r["step"] for r in records] == list(range(1, len(records) + 1))
+    assert np.isfinite(last["loss"])
+    return last

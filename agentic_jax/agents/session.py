@@ -2,8 +2,9 @@
 
 A config names a policy (a gin-built one such as ``@agents.ScriptedPolicy()``, or a checkpoint
 served in-process by :class:`JaxPolicy`), built-in tools by name, the loop, its budget and its
-sampling settings; see ``configs/agent_calculator.gin`` and
-``configs/agent_calculator_scripted.gin``.
+sampling settings, and optionally a memory (a store, its write and read policies and MemGPT's
+memory tools, ``agents.tools.memory``); see ``configs/agent_calculator.gin``,
+``configs/agent_calculator_scripted.gin`` and ``configs/agent_memory_scripted.gin``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from agentic_jax.agents.tools.base import Tool
 from agentic_jax.agents.tools.budget import Budget, Pricing
 from agentic_jax.agents.tools.builtin import builtin_tool
 from agentic_jax.agents.tools.executor import Approver, ToolExecutor
+from agentic_jax.agents.tools.memory import AgentMemory, MemoryConfig
 from agentic_jax.envs.text.generators import FORMAT
 
 LOOPS = ("react", "plan_execute")
@@ -45,8 +47,10 @@ class AgentConfig:
     """``policy`` (gin-built) or ``checkpoint``; ``tools`` are built-in tool names;
     ``mcp_servers`` maps names to MCP servers (a command line or an http(s) URL, see
     ``mcp_client.py``) whose tools join them as ``<server>__<tool>``; ``allow`` restricts them
-    further; ``context`` enables context management with that budget; ``task`` is run when no
-    task is given on the command line."""
+    further; ``context`` enables context management with that budget; ``memory`` gives the agent
+    a memory and its tools (core memory lives in the context manager's pinned facts, so memory
+    enables context management, with the default budget if ``context`` is ``None``); ``task`` is
+    run when no task is given on the command line."""
 
     policy: Any = None
     checkpoint: str | None = None
@@ -59,6 +63,7 @@ class AgentConfig:
     pricing: Pricing = Pricing()
     sampling: dict = dataclasses.field(default_factory=dict)
     context: ContextBudget | None = None
+    memory: MemoryConfig | None = None
     task: str | None = None
 
     def __post_init__(self):
@@ -87,21 +92,28 @@ def make_agent(
     approver: Approver | None = None,
     extra_tools: Sequence[Tool] = (),
     mcp_tools: Sequence[Tool] = (),
+    memory: AgentMemory | None = None,
 ) -> Agent:
     """The configured loop; ``extra_tools`` (a host's own, such as the A2A server's) join the
     built-in tools and pass the allow-list; ``mcp_tools`` (the ``mcp_servers``') are subject
-    to it like the built-in ones."""
-    allow = None if config.allow is None else [*config.allow, *(t.name for t in extra_tools)]
-    tools = [*(builtin_tool(name) for name in config.tools), *mcp_tools, *extra_tools]
-    executor = ToolExecutor(tools, allow=allow, approver=approver)
+    to it like the built-in ones.  ``memory`` is ``config.memory`` opened (a session opens it
+    once for all its tasks; opened here when not given); its tools pass the allow-list, since
+    ``MemoryConfig.tools`` chose them."""
     context = None
-    if config.context is not None:
+    if config.context is not None or config.memory is not None:
         count = (
             tokenizer_counter(policy.model.tokenizer)
             if isinstance(policy, JaxPolicy)
             else approx_tokens
         )
-        context = ContextManager(config.context, count)
+        context = ContextManager(config.context or ContextBudget(), count)
+    if config.memory is not None:
+        if memory is None:
+            memory = config.memory.open()
+        extra_tools = [*extra_tools, *memory.tools(context)]
+    allow = None if config.allow is None else [*config.allow, *(t.name for t in extra_tools)]
+    tools = [*(builtin_tool(name) for name in config.tools), *mcp_tools, *extra_tools]
+    executor = ToolExecutor(tools, allow=allow, approver=approver)
     react = ReActAgent(
         policy,
         executor,
@@ -179,23 +191,26 @@ def run_session(
     approver: Approver | None = terminal_approver,
     write: Callable[[str], Any] = print,
 ) -> list[AgentResult]:
-    """Runs each task with a fresh agent (one trace run each), streaming its steps to ``write``."""
+    """Runs each task with a fresh agent (one trace run each), streaming its steps to ``write``;
+    the tasks share the configured memory's store (core memory starts over with each agent)."""
     policy = make_policy(config, checkpoint)
     results = []
-    mcp = None
+    mcp = memory = None
     try:
         mcp = open_mcp_client(config.mcp_servers)
         mcp_tools = mcp.tools() if mcp is not None else []
+        memory = None if config.memory is None else config.memory.open()
         for task in tasks:
             tracer = Tracer(trace_path, sinks=[console_sink(write)], pricing=config.pricing)
-            results.append(
-                make_agent(
-                    config, policy, tracer=tracer, approver=approver, mcp_tools=mcp_tools
-                ).run(task)
+            agent = make_agent(
+                config, policy, tracer=tracer, approver=approver, mcp_tools=mcp_tools, memory=memory
             )
+            results.append(agent.run(task))
     finally:
         if mcp is not None:
             mcp.close()
+        if memory is not None:
+            memory.close()
         if isinstance(policy, JaxPolicy):
             policy.close()
     return results

@@ -15,6 +15,7 @@ import pathlib
 from collections.abc import Sequence
 
 import gin
+import numpy as np
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -97,6 +98,17 @@ class Tokenizer:
         if token_id is None:
             raise KeyError(f"token {token!r} is not in the vocabulary")
         return token_id
+
+    @functools.cached_property
+    def byte_token_ids(self) -> np.ndarray:
+        """``int32 [256]``: the token of each byte alone in a byte-level BPE (GPT-2's byte
+        alphabet, which ``train_tokenizer`` keeps whole).  Spelling text byte by byte needs no
+        merges, so it runs inside jit: a query encoded on the device, a stored text written back
+        into a transcript.  Raises KeyError for a tokenizer without that alphabet."""
+        printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+        shifted = [b for b in range(256) if b not in printable]
+        char = {b: chr(b) for b in printable} | {b: chr(256 + n) for n, b in enumerate(shifted)}
+        return np.asarray([self.token_id(char[b]) for b in range(256)], np.int32)
 
     def _wrap(self, ids: list[int], add_bos: bool, add_eos: bool) -> list[int]:
         for flag, token_id, name in ((add_bos, self.bos_id, "BOS"), (add_eos, self.eos_id, "EOS")):

@@ -156,6 +156,7 @@ class HostTextState:
     length: np.ndarray
     turn: np.ndarray
     reached: np.ndarray  # bool [B, M]: milestones reached, as `TextEnvState.reached`
+    context_start: np.ndarray  # int32 [B]: 0 (no host env spans sessions), as `TextEnvState`'s
 
     def observation(self) -> dict:
         return {
@@ -241,6 +242,7 @@ class HostTextEnv:
             np.zeros(size, np.int32),
             np.zeros(size, np.int32),
             np.zeros((size, self.max_milestones), bool),
+            np.zeros(size, np.int32),
         )
         self._reset_rows(state, np.arange(size), tasks)
         return state.observation(), state

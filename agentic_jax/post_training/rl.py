@@ -57,7 +57,7 @@ from agentic_jax.envs.curriculum import PassRateFilter, PassRateState
 from agentic_jax.envs.host import HostTextEnv
 from agentic_jax.envs.text import Task, TextEnv
 from agentic_jax.inference.decoding.sampling import SamplingParams
-from agentic_jax.models import TransformerConfig
+from agentic_jax.models import TransformerConfig, segment_positions
 from agentic_jax.models.export import load_checkpoint
 from agentic_jax.post_training.common import (
     init_scalar_head,
@@ -237,6 +237,21 @@ def overlong_penalty(lengths, max_length: int, buffer: int) -> np.ndarray:
     return np.clip(((max_length - buffer) - np.asarray(lengths, np.float32)) / buffer, -1.0, 0.0)
 
 
+def _session_context(sessions) -> dict:
+    """The forward's ``segment_ids`` and ``positions`` for rows whose episodes span sessions
+    (`Rollouts.sessions`): each session attends only to itself, from position 0, as the policy
+    saw it when sampling; nothing for ordinary rows (None)."""
+    if sessions is None:
+        return {}
+    return {"segment_ids": sessions, "positions": segment_positions(sessions)}
+
+
+def _sessions(rollouts: Rollouts):
+    """``Rollouts.sessions`` when some episode spans sessions, else None (the plain forward)."""
+    sessions = rollouts.sessions
+    return None if sessions is None or not sessions.any() else jnp.asarray(sessions)
+
+
 def _policy_loss(config: TransformerConfig, algo: RLConfig, max_length: int, teacher=None):
     """The policy's loss: ``policy_coef`` × `rl.policy_loss`, plus ``distill_coef`` × the
     on-policy self-distillation KL towards the teacher's distributions on the same tokens
@@ -245,8 +260,15 @@ def _policy_loss(config: TransformerConfig, algo: RLConfig, max_length: int, tea
     aggregation = rl.DEFAULT_AGGREGATION[algo.loss_type]
 
     def loss(params, batch, key):
-        z = token_logits(params, config, batch["tokens"], temperature=algo.temperature)
-        logp, entropy = logprobs_of(z, batch["tokens"], with_entropy=True)
+        sessions = batch.get("sessions")
+        z = token_logits(
+            params,
+            config,
+            batch["tokens"],
+            temperature=algo.temperature,
+            **_session_context(sessions),
+        )
+        logp, entropy = logprobs_of(z, batch["tokens"], segment_ids=sessions, with_entropy=True)
         kl_in_loss = algo.kl_coef if (algo.kl_coef and not algo.kl_in_reward) else 0.0
         out = rl.policy_loss(
             logp,
@@ -505,7 +527,11 @@ def make_setup(
         critic_optimizer=critic_optimizer,
         update=jax.jit(update),
         critic_update=critic_update,
-        logp_fn=jax.jit(lambda p, t: token_logprobs(p, config, t, temperature=algo.temperature)),
+        logp_fn=jax.jit(
+            lambda p, t, s=None: token_logprobs(
+                p, config, t, temperature=algo.temperature, **_session_context(s)
+            )
+        ),
         values_fn=jax.jit(lambda p, t: token_values(p, config, t)),
         tasks=tuple(tasks),
         reward_model=reward_model,
@@ -642,8 +668,9 @@ def score(setup: RLSetup, learner: Learner, samples: Samples) -> Scores:
     """
     algo, rollouts = setup.algo, samples.rollouts
     tokens = jnp.asarray(rollouts.tokens)
-    old_logp = np.asarray(setup.logp_fn(setup.policy_params(learner), tokens))
-    ref_logp = np.asarray(setup.logp_fn(setup.base, tokens))
+    sessions = _sessions(rollouts)
+    old_logp = np.asarray(setup.logp_fn(setup.policy_params(learner), tokens, sessions))
+    ref_logp = np.asarray(setup.logp_fn(setup.base, tokens, sessions))
     verifier = (rollouts.turn_rewards * rollouts.turn_mask).sum(axis=1).astype(np.float32)
     rewards, model_rewards = verifier, None
     if setup.reward_model is not None:
@@ -751,6 +778,8 @@ def advantages(
             ).reshape(returns.shape)
         adv = rl.spread_over_turns(turn_adv, spans, length)
     batch = {"tokens": tokens, "mask": mask, "old_logp": jnp.asarray(scores.old_logp)}
+    if (sessions := _sessions(rollouts)) is not None:
+        batch["sessions"] = sessions
     if algo.kl_coef and not algo.kl_in_reward:
         batch["ref_logp"] = jnp.asarray(scores.ref_logp)
     off_policy = {}

@@ -6,7 +6,9 @@ unfinished row with the KV-cache decoder (``inference.decoding.generate``: a jit
 ``while_loop``; the transcripts are right-padded prompts of the env's fixed ``max_length``, so
 every turn of every call reuses one compiled program), and the environment executes tool calls
 or scores the answer: the jitted ``TextEnv.step_env``, or the host-side ``HostTextEnv.step_env``
-whose tools run in Python (the sandbox, any function) between decode segments.  Finished rows are
+whose tools run in Python (the sandbox, any function) between decode segments.  The policy sees
+``tokens[context_start:length]``: the whole transcript, unless the env cleared the context for
+a new session (``envs.text.MemoryEnv``); ``sessions`` then marks each token's session.  Finished rows are
 frozen (no auto-reset): the final transcript of row ``b`` is ``tokens[b, :length[b]]`` with the
 policy's own tokens marked by ``loss_mask`` -- a training row for ``rl.policy_loss`` as it stands.
 
@@ -54,6 +56,9 @@ class Rollouts(NamedTuple):
     turn_mask: np.ndarray  # int32 [B, K]: 1 on the turns the episode took
     milestones: np.ndarray  # int32 [B, K]: milestones reached after each turn (a potential)
     generation_seconds: float
+    # int32 [B, L]: the session of each token (all 0 unless episodes span sessions: then the
+    # learner scores each session in its own context, as it was sampled; `envs.text.MemoryEnv`)
+    sessions: np.ndarray | None = None
 
     @property
     def response_length(self) -> np.ndarray:
@@ -88,6 +93,17 @@ class Rollouts(NamedTuple):
         return np.asarray(values).reshape(-1, group_size)
 
 
+def _context(state) -> tuple[np.ndarray, np.ndarray]:
+    """What the policy sees of each row: ``tokens[context_start:length]`` moved to the front
+    (the whole transcript unless an episode's context was cleared for a new session)."""
+    tokens, length = np.asarray(state.tokens), np.asarray(state.length)
+    start = np.asarray(state.context_start)
+    if not start.any():
+        return tokens, length
+    index = np.minimum(np.arange(tokens.shape[1])[None] + start[:, None], tokens.shape[1] - 1)
+    return np.take_along_axis(tokens, index, axis=1), length - start
+
+
 def _freeze(active: np.ndarray, new, old):
     """``new`` on the rows still playing, ``old`` on finished ones (numpy or jax states)."""
 
@@ -106,7 +122,7 @@ def _engine_turn(engine: Engine, state, active, sampling, key, action_length, pa
 
     Each row's request carries a seed drawn from ``key``, so its tokens depend on the row and the
     key alone, not on how the engine batched it."""
-    tokens, length = np.asarray(state.tokens), np.asarray(state.length)
+    tokens, length = _context(state)
     b = tokens.shape[0]
     seeds = np.asarray(jax.random.randint(key, (b,), 0, 2**31 - 1))
     rows = np.flatnonzero(active)
@@ -186,6 +202,7 @@ def collect(
     turn_rewards = np.zeros((b, max_turns), np.float32)
     turn_spans = np.zeros((b, max_turns, 2), np.int32)
     milestones = np.zeros((b, max_turns), np.int32)
+    sessions = np.zeros((b, env.max_length), np.int32)
     engine = None
     if backend == "engine":
         engine_config = EngineConfig(
@@ -199,13 +216,12 @@ def collect(
         turn_key, step_key = jax.random.split(jax.random.fold_in(key, turn))
         start = time.perf_counter()
         if callable(backend):
-            actions, sampled_logp = backend(
-                np.asarray(state.tokens), np.asarray(state.length), ~done, turn_key
-            )
+            actions, sampled_logp = backend(*_context(state), ~done, turn_key)
             actions, sampled_logp = np.asarray(actions, np.int32), np.asarray(sampled_logp)
         elif engine is None:
+            context, context_length = _context(state)
             prompts = PromptBatch(
-                jnp.asarray(state.tokens), jnp.zeros((b,), jnp.int32), jnp.asarray(state.length)
+                jnp.asarray(context), jnp.zeros((b,), jnp.int32), jnp.asarray(context_length)
             )
             result = generate(
                 params,
@@ -227,6 +243,9 @@ def collect(
         _, new_state, r, term, trunc, info = step(
             jax.random.split(step_key, b), state, actions, env_params
         )
+        new_start = np.asarray(new_state.context_start)
+        for row in np.flatnonzero(~done & (new_start != np.asarray(state.context_start))):
+            sessions[row, new_start[row] :] += 1  # a new session: a segment of its own
         state = _freeze(~done, new_state, state)
         r, term, trunc, tool = (np.asarray(x) for x in (r, term, trunc, info["tool_call"]))
         active = ~done
@@ -262,4 +281,5 @@ def collect(
         turn_mask,
         milestones,
         gen_seconds,
+        sessions,
     )

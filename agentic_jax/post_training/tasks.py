@@ -19,9 +19,11 @@ from agentic_jax.envs.host import HostTextEnv
 from agentic_jax.envs.text import (
     Arithmetic,
     ByFamily,
+    CorpusQA,
     Countdown,
     Generator,
     MultiHop,
+    MultiSessionRecall,
     TextEnv,
     TurnRewards,
     task_env,
@@ -30,6 +32,8 @@ from agentic_jax.envs.text import (
 gin.external_configurable(Arithmetic, module="agentic_jax.envs.text")
 gin.external_configurable(Countdown, module="agentic_jax.envs.text")
 gin.external_configurable(MultiHop, module="agentic_jax.envs.text")
+gin.external_configurable(CorpusQA, module="agentic_jax.envs.text")
+gin.external_configurable(MultiSessionRecall, module="agentic_jax.envs.text")
 gin.external_configurable(TurnRewards, module="agentic_jax.envs.text")
 gin.external_configurable(Coding, module="agentic_jax.envs.coding")
 

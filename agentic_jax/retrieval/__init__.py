@@ -1,6 +1,7 @@
 """Retrieval for retrieval-augmented generation: documents and chunkers, indexes, encoders trained
 in JAX, fusion and reranking (see docs/retrieval.md)."""
 
+from agentic_jax.retrieval.approximate import ApproximateIndex  # usearch imported when used
 from agentic_jax.retrieval.chunking import (
     Chunk,
     Chunker,
@@ -28,6 +29,7 @@ from agentic_jax.retrieval.sparse import BM25
 __all__ = [
     "BM25",
     "RRF_K",
+    "ApproximateIndex",
     "Chunk",
     "Chunker",
     "DenseIndex",

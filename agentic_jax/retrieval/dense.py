@@ -34,7 +34,6 @@ from agentic_jax.files import atomic_write
 from agentic_jax.retrieval.retriever import Hit, check_k, ranked
 
 METRICS = ("cosine", "dot")
-FORMAT = "agentic_jax.retrieval.DenseIndex/1"
 MANIFEST = "manifest.json"
 
 
@@ -123,6 +122,8 @@ class DenseIndex:
     rows and the manifest; ``load`` gives back an index that searches identically.
     """
 
+    FORMAT = "agentic_jax.retrieval.DenseIndex/1"
+
     def __init__(
         self,
         dim: int | None = None,
@@ -184,7 +185,12 @@ class DenseIndex:
 
     def add(self, ids: Sequence[str], embeddings) -> None:
         """New rows; an id already present is an error (``update`` it)."""
-        ids, vectors = self._checked(ids, embeddings)
+        self._append(*self._checked(ids, embeddings))
+        self._changed()
+
+    def _append(self, ids: list[str], vectors: np.ndarray) -> None:
+        """Rows for new ids, the version unchanged (``load`` restores it; a subclass's ``add``
+        does more than this)."""
         present = [i for i in ids if i in self._rows]
         if present:
             raise KeyError(f"already in the index: {present[:5]}")
@@ -193,7 +199,6 @@ class DenseIndex:
         self._vectors[start : start + len(ids)] = vectors
         self._ids += ids
         self._rows.update(zip(ids, range(start, start + len(ids))))
-        self._changed()
 
     def update(self, ids: Sequence[str], embeddings) -> None:
         """New embeddings for present ids, which keep their rows."""
@@ -231,14 +236,18 @@ class DenseIndex:
             self._device = jax.device_put((self._vectors, valid), where)
         return self._device
 
-    def search_embeddings(self, queries, k: int) -> list[list[Hit]]:
-        """The (at most) ``k`` best hits for each row of ``queries`` (``[Q, dim]``)."""
+    def _checked_queries(self, queries, k: int) -> np.ndarray:
         check_k(k)
         queries = np.asarray(queries, np.float32)
         if queries.ndim != 2 or queries.shape[1] != (self.dim or queries.shape[1]):
             raise ValueError(f"need [Q, {self.dim}] queries, got {queries.shape}")
         if not np.isfinite(queries).all():
             raise ValueError("queries must be finite")
+        return queries
+
+    def search_embeddings(self, queries, k: int) -> list[list[Hit]]:
+        """The (at most) ``k`` best hits for each row of ``queries`` (``[Q, dim]``)."""
+        queries = self._checked_queries(queries, k)
         k = min(k, len(self))
         if k == 0:
             return [[] for _ in queries]
@@ -257,23 +266,41 @@ class DenseIndex:
         crash leaves the previous index readable.  Older ``vectors-*.npz`` are then removed."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        name = f"vectors-{self.version}.npz"
-        ids = self.ids
-        with atomic_write(path / name, "wb") as f:
-            np.savez(f, vectors=self.embeddings(ids))
-        manifest = dict(
-            format=FORMAT,
-            version=self.version,
-            metric=self.metric,
-            dim=self.dim,
-            ids=ids,
-            vectors=name,
-        )
+        files = self._write_files(path)
         with atomic_write(path / MANIFEST, encoding="utf-8") as f:
-            json.dump(manifest, f)
-        for old in path.glob("vectors-*.npz"):
-            if old.name != name:
-                old.unlink(missing_ok=True)
+            json.dump({**self._manifest(), **files}, f)
+        for field, name in files.items():
+            for old in path.glob(f"{field}-*{Path(name).suffix}"):
+                if old.name != name:
+                    old.unlink(missing_ok=True)
+
+    def _write_files(self, path: Path) -> dict[str, str]:
+        """Writes the files the manifest names, atomically: ``{field: file name}``, each name
+        ``<field>-<version><suffix>`` (older ones are removed once the manifest is written)."""
+        name = f"vectors-{self.version}.npz"
+        with atomic_write(path / name, "wb") as f:
+            np.savez(f, vectors=self.embeddings(self.ids))
+        return {"vectors": name}
+
+    def _manifest(self) -> dict[str, Any]:
+        return dict(
+            format=self.FORMAT, version=self.version, metric=self.metric, dim=self.dim, ids=self.ids
+        )
+
+    @classmethod
+    def _read_manifest(cls, path: Path) -> dict[str, Any]:
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        if manifest.get("format") != cls.FORMAT:
+            raise ValueError(f"{path / MANIFEST} is not a {cls.FORMAT} manifest")
+        return manifest
+
+    def _restore(self, path: Path, manifest: dict[str, Any]) -> None:
+        """The rows and version of a manifest ``_read_manifest`` read from ``path``."""
+        with np.load(path / manifest["vectors"]) as data:
+            vectors = data["vectors"]
+        if manifest["ids"]:
+            self._append(*self._checked(manifest["ids"], vectors))
+        self.version = manifest["version"]
 
     @classmethod
     def load(
@@ -282,22 +309,17 @@ class DenseIndex:
         """The index ``save`` wrote to ``path``, placed on ``mesh`` (which may differ from the
         one it was saved from)."""
         path = Path(path)
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-        if manifest.get("format") != FORMAT:
-            raise ValueError(f"{path / MANIFEST} is not a {FORMAT} manifest")
-        with np.load(path / manifest["vectors"]) as data:
-            vectors = data["vectors"]
+        manifest = cls._read_manifest(path)
         index = cls(manifest["dim"], metric=manifest["metric"], mesh=mesh, axes=axes)
-        if manifest["ids"]:
-            index.add(manifest["ids"], vectors)
-        index.version = manifest["version"]
+        index._restore(path, manifest)
         return index
 
 
 @gin.configurable(module="retrieval")
 class DenseRetriever:
-    """Text search over a :class:`DenseIndex`: ``encode`` (a list of strings to an ``[n, D]``
-    array; any encoder) embeds the query."""
+    """Text search over a :class:`DenseIndex` (exact) or an ``ApproximateIndex`` (one, searched
+    through its HNSW graph): ``encode`` (a list of strings to an ``[n, D]`` array; any encoder)
+    embeds the query."""
 
     def __init__(self, index: DenseIndex, encode: Callable[[list[str]], Any]):
         self.index, self.encode = index, encode

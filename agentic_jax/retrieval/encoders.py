@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 
 import gin
 import jax
@@ -111,6 +112,11 @@ def similarity(pooling: str, q, q_mask, p, p_mask) -> jax.Array:
     return q @ p.T
 
 
+def prefix_similarity(pooling: str, dim: int, q, q_mask, p, p_mask) -> jax.Array:
+    """:func:`similarity` of the embeddings' Matryoshka prefixes ``t_dim(q)``, ``t_dim(p)``."""
+    return similarity(pooling, truncate(q, dim), q_mask, truncate(p, dim), p_mask)
+
+
 def info_nce(scores, ids, temperature: float, *, mask_duplicates: bool = True) -> jax.Array:
     """``ℓ [B]``: InfoNCE of ``scores [B, C]`` (C ≥ B) whose column ``i`` is query ``i``'s
     positive; ``ids [C]`` name each column's passage, and a column repeating query ``i``'s
@@ -154,9 +160,7 @@ def encoder_loss(
         p = embed(params, config, encoder, columns(batch["passages"]), p_mask)
         total, sums = 0.0, {}
         for dim in dims:
-            scores = similarity(
-                encoder.pooling, truncate(q, dim), batch["query_mask"], truncate(p, dim), p_mask
-            )
+            scores = prefix_similarity(encoder.pooling, dim, q, batch["query_mask"], p, p_mask)
             sums[f"loss_dim{dim}"] = jnp.sum(info_nce(scores, columns(batch["ids"]), temperature))
             total = total + sums[f"loss_dim{dim}"]
         rows = q.shape[0]
@@ -169,10 +173,12 @@ def encoder_loss(
 _embed = jax.jit(embed, static_argnums=(1, 2))
 
 
+_scores = jax.jit(prefix_similarity, static_argnums=(0, 1))
+
+
 @functools.partial(jax.jit, static_argnames=("pooling", "dim", "k"))
 def _top_k(q, q_mask, p, p_mask, *, pooling: str, dim: int, k: int):
-    scores = similarity(pooling, truncate(q, dim), q_mask, truncate(p, dim), p_mask)
-    return jax.lax.top_k(scores, k)[1]
+    return jax.lax.top_k(prefix_similarity(pooling, dim, q, q_mask, p, p_mask), k)[1]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -209,12 +215,51 @@ class Encoder:
     def encode_passages(self, texts, *, dim: int | None = None):
         return self.encode(texts, query=False, dim=dim)
 
+    def embed_texts(self, queries, passages):
+        """``(q, q_mask, p, p_mask)``: the embeddings of ``queries`` and ``passages`` (per token
+        for late interaction) beside their token masks."""
+        q, q_mask = self.rows(queries, query=True)
+        p, p_mask = self.rows(passages, query=False)
+        return self.embed_rows(q, q_mask), q_mask, self.embed_rows(p, p_mask), p_mask
+
+    def scores(self, queries, passages, *, dim: int | None = None) -> np.ndarray:
+        """``[Q, N]``: ``s(q, p)`` of every query against every passage at the prefix ``dim``
+        (default the full width)."""
+        q, q_mask, p, p_mask = self.embed_texts(queries, passages)
+        fn = functools.partial(
+            _scores, self.encoder.pooling, dim or self.dims[-1], p=p, p_mask=p_mask
+        )
+        return map_rows(fn, [q, q_mask], self.batch_size)
+
+    def text_query_encoder(self, dim: int | None = None):
+        """A jittable ``text -> [dim]`` query embedding of a byte string ``text`` (``.data``
+        ``uint8 [S]``, ``.length``: an ``envs.text.Text``), for ``envs.text.DenseSearch`` over
+        this encoder's passage embeddings, so the search runs inside a jitted environment step.
+        BPE merges do not run in jit, so the query is read one byte token at a time
+        (`Tokenizer.byte_token_ids`): the same text as `encode_queries` sees, tokenised more finely
+        than in training, which costs some recall; `encode_queries` on the host is exact."""
+        if self.encoder.pooling == "tokens":
+            raise ValueError("a late-interaction encoder has no single query vector")
+        byte_ids = jnp.asarray(self.tokenizer.byte_token_ids)
+        length = self.encoder.query_length
+        bos, eos = self.tokenizer.bos_id, self.tokenizer.eos_id
+
+        def encode(text):
+            n = jnp.minimum(jnp.minimum(text.length, text.data.shape[0]), length - 2)
+            position = jnp.arange(length)
+            body = byte_ids[text.data[jnp.clip(position - 1, 0, text.data.shape[0] - 1)]]
+            tokens = jnp.where(position == 0, bos, jnp.where(position == n + 1, eos, body))
+            mask = position <= n + 1
+            tokens = jnp.where(mask, tokens, 0)
+            vector = embed(self.params, self.config, self.encoder, tokens[None], mask[None])[0]
+            return vector if dim is None else truncate(vector, dim)
+
+        return encode
+
     def recall(self, split: RetrievalSplit, k: int = RECALL_K) -> dict[str, float]:
         """Recall@k of ``split``'s queries over its passages at every trained prefix:
         ``recall@k`` (full width) and ``recall@k_dim<m>``."""
-        q, q_mask = self.rows(split.queries, query=True)
-        p, p_mask = self.rows(split.passages, query=False)
-        q, p = self.embed_rows(q, q_mask), self.embed_rows(p, p_mask)
+        q, q_mask, p, p_mask = self.embed_texts(split.queries, split.passages)
         k = min(k, len(split.passages))
         out = {}
         for dim in self.dims:
@@ -225,6 +270,12 @@ class Encoder:
             hits = float(np.mean(np.any(ranked == split.positives[:, None], axis=1)))
             out[f"recall@{k}" if dim == self.dims[-1] else f"recall@{k}_dim{dim}"] = hits
         return out
+
+
+def encoder_info(encoder: EncoderConfig, dims: Sequence[int], **extra) -> dict:
+    """What a run saves beside an encoder's head for :func:`load_encoder`: its
+    ``EncoderConfig`` and trained prefixes, and the trainer's ``extra`` fields."""
+    return {"encoder": dataclasses.asdict(encoder), "dims": list(dims), **extra}
 
 
 def load_encoder(run_dir) -> Encoder:
@@ -295,9 +346,5 @@ def train_encoder(
         evaluate=evaluate,
         settings=settings,
         name=HEAD,
-        info={
-            "encoder": dataclasses.asdict(encoder),
-            "dims": list(dims),
-            "temperature": temperature,
-        },
+        info=encoder_info(encoder, dims, temperature=temperature),
     )

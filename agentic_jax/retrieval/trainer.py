@@ -1,5 +1,5 @@
 """The run directory and loop of the retrieval trainers (``encoders.train_encoder``,
-``rerank.train_reranker``), configured by :class:`TrainSettings`.
+``rerank.train_reranker``, ``distillation.train_ra_rft``), configured by :class:`TrainSettings`.
 
 A run writes, like a post-training run::
 

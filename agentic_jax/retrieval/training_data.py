@@ -59,6 +59,12 @@ class RetrievalSplit:
     hard_negatives: np.ndarray
 
 
+def is_heldout(text: str, every: int) -> bool:
+    """Whether ``text`` is held out: the SHA-256 of its text is 0 modulo ``every``.  A hash, not a
+    position, so a split does not depend on the order or number of the texts around it."""
+    return int(hashlib.sha256(text.encode()).hexdigest(), 16) % every == 0
+
+
 def title_of(text: str) -> str | None:
     """A document's first line as a title (Markdown ``#`` marks dropped), or None when it reads
     as prose: longer than 100 characters or ending a sentence."""
@@ -187,7 +193,7 @@ def make_splits(
         title = title_of(document.text)
         if title and document.id in leads:
             titles.setdefault(leads[document.id], title)
-    held = [int(hashlib.sha256(t.encode()).hexdigest(), 16) % heldout_every == 0 for t in texts]
+    held = [is_heldout(t, heldout_every) for t in texts]
     splits = {}
     for name, keep in (("train", False), ("heldout", True)):
         rows = [i for i, h in enumerate(held) if h == keep]

@@ -1,9 +1,12 @@
-"""A search tool over local passages: BM25 (:class:`agentic_jax.retrieval.BM25`, whose
-docstring gives the formula and the tokenisation) over a small corpus of texts whose passages the
-tool shows the model.
+"""A search tool over local passages: any ranked index of :mod:`agentic_jax.retrieval` (by
+default BM25, :class:`agentic_jax.retrieval.BM25`, whose docstring gives the formula and the
+tokenisation; a ``DenseRetriever`` over a trained encoder, a ``FusionRetriever`` for hybrid
+search) over a corpus of texts whose passages the tool shows the model.
 
-A hit is a passage sharing at least one query token; hits come best first, ties in the order the
-passages were given, so a search is deterministic.
+With BM25 a hit is a passage sharing at least one query token; hits come best first, ties in the
+order the passages were given, so a search is deterministic.  The same tool plays in RL rollouts
+(``agents.env_tool``, in a ``HostTextEnv``): Search-R1's search engine (Jin et al. 2025,
+arXiv:2503.09516) on the host, for indexes that are not jnp functions or do not fit the device.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Annotated, NamedTuple
 import numpy as np
 import pydantic
 
+from agentic_jax import retrieval
 from agentic_jax.agents.tools.base import Tool, tool
 from agentic_jax.retrieval.documents import load_documents
 from agentic_jax.retrieval.sparse import BM25
@@ -46,12 +50,25 @@ def _paragraphs(text: str) -> list[str]:
 
 
 class Retriever:
-    """Passages and the BM25 index over them: ``ids`` name the passages (default: ``"0"``,
-    ``"1"``, ...), ``bm25`` (``k1``, ``b``) goes to :class:`~agentic_jax.retrieval.BM25`."""
+    """Passages and an index over them: ``ids`` name the passages (default: ``"0"``, ``"1"``,
+    ...); ``index`` is any :class:`agentic_jax.retrieval.Retriever` whose hits are those ids
+    (dense, hybrid, reranked), by default BM25 built here with ``bm25`` (``k1``, ``b``)."""
 
-    def __init__(self, texts: Sequence[str], ids: Sequence[str] | None = None, **bm25):
-        self.index = BM25(texts, ids, **bm25)
-        self.texts, self.ids = list(texts), self.index.ids
+    def __init__(
+        self,
+        texts: Sequence[str],
+        ids: Sequence[str] | None = None,
+        *,
+        index: retrieval.Retriever | None = None,
+        **bm25,
+    ):
+        if index is not None and (bm25 or ids is None):
+            raise ValueError("an index comes with its passages' ids and without BM25 settings")
+        self.index = BM25(texts, ids, **bm25) if index is None else index
+        self.texts = list(texts)
+        self.ids = self.index.ids if index is None else [str(i) for i in ids]
+        if len(self.ids) != len(self.texts):
+            raise ValueError(f"{len(self.ids)} ids for {len(self.texts)} passages")
         self._text = dict(zip(self.ids, self.texts))
 
     @classmethod
@@ -80,7 +97,7 @@ class Retriever:
         return len(self.texts)
 
     def scores(self, query: str) -> np.ndarray:
-        """The BM25 score of every passage for ``query``, in passage order."""
+        """The BM25 score of every passage for ``query``, in passage order (BM25 indexes only)."""
         return self.index.scores(query)
 
     def search(self, query: str, k: int = 3) -> list[Hit]:
@@ -94,8 +111,8 @@ def format_hits(hits: Sequence[Hit]) -> str:
 
 
 def retrieval_tool(retriever: Retriever, name: str = "search", default_k: int = 3) -> Tool:
-    """A tool that searches ``retriever``: ``default_k`` hits unless the model asks for another
-    number (at most ``MAX_K``)."""
+    """A tool that searches ``retriever`` (passages over any index): ``default_k`` hits unless
+    the model asks for another number (at most ``MAX_K``)."""
     if not 1 <= default_k <= MAX_K:
         raise ValueError(f"default_k must be in [1, {MAX_K}], got {default_k}")
 

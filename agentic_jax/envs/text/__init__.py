@@ -3,8 +3,11 @@
 `TextEnv` runs single-turn verifiable tasks and multi-turn tool use (calls in
 the chat format of ``data/chat.py``, executed inside jit) with a per-token
 policy-loss mask; `generators` make seeded task families with a difficulty
-knob and correct / corrupted demonstrations; ``envs/host.py`` has the
-host-side twin for tools that cannot run in jnp.  A trainer's loop::
+knob and correct / corrupted demonstrations (`corpus_qa`: multi-hop questions
+over the shipped corpus, answered with `DenseSearch`, Search-R1's setting;
+`memory`: episodes over several sessions with a memory the policy writes and
+reads through tools, `MemoryEnv` and `MultiSessionRecall`);
+``envs/host.py`` has the host-side twin for tools that cannot run in jnp.  A trainer's loop::
 
     env = task_env(tokenizer, [Arithmetic(3), Countdown(3)], seeds=range(1000))
     venv, params = envs.Vectorized(env), env.default_params  # or a HostTextEnv: same calls
@@ -18,6 +21,7 @@ Supervised warm-start data: ``Task.render`` / `demonstration_batch`.
 """
 
 from agentic_jax.envs.text import calculator
+from agentic_jax.envs.text.corpus_qa import CorpusQA
 from agentic_jax.envs.text.env import (
     TextEnv,
     TextEnvParams,
@@ -26,6 +30,7 @@ from agentic_jax.envs.text.env import (
     tool_message_template,
 )
 from agentic_jax.envs.text.generators import Arithmetic, Countdown, Generator, MultiHop, task_env
+from agentic_jax.envs.text.memory import MemoryEnv, MultiSessionRecall, Recall, Remember
 from agentic_jax.envs.text.rewards import (
     ByFamily,
     CountdownAnswer,
@@ -45,11 +50,15 @@ from agentic_jax.envs.text.tasks import (
 )
 from agentic_jax.envs.text.tools import (
     Calculator,
+    DenseSearch,
     Lookup,
+    PassageIndex,
     Search,
     Tool,
     parse_call,
     parse_call_host,
+    trigram_encoder,
+    trigram_index,
 )
 from agentic_jax.envs.text.vocab import Vocab, detokenize, encode_int
 
@@ -57,13 +66,20 @@ __all__ = [
     "Arithmetic",
     "ByFamily",
     "Calculator",
+    "CorpusQA",
     "Countdown",
     "CountdownAnswer",
+    "DenseSearch",
     "ExactAnswer",
     "Generator",
     "Lookup",
+    "MemoryEnv",
     "MultiHop",
+    "MultiSessionRecall",
     "NumericCloseness",
+    "PassageIndex",
+    "Recall",
+    "Remember",
     "Reward",
     "Search",
     "Task",
@@ -87,4 +103,6 @@ __all__ = [
     "parse_call_host",
     "task_env",
     "tool_message_template",
+    "trigram_encoder",
+    "trigram_index",
 ]

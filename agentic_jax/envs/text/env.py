@@ -87,16 +87,24 @@ class TextEnvState(EnvState):
     length: jax.Array  # int32 []
     turn: jax.Array  # int32 []: assistant turns taken
     reached: jax.Array  # bool [M]: the task's milestones this episode's tool results reached
+    # int32 []: where the context the policy sees starts in ``tokens``; 0 unless an episode spans
+    # sessions (`memory.MemoryEnv` clears the context at each new session: earlier sessions stay in
+    # ``tokens`` as training rows, and the policy generates from ``tokens[context_start:length]``)
+    context_start: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
 class TurnRewards:
     """What a tool turn earns (see the module docstring); the answering turn earns the
-    verifier's reward.  All 0 is the final-answer-only reward."""
+    verifier's reward.  All 0 is the final-answer-only reward.  ``useful_write`` and
+    ``useful_read`` pay memory tools' turns that store or retrieve the answer; only an env with
+    a memory (`memory.MemoryEnv`) has them."""
 
     valid_call: float = 0.0
     invalid_call: float = 0.0
     milestone: float = 0.0
+    useful_write: float = 0.0
+    useful_read: float = 0.0
 
 
 def tool_message_template(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
@@ -254,17 +262,23 @@ class TextEnv(Env):
         zero = jnp.int32(0)
         reached = jnp.zeros(params.tasks.milestone_length.shape[1:], bool)
         state = TextEnvState(
-            zero, task, tokens, jnp.zeros_like(tokens), prompt_length, zero, reached
+            zero, task, tokens, jnp.zeros_like(tokens), prompt_length, zero, reached, zero
         )
         return self.observation(state), state
 
-    def _tool_result(self, payload: Text, task: TaskBank, vocab: Vocab):
+    def run_tool(self, tool: Tool, argument: Text, task: TaskBank, vocab: Vocab, messages, state):
+        """One tool's content ids and length (`Tool.run`); an env whose tools read more of the
+        episode than its task (`memory.MemoryEnv`: the memory in ``state``) overrides this."""
+        del state
+        return tool.run(argument, task, vocab, messages)
+
+    def _tool_result(self, payload: Text, task: TaskBank, vocab: Vocab, state):
         """Content ids and length of the tool message for a call payload (an error message if
         malformed), whether it was malformed, and whether the tool gave a result."""
         index, value = parse_call(payload, self.tools)
         arguments = [substring(value, 0, value.length, t.argument_bytes) for t in self.tools]
         results = [
-            tool.run(argument, task, vocab, jax.tree.map(jnp.asarray, messages))
+            self.run_tool(tool, argument, task, vocab, jax.tree.map(jnp.asarray, messages), state)
             for tool, argument, messages in zip(self.tools, arguments, self.tool_messages)
         ]
         results.append((jnp.asarray(self.malformed), len(self.malformed)))
@@ -295,8 +309,9 @@ class TextEnv(Env):
         new = same & ~reached
         return jnp.any(new), reached | (jnp.arange(new.shape[0]) == jnp.argmax(new)) & new
 
-    def _tool_message(self, action, turn_length, task: TaskBank, vocab: Vocab):
-        """Whether the turn calls a tool, whether the call is malformed, and the tool message to append."""
+    def call(self, action, turn_length, vocab: Vocab) -> tuple[jax.Array, Text]:
+        """Whether the turn holds a complete tool call, and the call's payload (the bytes between
+        ``<tool_call>`` and ``</tool_call>``)."""
         position = jnp.arange(self.action_length)
         in_turn = position < turn_length
         opens = in_turn & (action == vocab.tool_call_id)
@@ -308,7 +323,12 @@ class TextEnv(Env):
                 vocab, action, (position > call_start) & (position < call_end), self.payload_bytes
             )
         )
-        result, result_length, malformed, succeeded = self._tool_result(payload, task, vocab)
+        return call_end > call_start, payload
+
+    def _tool_message(self, action, turn_length, task: TaskBank, vocab: Vocab, state):
+        """Whether the turn calls a tool, whether the call is malformed, and the tool message to append."""
+        tool_turn, payload = self.call(action, turn_length, vocab)
+        result, result_length, malformed, succeeded = self._tool_result(payload, task, vocab, state)
         closed = action[jnp.maximum(turn_length - 1, 0)] == self.im_end_id
         message = pack(
             [
@@ -320,7 +340,7 @@ class TextEnv(Env):
             1 + len(self.head) + result.shape[0] + len(self.tail),
             vocab.pad_id,
         )
-        return call_end > call_start, malformed, succeeded, (result, result_length), message
+        return tool_turn, malformed, succeeded, (result, result_length), message
 
     def step_env(self, key, state, action, params):
         vocab, task = params.vocab, params.tasks.row(state.task)
@@ -338,7 +358,7 @@ class TextEnv(Env):
         reached, hit, call_ok = state.reached, jnp.bool_(False), jnp.bool_(False)
         if self.tools:
             tool_turn, malformed, succeeded, (result, result_length), (message, message_length) = (
-                self._tool_message(action, turn_length, task, vocab)
+                self._tool_message(action, turn_length, task, vocab, state)
             )
             call_ok = tool_turn & ~malformed & succeeded
             hit, after = self._milestone(result, result_length, task, reached)

@@ -83,6 +83,7 @@ class Generator:
 
     tools: tuple[Tool, ...] = ()
     reward: Reward
+    env_type: type[TextEnv] = TextEnv  # the env its tasks need (`memory.MemoryEnv`: sessions)
 
     def __init__(self, difficulty: int):
         if difficulty < 1:
@@ -112,7 +113,8 @@ def task_env(
     **kwargs,
 ) -> TextEnv:
     """A `TextEnv` over the tasks of ``seeds`` from each generator, with their tools, verifiers
-    and turn limit.
+    and turn limit (the generators' ``env_type``: a `memory.MemoryEnv` for tasks that span
+    sessions).
 
     Several generators make one multi-task env: the union of their tools
     (by name) and a `ByFamily` reward that scores each task with its own
@@ -135,7 +137,10 @@ def task_env(
             tools[tool.name] = tool
     rewards = {g.family: g.reward for g in generators}
     kwargs.setdefault("max_turns", max(g.max_turns for g in generators))
-    return TextEnv(
+    env_types = {g.env_type for g in generators}
+    if len(env_types) > 1:
+        raise ValueError(f"generators need different envs: {sorted(t.__name__ for t in env_types)}")
+    return env_types.pop()(
         tokenizer,
         [t for g in generators for t in g.tasks(seeds)],
         rewards[generators[0].family] if len(rewards) == 1 else ByFamily(rewards),

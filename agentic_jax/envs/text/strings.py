@@ -125,3 +125,17 @@ def embed(text: Text, dim: int) -> jax.Array:
         jnp.zeros((dim,), jnp.float32).at[buckets].add(index + 3 <= jnp.minimum(text.length, size))
     )
     return counts / jnp.maximum(jnp.linalg.norm(counts), 1e-6)
+
+
+def contains(text: Text, pattern: Text) -> jax.Array:
+    """``pattern`` (a traced string, e.g. a task's answer) occurs in ``text``; an empty pattern
+    or one that did not fit its buffer never does.  One window comparison per pattern byte, as
+    `matches_at`."""
+    size, width = text.data.shape[0], pattern.data.shape[0]
+    padded = jnp.concatenate([text.data, jnp.zeros((width,), jnp.uint8)])
+    hits = jnp.arange(size) + pattern.length <= jnp.minimum(text.length, size)
+    for offset in range(width):
+        hits &= (padded[offset : offset + size] == pattern.data[offset]) | (
+            offset >= pattern.length
+        )
+    return jnp.any(hits) & (pattern.length > 0) & pattern.fits

@@ -43,6 +43,9 @@ class Task:
     seed: int = 0
     difficulty: int = 0
     family: str = ""  # which verifier applies when a bank mixes task families (`rewards.ByFamily`)
+    # The opening messages of each later session of an episode that spans sessions
+    # (`memory.MemoryEnv`): the context is cleared before each, only the agent's memory carries over.
+    sessions: tuple[tuple[Message, ...], ...] = ()
 
     @property
     def milestones(self) -> tuple[str, ...]:
@@ -60,6 +63,10 @@ class Task:
 
     def prompt_ids(self, tokenizer: Tokenizer) -> np.ndarray:
         return render_ids(self.prompt, tokenizer, add_generation_prompt=True).ids
+
+    def session_ids(self, index: int, tokenizer: Tokenizer) -> np.ndarray:
+        """The prompt ids of later session ``index`` (what the context holds when it opens)."""
+        return render_ids(self.sessions[index], tokenizer, add_generation_prompt=True).ids
 
 
 def demonstration_actions(rendered: RenderedIds, action_length: int, pad_id: int = 0) -> np.ndarray:
@@ -137,6 +144,8 @@ class TaskBank:
     corpus: Corpus
     milestones: jax.Array  # int32 [N, M, milestone_tokens]: `Task.milestones`, tokenized
     milestone_length: jax.Array  # int32 [N, M]; -1 marks an empty slot
+    sessions: jax.Array  # int32 [N, S, session_tokens]: `Task.sessions`' prompts, tokenized
+    session_length: jax.Array  # int32 [N, S]; -1 marks an empty slot (a task with fewer sessions)
 
     @property
     def size(self) -> int:
@@ -209,6 +218,8 @@ def build_bank(
     families: Sequence[str] = (),
     max_milestones: int | None = None,
     milestone_tokens: int | None = None,
+    max_sessions: int | None = None,
+    session_tokens: int | None = None,
 ) -> TaskBank:
     """Packs ``tasks`` for a jitted env; each size defaults to the largest need (fix them to reuse a jit).
 
@@ -252,6 +263,13 @@ def build_bank(
         np.int32,
         "milestones",
     )
+    sessions, session_length = _pad_groups(
+        [[t.session_ids(i, tokenizer) for i in range(len(t.sessions))] for t in tasks],
+        max_sessions,
+        session_tokens,
+        np.int32,
+        "later sessions",
+    )
     return TaskBank(
         prompt=_pad(prompts, prompt_tokens, np.int32, "prompt"),
         prompt_length=np.asarray([len(p) for p in prompts], np.int32),
@@ -272,4 +290,6 @@ def build_bank(
         ),
         milestones=milestones,
         milestone_length=milestone_length,
+        sessions=sessions,
+        session_length=session_length,
     )

@@ -21,8 +21,10 @@ turns tokenize exactly as ``chat.render_ids`` renders the same conversation.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -183,13 +185,34 @@ class Lookup(Tool):
         return dict(task.facts).get(argument, NOT_FOUND)
 
 
+def top_rows(query: jax.Array, embedding: jax.Array, valid: jax.Array, k: int):
+    """The ``k`` rows of ``embedding`` (``[N, D]``) with the largest dot product with ``query``
+    (``[D]``), best first, and which of them are ``valid``; invalid rows score ``-inf``.  Full
+    float32 precision and ``lax.top_k``'s tie rule (the lower row first), so the ranking equals
+    ``retrieval.exact_top_k``'s on the same vectors."""
+    scores = jnp.matmul(embedding, query, precision=jax.lax.Precision.HIGHEST)
+    best = jax.lax.top_k(jnp.where(valid, scores, -jnp.inf), min(k, scores.shape[0]))[1]
+    return best, valid[best]
+
+
 def top_documents(
     query: Text, embedding: jax.Array, length: jax.Array, k: int
 ) -> tuple[jax.Array, jax.Array]:
     """The ``k`` best documents by dot product with the query's `strings.embed`: (indices, which exist)."""
-    scores = jnp.where(length >= 0, embedding @ embed(query, embedding.shape[-1]), -jnp.inf)
-    best = jax.lax.top_k(scores, min(k, scores.shape[0]))[1]
-    return best, length[best] >= 0
+    return top_rows(embed(query, embedding.shape[-1]), embedding, length >= 0, k)
+
+
+def join_rows(tokens, length, best, exists, separator, vocab: Vocab) -> tuple[jax.Array, jax.Array]:
+    """The token rows ``best`` of ``tokens`` (``[N, W]``, real lengths ``length``) that
+    ``exists``, joined by ``separator`` (``(ids, length)``): a search tool's message (jit)."""
+    separator_ids, separator_length = separator
+    segments = []
+    for rank, (index, found) in enumerate(zip(best, exists)):
+        segments += [
+            (separator_ids, jnp.where(found & (rank > 0), separator_length, 0)),
+            (tokens[index], jnp.where(found, length[index], 0)),
+        ]
+    return pack(segments, len(best) * (tokens.shape[-1] + separator_ids.shape[0]), vocab.pad_id)
 
 
 class Search(Tool):
@@ -205,17 +228,9 @@ class Search(Tool):
 
     def run(self, argument, task, vocab, messages):
         corpus = task.corpus
-        separator, separator_length = messages[0][0], messages[1][0]
         best, exists = top_documents(argument, corpus.embedding, corpus.length, self.top_k)
-        segments = []
-        for rank, (index, found) in enumerate(zip(best, exists)):
-            segments += [
-                (separator, jnp.where(found & (rank > 0), separator_length, 0)),
-                (corpus.tokens[index], jnp.where(found, corpus.length[index], 0)),
-            ]
-        return pack(
-            segments, len(best) * (corpus.tokens.shape[-1] + separator.shape[0]), vocab.pad_id
-        )
+        separator = (messages[0][0], messages[1][0])
+        return join_rows(corpus.tokens, corpus.length, best, exists, separator, vocab)
 
     def run_host(self, argument, task):
         if not task.documents:
@@ -231,6 +246,115 @@ class Search(Tool):
             query, embedding, np.zeros(len(task.documents), np.int32), self.top_k
         )
         return self.messages[0].join(task.documents[int(i)] for i in best)
+
+
+class PassageIndex:
+    """A fixed passage collection on the device: ``embeddings`` ``[N, D]`` and the passages'
+    texts.  Shown by a short fingerprint (`repr`), not its contents, wherever a tool is
+    described (eval suites' settings, gin's operative config)."""
+
+    __slots__ = ("embeddings", "passages")
+
+    def __init__(self, embeddings, passages: Sequence[str]):
+        self.embeddings = np.asarray(embeddings, np.float32)
+        self.passages = tuple(passages)
+        if self.embeddings.ndim != 2 or len(self.embeddings) != len(self.passages):
+            raise ValueError(
+                f"need [N, D] embeddings for N passages, got {self.embeddings.shape} "
+                f"for {len(self.passages)}"
+            )
+
+    def __repr__(self) -> str:
+        digest = hashlib.sha256(self.embeddings.tobytes())
+        digest.update("\f".join(self.passages).encode())
+        size = f"n={len(self.passages)}, dim={self.embeddings.shape[1]}"
+        return f"PassageIndex({size}, sha256={digest.hexdigest()[:12]})"
+
+
+def trigram_encoder(dim: int) -> Callable[[Text], jax.Array]:
+    """`strings.embed` at ``dim``: the encoder that needs no weights (hashed character trigrams)."""
+    return functools.partial(embed, dim=dim)
+
+
+def trigram_index(passages: Sequence[str], dim: int = 64) -> PassageIndex:
+    """Passages embedded by `trigram_encoder` (one vmapped call)."""
+    encoded = [p.encode() for p in passages]
+    data = np.zeros((len(encoded), max(map(len, encoded))), np.uint8)
+    for row, e in zip(data, encoded):
+        row[: len(e)] = np.frombuffer(e, np.uint8)
+    lengths = np.asarray([len(e) for e in encoded], np.int32)
+    return PassageIndex(jax.vmap(lambda d, n: embed(Text(d, n), dim))(data, lengths), passages)
+
+
+class DenseSearch(Tool):
+    """Dense retrieval over one passage collection shared by every task, inside jit.
+
+    The index (``index.embeddings [N, D]``) lives on the device with the step: a query is
+    embedded by ``encode`` (any jittable ``Text -> [D]`` function: `trigram_encoder`, or a trained
+    encoder's, ``retrieval.encoders.Encoder.text_query_encoder``), scored against every row at
+    full precision and the ``top_k`` passages are returned, joined by newlines, as their
+    pre-tokenized ids (the passages are this tool's ``messages``, tokenized once by the env).
+    ``metric="cosine"`` normalises the rows and the query first.  This is the search engine of
+    Search-R1 (Jin et al. 2025, arXiv:2503.09516) as an environment tool: rollouts interleave
+    the policy's turns with its results, and only the policy's turns are trained.
+
+    The host run (`run_host`, the demonstrations and the agent harness) ranks with the same
+    jitted function, so both give the same passages.  A collection that does not fit on the
+    device, or an index that is not a jnp function (BM25, a hybrid), searches on the host:
+    ``agents.tools.retrieval.retrieval_tool`` over any ``retrieval.Retriever``, played by a
+    `HostTextEnv` through ``agents.env_tool``.
+    """
+
+    name, argument = "search", "query"
+    description = "Passages of the document collection that best match a query, one per line."
+
+    def __init__(
+        self,
+        index: PassageIndex,
+        encode: Callable[[Text], jax.Array] | None = None,
+        *,
+        top_k: int = 3,
+        metric: str = "dot",
+        argument_bytes: int = 48,
+    ):
+        super().__init__(argument_bytes)
+        if metric not in ("dot", "cosine"):
+            raise ValueError(f"metric must be 'dot' or 'cosine', got {metric!r}")
+        if not 1 <= top_k <= len(index.passages):
+            raise ValueError(f"top_k must be in [1, {len(index.passages)}], got {top_k}")
+        self.index, self.top_k, self.metric = index, top_k, metric
+        self.encode = encode or trigram_encoder(index.embeddings.shape[1])
+
+    @property
+    def messages(self) -> tuple[str, ...]:
+        """The separator, then every passage: the env tokenizes them once for `run`."""
+        return ("\n", *self.index.passages)
+
+    def ranked(self, query: Text) -> jax.Array:
+        """The rows of the ``top_k`` passages for ``query``, best first (jit)."""
+        embedding, vector = jnp.asarray(self.index.embeddings), self.encode(query)
+        if self.metric == "cosine":
+            embedding = embedding / jnp.maximum(
+                jnp.linalg.norm(embedding, axis=-1, keepdims=True), 1e-12
+            )
+            vector = vector / jnp.maximum(jnp.linalg.norm(vector), 1e-12)
+        valid = jnp.ones(embedding.shape[0], bool)
+        return top_rows(vector, embedding, valid, self.top_k)[0]
+
+    def run(self, argument, task, vocab, messages):
+        del task
+        ids, lengths = messages
+        best = self.ranked(argument)
+        exists = jnp.ones(best.shape, bool)
+        return join_rows(ids[1:], lengths[1:], best, exists, (ids[0], lengths[0]), vocab)
+
+    def run_host(self, argument, task):
+        del task
+        query = Text.from_bytes(argument.encode()[: self.argument_bytes], self.argument_bytes)
+        return "\n".join(self.index.passages[int(i)] for i in _host_ranked(self, query))
+
+
+_host_ranked = jax.jit(DenseSearch.ranked, static_argnums=0)  # compiled once per tool
 
 
 def parse_call(payload: Text, tools: Sequence[Tool]) -> tuple[jax.Array, Text]:
