@@ -234,3 +234,36 @@ def test_readers_read_while_a_writer_holds_the_lock_and_a_second_writer_waits(tm
         with pytest.raises(sqlite3.OperationalError, match="locked"):
             second.add(_record("blocked", "u"))
     assert [r.id for r in reader.records()] == ["first", "pending"]
+
+
+def test_a_full_disk_fails_the_write_in_flight_and_loses_nothing_committed(tmp_path):
+    """A database that cannot grow (``max_page_count``, SQLite's stand-in for a full disk) fails
+    the batch being written with SQLite's own error; the file stays sound, every batch committed
+    before it is whole, the failed one is absent, and the store writes again once there is room."""
+    store = MemoryStore(tmp_path, "full", dim=8)
+    pages = store.execute("PRAGMA page_count")[0][0]
+    store.execute(f"PRAGMA max_page_count = {pages + 16}")
+    rng = np.random.default_rng(0)
+
+    def batch(b):
+        return [
+            MemoryRecord(
+                id=f"{b}-{i}", text="x" * 2000, user="u", importance=1.0,
+                embedding=rng.normal(size=8),
+            )
+            for i in range(4)
+        ]  # fmt: skip
+
+    committed = 0
+    with pytest.raises(sqlite3.OperationalError, match="full"):
+        for b in range(1000):
+            store.add(batch(b))
+            committed += 1
+    assert committed > 0
+    store.execute(f"PRAGMA max_page_count = {pages + 10_000}")
+    store.add(batch("after"))
+    store.close()
+    reopened = MemoryStore(tmp_path, "full", dim=8)
+    assert reopened.integrity() == "ok"
+    ids = {r.id for r in reopened.records(user="u")}
+    assert ids == {f"{b}-{i}" for b in [*range(committed), "after"] for i in range(4)}

@@ -262,7 +262,10 @@ class MemoryStore:
                 yield
                 self._conn.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                # SQLite has already rolled back after some errors (a full disk): rolling back
+                # again would raise over the error that says what went wrong.
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
                 raise
             finally:
                 self._depth = 0
