@@ -29,6 +29,7 @@ import agentic_jax.retrieval
 import agentic_jax.retrieval.distillation
 import agentic_jax.retrieval.encoders
 import agentic_jax.retrieval.rerank
+import agentic_jax.training.diloco
 import agentic_jax.training.loop
 import agentic_jax.training.optim  # noqa: F401
 import sharding  # noqa: F401

@@ -168,7 +168,7 @@ def bench_prefix_cache(params, config, scale: str) -> None:
         )
 
 
-def _best_time(fn, *args, repeats: int = 3, **kwargs):
+def best_time(fn, *args, repeats: int = 3, **kwargs):
     """(seconds, result) of the fastest of ``repeats`` calls, after one untimed (compiling) call."""
     jax.block_until_ready(fn(*args, **kwargs))
     runs = []
@@ -190,8 +190,8 @@ def bench_cache_vs_recompute(params, config, scale: str) -> None:
     )
     for new in lengths:
         greedy = SamplingParams(temperature=0.0, max_tokens=new)
-        cached_s, cached = _best_time(generate, params, config, prompt, sampling=greedy, key=key)
-        recompute_s, recomputed = _best_time(
+        cached_s, cached = best_time(generate, params, config, prompt, sampling=greedy, key=key)
+        recompute_s, recomputed = best_time(
             generate_recompute,
             params,
             config,
@@ -340,9 +340,9 @@ def bench_speculative(scale: str) -> None:
     greedy = SamplingParams(temperature=0.0, max_tokens=new)
     # Calibrate the policy's cost model: a step at batch B costs max(1, B / ridge) steps at batch 1.
     step_s = {
-        batch: _best_time(
-            generate, target, target_config, prompts[batch], sampling=greedy, key=key
-        )[0]
+        batch: best_time(generate, target, target_config, prompts[batch], sampling=greedy, key=key)[
+            0
+        ]
         / new
         for batch in batches
     }
@@ -369,10 +369,10 @@ def bench_speculative(scale: str) -> None:
     for batch in batches:
         for temperature in (0.0, 0.8):
             sampling = SamplingParams(temperature=temperature, max_tokens=new)
-            plain_s, plain = _best_time(
+            plain_s, plain = best_time(
                 generate, target, target_config, prompts[batch], sampling=sampling, key=key
             )
-            draft_s, _ = _best_time(
+            draft_s, _ = best_time(
                 generate, draft, draft_config, prompts[batch], sampling=sampling, key=key
             )
             label = "greedy" if temperature == 0 else f"T={temperature}"
@@ -381,7 +381,7 @@ def bench_speculative(scale: str) -> None:
                 f"{batch * new / plain_s:>10.1f}{1.0:>9.2f}"
             )
             for name, kwargs in methods.items():
-                seconds, result = _best_time(
+                seconds, result = best_time(
                     speculative_generate,
                     target,
                     target_config,

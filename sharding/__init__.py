@@ -4,7 +4,8 @@ Build a mesh with :func:`make_mesh`, pick a rule table (:data:`DEFAULT_RULES` or
 :func:`axis_rules`), lay parameters out with :func:`logical_to_sharding` / :func:`shard_params`, and
 run model code inside ``with activate(mesh, rules):`` (``jax.set_mesh`` + :func:`use_rules`) so
 that :func:`with_logical_constraint` shards activations; outside any mesh it does nothing.
-:func:`ring_attention` is sequence-parallel attention, :func:`array_layouts` /
+:func:`ring_attention` is sequence-parallel attention, :func:`pipeline_loss` runs a loss's layers
+as pipeline stages (GPipe or 1F1B, :func:`make_schedule`), :func:`array_layouts` /
 :func:`insufficiently_sharded` inspect a layout and :func:`plan_memory` sizes a run.
 """
 
@@ -19,8 +20,9 @@ from sharding.memory_plan import (
     memory_report,
     plan_memory,
 )
-from sharding.mesh import MESH_AXES, MeshSpec, axis_sizes, make_mesh
+from sharding.mesh import MESH_AXES, MeshSpec, active_axis_size, axis_sizes, make_mesh
 from sharding.partition import is_logical_axes, logical_to_sharding, logical_to_specs, shard_params
+from sharding.pipeline import Schedule, bubble_fraction, make_schedule, pipeline_loss
 from sharding.ring_attention import ring_attention
 from sharding.rules import (
     DEFAULT_RULES,
@@ -45,11 +47,14 @@ __all__ = [
     "MemoryPlan",
     "MeshSpec",
     "ModelShape",
+    "Schedule",
     "ShardingError",
     "activate",
+    "active_axis_size",
     "array_layouts",
     "axis_rules",
     "axis_sizes",
+    "bubble_fraction",
     "current_rules",
     "format_layouts",
     "insufficiently_sharded",
@@ -58,7 +63,9 @@ __all__ = [
     "logical_to_spec",
     "logical_to_specs",
     "make_mesh",
+    "make_schedule",
     "memory_report",
+    "pipeline_loss",
     "plan_memory",
     "ring_attention",
     "shard_params",

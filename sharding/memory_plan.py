@@ -19,6 +19,10 @@ Assumptions, stated so the numbers can be checked by hand:
   output and fp32 logits for the loss.
 * Serving (``optimizer=None``): parameters, the KV cache ``2 x layers x batch x seq x kv_heads x
   head_dim`` and one layer's working set for the prompt plus last-position logits.
+* Multi-head latent attention (``attention_type="mla"``): its projections replace q/k/v/o, its
+  training activations are the materialised per-head q, k, v (widths ``qk_nope + qk_rope`` and
+  ``v_head_dim``) beside the latent, and its cache is ``layers x batch x seq x (kv_lora_rank +
+  qk_rope_head_dim)``: the latent and the shared rope key, nothing per head.
 """
 
 from __future__ import annotations
@@ -68,6 +72,12 @@ class ModelShape:
     d_ff: int
     tie_embeddings: bool = False
     qkv_bias: bool = False
+    attention_type: str = "gqa"
+    q_lora_rank: int | None = None
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
 
 LLAMA3_8B = ModelShape(
@@ -110,6 +120,10 @@ def transformer_params(c):
         "mlp_norm": (("layers", "norm"), (L, D)),
         "final_norm": (("norm",), (D,)),
     }
+    if c.attention_type == "mla":
+        for name in ("q", "k", "v", "o"):
+            del table[name]
+        table.update(_mla_params(c))
     if c.qkv_bias:
         table["q_bias"] = (("layers", "q_heads", "head_dim"), (L, N, H))
         table["k_bias"] = (("layers", "kv_heads", "head_dim"), (L, K, H))
@@ -117,6 +131,41 @@ def transformer_params(c):
     if not c.tie_embeddings:
         table["lm_head"] = (("embed", "vocab"), (D, V))
     return _arrays(table)
+
+
+def _mla_params(c) -> dict:
+    """Multi-head latent attention's projections, as ``agentic_jax.models.transformer`` has them."""
+    L, D, N, r = c.n_layers, c.d_model, c.n_heads, c.kv_lora_rank
+    qk, heads = (
+        c.qk_nope_head_dim + c.qk_rope_head_dim,
+        ("layers", "kv_lora", "q_heads", "head_dim"),
+    )
+    table = {
+        "kv_a": (("layers", "embed", "kv_lora"), (L, D, r + c.qk_rope_head_dim)),
+        "kv_a_norm": (("layers", "norm"), (L, r)),
+        "k_up": (heads, (L, r, N, c.qk_nope_head_dim)),
+        "v_up": (heads, (L, r, N, c.v_head_dim)),
+        "o": (("layers", "q_heads", "head_dim", "embed"), (L, N, c.v_head_dim, D)),
+    }
+    if c.q_lora_rank:
+        rq = c.q_lora_rank
+        table["q_a"] = (("layers", "embed", "q_lora"), (L, D, rq))
+        table["q_a_norm"] = (("layers", "norm"), (L, rq))
+        table["q_b"] = (("layers", "q_lora", "q_heads", "head_dim"), (L, rq, N, qk))
+    else:
+        table["q"] = (("layers", "embed", "q_heads", "head_dim"), (L, D, N, qk))
+    return table
+
+
+def kv_cache_shape(c, batch: int, seq: int) -> tuple[tuple, tuple, int]:
+    """``(logical axes, shape, arrays)`` of the decode-time cache: keys and values (2 arrays) or
+    MLA's one latent array."""
+    if c.attention_type == "mla":
+        width = c.kv_lora_rank + c.qk_rope_head_dim
+        axes = ("layers", "cache_batch", "cache_length", "kv_lora")
+        return axes, (c.n_layers, batch, seq, width), 1
+    axes = ("layers", "cache_batch", "cache_length", "cache_kv_heads", "head_dim")
+    return axes, (c.n_layers, batch, seq, c.n_kv_heads, c.head_dim), 2
 
 
 class Saved(NamedTuple):
@@ -132,13 +181,20 @@ def _layer_activations(c, batch, seq) -> dict[str, Saved]:
     """What one layer stores for its backward pass, by name."""
     B, T, D, N, K, H, F = batch, seq, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff
     every, dots, none = frozenset(REMAT), frozenset({"none", "dots"}), frozenset({"none"})
+    if c.attention_type == "mla":  # per-head keys and values materialised from the latent
+        qk, kv_heads, v_dim = c.qk_nope_head_dim + c.qk_rope_head_dim, N, c.v_head_dim
+        k_axes = BTNH
+        latent = {"latent": Saved(BTD[:2] + ("kv_lora",), (B, T, c.kv_lora_rank), kept_by=dots)}
+    else:
+        qk, kv_heads, v_dim, k_axes, latent = H, K, H, BTKH, {}
     return {
         "layer_input": Saved(BTD, (B, T, D), kept_by=every),
         "attn_norm_out": Saved(BTD, (B, T, D), kept_by=none),
-        "q": Saved(BTNH, (B, T, N, H), kept_by=dots),
-        "k": Saved(BTKH, (B, T, K, H), kept_by=dots),
-        "v": Saved(BTKH, (B, T, K, H), kept_by=dots),
-        "attn_out": Saved(BTNH, (B, T, N, H), kept_by=dots),
+        **latent,
+        "q": Saved(BTNH, (B, T, N, qk), kept_by=dots),
+        "k": Saved(k_axes, (B, T, kv_heads, qk), kept_by=dots),
+        "v": Saved(k_axes, (B, T, kv_heads, v_dim), kept_by=dots),
+        "attn_out": Saved(BTNH, (B, T, N, v_dim), kept_by=dots),
         "attn_lse": Saved(BTNH[:3], (B, T, N), fp32=True, kept_by=none),
         "mlp_norm_in": Saved(BTD, (B, T, D), kept_by=dots),
         "mlp_norm_out": Saved(BTD, (B, T, D), kept_by=none),
@@ -217,9 +273,8 @@ def plan_memory(
     one_layer = _bytes(layer, mesh, rules, p)
     if optimizer is None:
         head = {"logits": Saved(BTV, (batch, 1, config.vocab_size), fp32=True)}
-        cache_axes = ("layers", "cache_batch", "cache_length", "cache_kv_heads", "head_dim")
-        cache_shape = (config.n_layers, batch, seq_len, config.n_kv_heads, config.head_dim)
-        kv = 2 * _bytes({"k": Saved(cache_axes, cache_shape)}, mesh, rules, p)
+        cache_axes, cache_shape, arrays = kv_cache_shape(config, batch, seq_len)
+        kv = arrays * _bytes({"cache": Saved(cache_axes, cache_shape)}, mesh, rules, p)
         return MemoryPlan(
             n_params, shard * p.param, 0, 0, 0, one_layer + _bytes(head, mesh, rules, p), kv
         )

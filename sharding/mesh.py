@@ -1,12 +1,13 @@
-"""Device meshes over the five named parallelism axes.
+"""Device meshes over the six named parallelism axes.
 
 Every mesh built here has all of ``MESH_AXES`` (unused ones with size 1) so that one rule table can
 name any of them regardless of the layout chosen for a run.  The axis *order* of the device array
 is chosen for the interconnect: the outermost axes change device least often and so span the
 slowest links (across slices / hosts), the innermost span the fastest.  ``data`` needs one gradient
-all-reduce per step, ``fsdp`` one all-gather per layer, ``expert`` all-to-alls, ``sequence`` a ring
-of K/V exchanges, and ``tensor`` a reduction per sub-layer on the critical path, so ``tensor`` goes
-innermost.
+all-reduce per step, ``stage`` (pipeline parallelism, :mod:`sharding.pipeline`) one point-to-point
+activation send per micro-batch and stage boundary, ``fsdp`` one all-gather per layer, ``expert``
+all-to-alls, ``sequence`` a ring of K/V exchanges, and ``tensor`` a reduction per sub-layer on the
+critical path, so ``tensor`` goes innermost.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
 # Physical order, outermost (slowest links) first.  Also the order of ``MeshSpec`` fields.
-MESH_AXES = ("data", "fsdp", "expert", "sequence", "tensor")
+MESH_AXES = ("data", "stage", "fsdp", "expert", "sequence", "tensor")
 
 # Axes that may be split across slices (data-center network); tried in this order.
 _DCN_AXES = ("data", "fsdp")
@@ -33,6 +34,7 @@ class MeshSpec:
     """Sizes of the mesh axes; at most one may be -1, meaning "all remaining devices"."""
 
     data: int = 1
+    stage: int = 1
     fsdp: int = 1
     expert: int = 1
     sequence: int = 1
@@ -87,7 +89,9 @@ def dcn_split(sizes: Mapping[str, int], slices: int) -> tuple[dict[str, int], di
 
     The slice count goes on the outermost axis it divides (``data``, then ``fsdp``): those
     collectives are the least frequent, so they tolerate the slower data-center network.
+    Axes absent from ``sizes`` have size 1.
     """
+    sizes = axis_sizes(sizes)
     dcn = dict.fromkeys(MESH_AXES, 1)
     for name in _DCN_AXES:
         if sizes[name] % slices == 0:
@@ -103,7 +107,7 @@ def dcn_split(sizes: Mapping[str, int], slices: int) -> tuple[dict[str, int], di
 def make_mesh(
     spec=(("fsdp", -1),), *, devices: Sequence | None = None, axis_type: AxisType = AxisType.Auto
 ) -> Mesh:
-    """Builds a mesh with all five ``MESH_AXES`` from sizes (see ``MeshSpec.from_any``).
+    """Builds a mesh with all six ``MESH_AXES`` from sizes (see ``MeshSpec.from_any``).
 
     Axes default to ``Auto`` so the partitioner propagates shardings through ``jit`` and
     ``with_sharding_constraint`` acts as a hint; pass ``AxisType.Explicit`` for sharding-in-types.
@@ -131,6 +135,16 @@ def hybrid_device_array(sizes: Mapping[str, int], devices: Sequence) -> np.ndarr
             process_is_granule=getattr(devices[0], "slice_index", None) is None,
         )
     )
+
+
+def active_axis_size(axis_name: str, mesh=None) -> int:
+    """Devices on ``axis_name`` of ``mesh`` (default: the active one, read while tracing); 1 with
+    no mesh, so model code can ask whether a ring or a pipeline is there at all."""
+    if mesh is None:
+        mesh = jax.sharding.get_abstract_mesh()
+        if mesh.empty:
+            return 1
+    return axis_sizes(mesh)[axis_name]
 
 
 def axis_sizes(mesh) -> dict[str, int]:

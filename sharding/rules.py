@@ -124,21 +124,26 @@ DEFAULT_TABLE = (
     ("kv_heads", "tensor"),
     ("vocab", "tensor"),
     ("head_dim", None),
-    ("layers", None),
+    ("layers", "stage"),  # a pipeline stage holds its own layers (sharding.pipeline)
     ("norm", None),
     ("lora_rank", None),  # LoRA adapters' rank r: small, kept whole
+    # Multi-head latent attention's query and key-value latents (and the cached latent): small
+    # next to the heads they expand into, kept whole.
+    ("q_lora", None),
+    ("kv_lora", None),
     ("retrieval_embed", None),  # a retrieval encoder's projected embedding: small, kept whole
-    ("exp", "expert"),
-    ("activation_batch", ("data", "fsdp")),
+    ("expert", "expert"),  # a mixture of experts' expert dimension: expert parallelism
+    # Outside the experts, the expert axis is one more data axis (it splits the tokens that its
+    # all-to-alls exchange).
+    ("activation_batch", ("data", "fsdp", "expert")),
     ("activation_length", "sequence"),
     ("activation_embed", None),
     ("activation_heads", "tensor"),
     ("activation_kv_heads", "tensor"),
     ("activation_mlp", "tensor"),
     ("activation_vocab", "tensor"),
-    ("activation_exp", "expert"),
     # Decode-time KV cache [layers, batch, length, kv_heads, head_dim]: length stays whole.
-    ("cache_batch", ("data", "fsdp")),
+    ("cache_batch", ("data", "fsdp", "expert")),
     ("cache_length", None),
     ("cache_kv_heads", "tensor"),
 )

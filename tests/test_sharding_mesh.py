@@ -15,7 +15,14 @@ from sharding.mesh import dcn_split, hybrid_device_array, num_slices
 def test_make_mesh_fills_rest_and_missing_axes():
     mesh = make_mesh({"tensor": 4, "data": -1})
     assert mesh.axis_names == MESH_AXES and mesh.axis_names[-1] == "tensor"
-    assert dict(mesh.shape) == {"data": 2, "fsdp": 1, "expert": 1, "sequence": 1, "tensor": 4}
+    assert dict(mesh.shape) == {
+        "data": 2,
+        "stage": 1,
+        "fsdp": 1,
+        "expert": 1,
+        "sequence": 1,
+        "tensor": 4,
+    }
     assert all(t == AxisType.Auto for t in mesh.axis_types)
     # tensor innermost: its groups are the devices adjacent in the device array.
     assert [d.id for d in mesh.devices.reshape(2, 4)[0]] == [0, 1, 2, 3]
@@ -76,6 +83,6 @@ def test_hybrid_device_array_keeps_slices_contiguous():
     assert num_slices(fake) == 2 and num_slices(jax.devices()) == 1
     sizes = {"data": 1, "fsdp": 4, "expert": 1, "sequence": 1, "tensor": 2}
     array = hybrid_device_array(sizes, fake)
-    assert array.shape == (1, 4, 1, 1, 2)
+    assert array.shape == (1, 1, 4, 1, 1, 2)  # MESH_AXES order: data, stage, fsdp, ...
     slice_of = np.vectorize(lambda d: d.slice_index)(array)
-    assert (slice_of[:, :2] == 0).all() and (slice_of[:, 2:] == 1).all()
+    assert (slice_of[:, :, :2] == 0).all() and (slice_of[:, :, 2:] == 1).all()

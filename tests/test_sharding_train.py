@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+from tiny_models import packed_batch
 
 from agentic_jax.models import TransformerConfig, init_params, param_axes, param_shapes
 from agentic_jax.training import (
@@ -76,28 +77,11 @@ def create(key):
 ABSTRACT = jax.eval_shape(create, jax.random.key(0))
 
 
-def make_batch():
-    """Two packed documents per row (segment ids, restarting positions), one masked target."""
-    rng = np.random.default_rng(0)
-    split = rng.integers(3, T - 3, size=(B, 1))
-    idx = np.arange(T)[None, :]
-    segment_ids = np.where(idx < split, 1, 2).astype(np.int32)
-    loss_mask = np.ones((B, T), np.int32)
-    loss_mask[:, -1] = 0
-    return {
-        "tokens": rng.integers(0, CFG.vocab_size, (B, T), dtype=np.int32),
-        "targets": rng.integers(0, CFG.vocab_size, (B, T), dtype=np.int32),
-        "segment_ids": segment_ids,
-        "positions": np.where(idx < split, idx, idx - split).astype(np.int32),
-        "loss_mask": loss_mask,
-    }
-
-
 @pytest.fixture(scope="module")
 def reference():
     """(initial state, batch, state after one step, metrics) on one device, as numpy."""
     initial = jax.device_get(jax.jit(create)(jax.random.key(0)))
-    batch = make_batch()
+    batch = packed_batch(np.random.default_rng(0), B, T, CFG.vocab_size)
     new_state, metrics = jax.jit(STEP).lower(initial, batch).compile(FAST_COMPILE)(initial, batch)
     return initial, batch, jax.device_get(new_state), jax.device_get(metrics)
 

@@ -219,6 +219,9 @@ def test_fused_cross_entropy_step_equals_the_materialised_one():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     with pytest.raises(ValueError, match="z_loss"):
         make_train_step(CFG, opt, sched, z_loss=1e-4, fused_cross_entropy=True)(state, batch)
+    capped = CFG.replace(final_logit_softcap=30.0)
+    with pytest.raises(ValueError, match="final_logit_softcap"):
+        make_train_step(capped, opt, sched, fused_cross_entropy=True)(state, batch)
 
 
 def test_a_batch_that_does_not_split_over_the_processes_is_refused(tmp_path, monkeypatch):

@@ -137,3 +137,20 @@ def dictionary_splits(
         )
 
     return {"train": split(200), "heldout": split(60)}
+
+
+def packed_batch(rng: np.random.Generator, rows: int, length: int, vocab_size: int) -> dict:
+    """A pretraining batch of ``rows`` rows packing two documents each (split at a random place
+    per row, positions restarting at the second), random tokens and targets, and the last
+    target of every row masked out."""
+    idx = np.arange(length)[None, :]
+    split = rng.integers(3, length - 3, size=(rows, 1))
+    loss_mask = np.ones((rows, length), np.int32)
+    loss_mask[:, -1] = 0
+    return {
+        "tokens": rng.integers(0, vocab_size, (rows, length), dtype=np.int32),
+        "targets": rng.integers(0, vocab_size, (rows, length), dtype=np.int32),
+        "segment_ids": np.where(idx < split, 1, 2).astype(np.int32),
+        "positions": np.where(idx < split, idx, idx - split).astype(np.int32),
+        "loss_mask": loss_mask,
+    }

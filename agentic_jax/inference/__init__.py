@@ -30,6 +30,7 @@ from agentic_jax.inference.decoding.sampling import (
 )
 from agentic_jax.inference.decoding.speculation_policy import SpeculationAdvice, advise_speculation
 from agentic_jax.inference.decoding.speculative import SpeculativeResult, speculative_generate
+from agentic_jax.inference.decoding.streaming import StreamingCache
 from agentic_jax.inference.serving.block_manager import BlockManager
 from agentic_jax.inference.serving.engine import (
     Completion,
@@ -61,6 +62,7 @@ __all__ = [
     "SpeculationAdvice",
     "SpeculativeResult",
     "StepOutput",
+    "StreamingCache",
     "TextGeneration",
     "TokenConstraint",
     "add_tokens",

@@ -7,6 +7,9 @@
   the forward *and* the backward pass.
 * ``pallas``: the Pallas flash-attention kernel (``pallas_kernels.flash_attention``).
 * ``cudnn``: the fused GPU path chosen by ``pallas_kernels``.
+* ``ring``: ring attention over the ``sequence`` mesh axis (:func:`sharding.ring_attention`), for
+  contexts split over devices; with no mesh, or a ``sequence`` axis of one device, the ring is
+  that one device and this is the ``xla`` path.
 
 Online softmax over chunks c with running max m, normaliser l and accumulator a:
 
@@ -27,8 +30,10 @@ import jax
 import jax.numpy as jnp
 
 import pallas_kernels
-from pallas_kernels.masks import MASK_VALUE, visible
+from pallas_kernels.masks import MASK_VALUE, dense_mask, visible
 from pallas_kernels.reference import check_attention_inputs, soft_cap
+from sharding.mesh import active_axis_size
+from sharding.ring_attention import ring_attention
 
 
 def attention(
@@ -43,8 +48,18 @@ def attention(
     sm_scale=None,
     implementation="xla",
     chunk_size=128,
+    layout="contiguous",
 ):
-    """Attention ``q[B,T,N,H], k/v[B,S,K,H] -> o[B,T,N,H]`` by the named implementation."""
+    """Attention ``q[B,T,N,H], k/v[B,S,K,H] -> o[B,T,N,H]`` by the named implementation.
+
+    ``layout`` is the order of positions along T and S for ``ring`` (``zigzag``: as
+    :func:`sharding.ring_attention.to_zigzag` leaves them, which balances causal work over the
+    ring); every other implementation takes natural order.
+    """
+    if layout != "contiguous" and implementation != "ring":
+        raise ValueError(
+            f"layout={layout!r} is for the ring implementation, not {implementation!r}"
+        )
     kwargs = dict(
         causal=causal,
         segment_ids=segment_ids,
@@ -60,10 +75,37 @@ def attention(
         return pallas_kernels.flash_attention(q, k, v, **kwargs)
     if implementation == "cudnn":
         return pallas_kernels.gpu_attention(q, k, v, **kwargs)
+    if implementation == "ring":
+        if active_axis_size("sequence") == 1:
+            return pallas_kernels.reference_attention(q, k, v, **kwargs)
+        return ring_attention(q, k, v, layout=layout, **kwargs)
     raise ValueError(
         f"attention implementation {implementation!r}; expected one of "
-        "('xla', 'xla_chunked', 'pallas', 'cudnn')"
+        "('xla', 'xla_chunked', 'pallas', 'cudnn', 'ring')"
     )
+
+
+def max_attention_logits(
+    q, k, *, causal=True, segment_ids=None, sliding_window=None, sm_scale=None
+):
+    """``[N]``: per query head, the largest pre-softmax logit ``sm_scale q . k`` over every visible
+    (query, key) pair of the batch, outside the gradient.
+
+    QK-Clip's statistic (MuonClip, Kimi K2, 2025): a head whose largest logit grows without
+    bound saturates its softmax and destabilises training, and the fix rescales that head's
+    query and key projections.  Kept apart from :func:`attention` so that every implementation
+    (kernels included) is left as it is; the logits are recomputed densely like the ``xla``
+    path's, ``O(B N T S)`` memory in the forward pass only.
+    """
+    b, t, s, n, kh, h = check_attention_inputs(q, k, k, segment_ids, sliding_window=sliding_window)
+    scale = h**-0.5 if sm_scale is None else sm_scale
+    qg, kg = jax.lax.stop_gradient((_group_heads(q, kh), k.astype(jnp.float32)))
+    logits = jnp.einsum("btkgh,bskh->bkgts", qg, kg) * scale
+    mask = dense_mask(
+        b, t, s, causal=causal, sliding_window=sliding_window, segment_ids=segment_ids
+    )
+    logits = jnp.where(mask[:, None, None], logits, -jnp.inf)
+    return jnp.max(logits, axis=(0, 3, 4)).reshape(n)
 
 
 def chunked_attention(

@@ -71,7 +71,7 @@ def _llama3(dim: int, base: float, scaling) -> jnp.ndarray:
 
 def inverse_frequencies(config: TransformerConfig, positions=None) -> tuple[jnp.ndarray, float]:
     """Returns (inv_freq[H/2], cos/sin magnitude).  ``positions`` are needed for ``dynamic``."""
-    dim, base, scaling = config.head_dim, config.rope_theta, config.rope_scaling
+    dim, base, scaling = config.rope_dim, config.rope_theta, config.rope_scaling
     if scaling is None:
         return _base_inv_freq(dim, base), 1.0
     kind = scaling["type"]
@@ -91,7 +91,7 @@ def inverse_frequencies(config: TransformerConfig, positions=None) -> tuple[jnp.
 
 
 def rope_tables(config: TransformerConfig, positions) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """cos, sin of shape ``positions.shape + (head_dim,)`` in float32."""
+    """cos, sin of shape ``positions.shape + (config.rope_dim,)`` in float32."""
     inv_freq, magnitude = inverse_frequencies(config, positions)
     angles = positions.astype(jnp.float32)[..., None] * inv_freq
     angles = jnp.concatenate([angles, angles], axis=-1)

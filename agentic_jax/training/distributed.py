@@ -93,12 +93,16 @@ def state_shardings(
     params = sharding.logical_to_sharding(
         param_axes(config), mesh, rules, shapes=abstract_state.params
     )
+    # A partitioned optimiser (``optax.multi_transform``: Muon and AdamW) holds each moment tree
+    # with ``MaskedNode`` where the other partition's parameters are; those stay as they are.
+    masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
     opt = optax.tree_map_params(
         optimizer,
-        lambda _, s: s,
+        lambda x, s: x if masked(x) else s,
         abstract_state.opt_state,
         params,
         transform_non_params=lambda _: replicated,
+        is_leaf=masked,
     )
     return TrainState(step=replicated, params=params, opt_state=opt, rng=replicated)
 

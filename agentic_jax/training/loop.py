@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import time
 
@@ -34,9 +35,11 @@ from agentic_jax.models import TransformerConfig, flops_per_token, init_params
 from agentic_jax.models.export import save_model
 from agentic_jax.training import distributed
 from agentic_jax.training.checkpoint import Checkpointer
+from agentic_jax.training.diloco import DiLoCo
 from agentic_jax.training.metrics import MetricsLog, plot_curves, read_metrics
 from agentic_jax.training.mfu import peak_flops_per_device
 from agentic_jax.training.optim import make_optimizer, make_schedule
+from agentic_jax.training.pipeline import Pipeline
 from agentic_jax.training.state import TrainState
 from agentic_jax.training.step import make_eval_step, make_train_step
 
@@ -118,6 +121,26 @@ def evaluate(
     }
 
 
+def _save_final_model(workdir: str, model: TransformerConfig, params) -> None:
+    """``workdir/model``.  A run extended past its earlier end (the same command with more
+    ``steps``) replaces the model that end saved: the new one is written beside it and swapped
+    in, so a crash never leaves a half-written ``model`` (in the instant of the swap the whole
+    old and new models are ``model.old`` and ``model.new``), and the next run saves again."""
+    final = os.path.join(workdir, "model")
+    fresh, old = final + ".new", final + ".old"
+    primary = jax.process_index() == 0
+    if primary:
+        shutil.rmtree(fresh, ignore_errors=True)  # a crashed save's leftovers
+    multihost_utils.sync_global_devices("final model: clean")
+    save_model(fresh, model, params)
+    if primary:
+        shutil.rmtree(old, ignore_errors=True)
+        if os.path.exists(final):
+            os.rename(final, old)
+        os.rename(fresh, final)
+        shutil.rmtree(old, ignore_errors=True)
+
+
 @gin.configurable
 def train(
     workdir: str,
@@ -131,6 +154,9 @@ def train(
     seed: int = 0,
     z_loss: float = 0.0,
     fused_cross_entropy: bool = False,
+    qk_clip_threshold: float | None = None,
+    diloco: DiLoCo | None = None,
+    pipeline: Pipeline | None = None,
     eval_every: int = 100,
     eval_batches: int = 0,
     checkpoint_every: int = 100,
@@ -143,8 +169,13 @@ def train(
     ``batch_size`` rows of ``seq_len`` tokens per update, split into ``accum_steps`` micro-batches;
     held-out loss every ``eval_every`` steps over ``eval_batches`` batches (0 = all of them);
     a checkpoint every ``checkpoint_every`` steps.  ``z_loss`` adds the PaLM z-loss;
-    ``fused_cross_entropy`` never materialises the logits (large vocabularies).  Resumes from
-    the latest checkpoint in ``workdir``.  Returns the final train and held-out metrics.
+    ``fused_cross_entropy`` never materialises the logits (large vocabularies).
+    ``qk_clip_threshold`` caps every head's attention logits by QK-Clip after each step
+    (``training.qk_clip``).  ``diloco`` trains by DiLoCo (``training.diloco``): its replicas
+    share every batch's rows, and evaluation and saving read the global parameters.
+    ``pipeline`` runs the layers as pipeline stages over the mesh's ``stage`` axis
+    (``training.pipeline``; ``metrics.jsonl`` records its ``pipeline_bubble``).  Resumes
+    from the latest checkpoint in ``workdir``.  Returns the final train and held-out metrics.
     """
     if batch_size % jax.process_count():
         raise ValueError(
@@ -181,23 +212,28 @@ def train(
     with sharding.activate(mesh, rules):
 
         def create(key):
+            if diloco is not None:
+                return diloco.create(init_params(model, key), optimizer, seed)
             return TrainState.create(init_params(model, key), optimizer, seed)
 
         abstract = jax.eval_shape(create, jax.random.key(seed))
-        shardings = distributed.state_shardings(abstract, model, optimizer, mesh, rules)
-        batch_sharding = distributed.batch_sharding(mesh, rules)
-        train_step = distributed.jit_train_step(
-            make_train_step(
-                model,
-                optimizer,
-                schedule,
-                z_loss=z_loss,
-                accum_steps=accum_steps,
-                fused_cross_entropy=fused_cross_entropy,
-            ),
-            shardings,
-            batch_sharding,
+        step_fn = make_train_step(
+            model,
+            optimizer,
+            schedule,
+            z_loss=z_loss,
+            accum_steps=accum_steps,
+            fused_cross_entropy=fused_cross_entropy,
+            qk_clip_threshold=qk_clip_threshold,
+            pipeline=pipeline,
         )
+        if diloco is None:
+            shardings = distributed.state_shardings(abstract, model, optimizer, mesh, rules)
+        else:
+            shardings = diloco.state_shardings(abstract, model, optimizer, mesh, rules)
+            step_fn = diloco.wrap_step(step_fn, abstract.params)
+        batch_sharding = distributed.batch_sharding(mesh, rules)
+        train_step = distributed.jit_train_step(step_fn, shardings, batch_sharding)
         eval_step = jax.jit(
             make_eval_step(model, fused_cross_entropy=fused_cross_entropy),
             in_shardings=(shardings.params, batch_sharding),
@@ -305,10 +341,8 @@ def train(
     if step >= steps:
         # Every process joins the save (orbax synchronises them); ``process_allgather`` assembles
         # parameters that span other hosts' devices, which ``device_get`` cannot read.
-        save_model(
-            os.path.join(workdir, "model"),
-            model,
-            multihost_utils.process_allgather(state.params, tiled=True),
+        _save_final_model(
+            workdir, model, multihost_utils.process_allgather(state.params, tiled=True)
         )
         if primary:
             plot_curves(

@@ -64,6 +64,7 @@ def make_update(
     *,
     accum_steps: int = 1,
     dropout: bool = True,
+    after_update=None,
 ):
     """``update(state, base, batch) -> (state, metrics)``, not yet jitted (callers jit it, with
     shardings where they have them).
@@ -75,6 +76,11 @@ def make_update(
     ratio off 1 and trip the clip before the policy changed (TRL disables dropout for PPO and
     GRPO too).  Metrics: the reduced ``metrics`` of ``loss_fn``, ``loss = total / count``,
     ``count`` and ``grad_norm`` (of the gradient the optimizer receives, before its clipping).
+
+    ``after_update(old, new, metrics) -> params`` changes the trainable tree after the optimiser,
+    outside the gradient, from the step's reduced metrics: state that is no parameter of the
+    loss, such as a mixture of experts' balancing bias (``models.moe.router_bias_update``), whose
+    optimiser update it discards.
     """
 
     def grads_of(trainable, base, micro, key):
@@ -105,6 +111,8 @@ def make_update(
         grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, state.params)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        if after_update is not None:
+            params = after_update(state.params, params, out.metrics)
         metrics = {
             **out.metrics,
             "loss": out.total / denom,

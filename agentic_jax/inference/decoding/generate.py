@@ -28,6 +28,7 @@ from agentic_jax.data.tokenizer import IM_END, Tokenizer
 from agentic_jax.inference.decoding.constrained import TokenConstraint
 from agentic_jax.inference.decoding.kv_cache import (
     KVCache,
+    LatentKVCache,
     extend_logits,
     init_cache,
     prefill,
@@ -40,6 +41,11 @@ from agentic_jax.inference.decoding.sampling import (
     add_tokens,
     count_tokens,
     sample,
+)
+from agentic_jax.inference.decoding.streaming import (
+    StreamingCache,
+    streaming_extend_logits,
+    streaming_prefill,
 )
 from agentic_jax.models import TransformerConfig
 from agentic_jax.models.transformer import logits_from_hidden
@@ -82,26 +88,43 @@ def max_tokens(sampling: SamplingParams | Sequence[SamplingParams]) -> int:
 
 
 class PrefillState(NamedTuple):
-    cache: KVCache
+    cache: KVCache | LatentKVCache
     write: jax.Array  # [B] next free slot
     logits: jax.Array  # [B, V] next-token logits
     hidden: jax.Array  # [B, P, D] final hidden states of the prompt
 
 
 def run_prefill(
-    params, config: TransformerConfig, prompts: PromptBatch, max_len: int
+    params,
+    config: TransformerConfig,
+    prompts: PromptBatch,
+    max_len: int,
+    streaming: StreamingCache | None = None,
 ) -> PrefillState:
-    """Prefill into a fresh cache of ``max_len`` slots; logits at each row's last prompt token."""
+    """Prefill into a fresh cache of ``max_len`` slots; logits at each row's last prompt token.
+
+    With ``streaming`` the cache is that policy's ring (``max_len`` must be ``streaming.slots``)
+    and ``write`` still counts each row's padded slots, so ``write - start`` is its length.
+    """
     b = prompts.tokens.shape[0]
     cache = init_cache(config, b, max_len)
-    h, cache = prefill(params, config, cache, prompts.tokens, prompts.start, prompts.end)
+    run = prefill if streaming is None else functools.partial(streaming_prefill, policy=streaming)
+    h, cache = run(params, config, cache, prompts.tokens, prompts.start, prompts.end)
     last = jnp.take_along_axis(h, (prompts.end - 1)[:, None, None], axis=1)
     return PrefillState(cache, prompts.end, logits_from_hidden(params, config, last)[:, 0], h)
 
 
 @functools.partial(
     jax.jit,
-    static_argnames=("config", "max_new", "eos_id", "pad_id", "track_counts", "return_logits"),
+    static_argnames=(
+        "config",
+        "max_new",
+        "eos_id",
+        "pad_id",
+        "track_counts",
+        "return_logits",
+        "streaming",
+    ),
 )
 def _generate(
     params,
@@ -117,9 +140,17 @@ def _generate(
     pad_id: int,
     track_counts: bool,
     return_logits: bool,
+    streaming: StreamingCache | None,
 ) -> GenerationResult:
     v = config.vocab_size
-    pre = run_prefill(params, config, prompts, prompts.tokens.shape[1] + max_new)
+    if streaming is None:
+        max_len, extend = prompts.tokens.shape[1] + max_new, extend_logits
+    else:
+        max_len, extend = (
+            streaming.slots,
+            functools.partial(streaming_extend_logits, policy=streaming),
+        )
+    pre = run_prefill(params, config, prompts, max_len, streaming)
     if fork is not None:  # every row continues its prompt's prefill
         pre = PrefillState(reorder_rows(pre.cache, fork), pre.write[fork], pre.logits[fork], None)
         prompts = PromptBatch(prompts.tokens[fork], prompts.start[fork], prompts.end[fork])
@@ -172,9 +203,7 @@ def _generate(
             state = jnp.where(active, constraint.next_state[state, tok], state)
 
         def advance(cache):
-            new_logits, _, cache = extend_logits(
-                params, config, cache, tok[:, None], prompts.start, write
-            )
+            new_logits, _, cache = extend(params, config, cache, tok[:, None], prompts.start, write)
             return new_logits[:, 0], cache
 
         logits, cache = jax.lax.cond(
@@ -198,6 +227,7 @@ def generate(
     constraint: TokenConstraint | None = None,
     return_logits: bool = False,
     fork=None,
+    streaming: StreamingCache | None = None,
 ) -> GenerationResult:
     """Samples a continuation of each prompt with a KV cache.
 
@@ -211,7 +241,17 @@ def generate(
     ``fork[r]``, from one prefill per prompt: the prompt's KV cache is shared by the rows forked
     from it (many samples of one prompt, the children of one search node) and the result equals
     ``generate`` on the prompts repeated as ``fork`` says.
+
+    ``streaming`` (a :class:`~agentic_jax.inference.decoding.streaming.StreamingCache`) bounds
+    the cache to ``sink_tokens + window`` slots, the first tokens and a rolling window of the
+    latest (StreamingLLM), so prompts and generations may be longer than the cache; by default
+    the cache holds every prompt and generated token.
     """
+    if streaming is not None and not isinstance(streaming, StreamingCache):
+        raise TypeError(
+            f"streaming must be a StreamingCache(sink_tokens=..., window=...) or None, "
+            f"got {type(streaming).__name__}"
+        )
     prompts = as_prompt_batch(prompts, padding=padding, pad_id=pad_id, vocab_size=config.vocab_size)
     if fork is not None:
         fork = jnp.asarray(fork, jnp.int32)
@@ -239,6 +279,7 @@ def generate(
         pad_id=pad_id,
         track_counts=uses_counts(sampling),
         return_logits=return_logits,
+        streaming=streaming,
     )
 
 

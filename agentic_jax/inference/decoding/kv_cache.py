@@ -1,7 +1,11 @@
 """A contiguous per-sequence KV cache and the two ways of running the model against it.
 
 The cache holds keys and values ``[L, B, S, K, H]`` (layers, batch, slots, kv heads, head dim) —
-grouped-query sized, so it is ``n_heads / n_kv_heads`` times smaller than the query side.  Row
+grouped-query sized, so it is ``n_heads / n_kv_heads`` times smaller than the query side.  A
+multi-head latent attention model caches instead one array ``[L, B, S, 1, r + d_rope]``: each
+token's latent and its shared rope key, which are the key and the value of the absorbed
+attention (:class:`LatentKVCache`; ``kv_lora_rank + qk_rope_head_dim`` elements per token and
+layer against GQA's ``2 n_kv_heads head_dim``).  Row
 ``b`` keeps its tokens in the slots ``[start[b], write[b])``; a token's RoPE position is its slot
 minus ``start[b]``.  That one convention covers both padded layouts:
 
@@ -32,10 +36,12 @@ from agentic_jax.models import TransformerConfig
 from agentic_jax.models.attention import attention
 from agentic_jax.models.transformer import hidden_states, logits_from_hidden
 from pallas_kernels.masks import MASK_VALUE
+from pallas_kernels.reference import soft_cap as cap_logits
 from sharding import with_logical_constraint
 
 CACHE_AXES = ("layers", "cache_batch", "cache_length", "cache_kv_heads", "head_dim")
-_LAYER_AXES = CACHE_AXES[1:]
+# MLA's one latent "kv head" is never split over devices; the latent width stays whole.
+LATENT_CACHE_AXES = ("layers", "cache_batch", "cache_length", None, "kv_lora")
 
 
 class KVCache(NamedTuple):
@@ -47,35 +53,52 @@ class KVCache(NamedTuple):
         return self.k.shape[2]
 
 
-def init_cache(config: TransformerConfig, batch: int, max_len: int) -> KVCache:
-    """A zeroed cache of ``max_len`` slots per row in the compute dtype, laid out by logical axes."""
-    shape = (config.n_layers, batch, max_len, config.n_kv_heads, config.head_dim)
-    zeros = with_logical_constraint(jnp.zeros(shape, config.compute_dtype), CACHE_AXES)
-    return KVCache(zeros, zeros)
+class LatentKVCache(NamedTuple):
+    """Multi-head latent attention's cache: per token the normed latent and the rope key."""
+
+    kv: jax.Array  # [L, B, S, 1, kv_lora_rank + qk_rope_head_dim]
+
+    @property
+    def max_len(self) -> int:
+        return self.kv.shape[2]
 
 
-def cache_logical_axes() -> KVCache:
+def cache_logical_axes(config: TransformerConfig) -> KVCache | LatentKVCache:
     """Logical axes of each cache array (for ``sharding.logical_to_sharding``)."""
+    if config.mla:
+        return LatentKVCache(LATENT_CACHE_AXES)
     return KVCache(CACHE_AXES, CACHE_AXES)
 
 
-def reorder_rows(cache: KVCache, rows) -> KVCache:
+def init_cache(config: TransformerConfig, batch: int, max_len: int) -> KVCache | LatentKVCache:
+    """A zeroed cache of ``max_len`` slots per row in the compute dtype, laid out by logical axes."""
+    if config.mla:
+        shape = (config.n_layers, batch, max_len, 1, config.kv_cache_width)
+    else:
+        shape = (config.n_layers, batch, max_len, config.n_kv_heads, config.head_dim)
+    axes = cache_logical_axes(config)
+    zeros = jnp.zeros(shape, config.compute_dtype)
+    return type(axes)(*(with_logical_constraint(zeros, a) for a in axes))
+
+
+def reorder_rows(cache, rows):
     """The cache with batch rows gathered by ``rows[B']`` (beam reordering, forking a prompt)."""
-    return KVCache(*(jnp.take(a, rows, axis=1) for a in cache))
+    return type(cache)(*(jnp.take(a, rows, axis=1) for a in cache))
 
 
-def move_slots(cache: KVCache, src, dst) -> KVCache:
+def move_slots(cache, src, dst):
     """Copies each row's slots ``src[B, n]`` to slots ``dst[B, n]`` in every layer (compaction)."""
     rows = jnp.arange(src.shape[0])[:, None]
 
     def move(a):
         return a.at[:, rows, dst].set(a[:, rows, src], mode="drop")
 
-    return KVCache(*(move(a) for a in cache))
+    return type(cache)(*(move(a) for a in cache))
 
 
-def masked_attention(q, k, v, mask):
-    """``softmax(q k^T / sqrt(H) + mask) v`` for ``q[B,T,N,H]``, ``k/v[B,S,K,H]``, ``mask[B,T,S]``.
+def masked_attention(q, k, v, mask, soft_cap=None):
+    """``softmax(cap(q k^T / sqrt(H)) + mask) v`` for ``q[B,T,N,H]``, ``k/v[B,S,K,H]``,
+    ``mask[B,T,S]``, with the optional logit soft-cap ``cap(x) = c tanh(x / c)``.
 
     Grouped-query attention: query heads ``g * K .. (g + 1) * K - 1`` share kv head ``g``.
     """
@@ -83,20 +106,27 @@ def masked_attention(q, k, v, mask):
     kh = k.shape[2]
     qg = q.reshape(b, t, kh, n // kh, h)
     scores = jnp.einsum("btkgh,bskh->bkgts", qg, k, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask[:, None, None], scores * h**-0.5, MASK_VALUE)
+    scores = cap_logits(scores * h**-0.5, soft_cap)
+    scores = jnp.where(mask[:, None, None], scores, MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskh->btkgh", probs, v, preferred_element_type=jnp.float32)
     return out.reshape(b, t, n, h).astype(q.dtype)
 
 
 def _write(layer_cache, slots, k, v):
+    """This layer's cache with the new keys and values at ``slots[B, T]``; a latent cache's one
+    array takes ``k`` (the absorbed attention's key, which is its value too)."""
     rows = jnp.arange(k.shape[0])[:, None]
-    k_cache = layer_cache[0].at[rows, slots].set(k.astype(layer_cache[0].dtype), mode="drop")
-    v_cache = layer_cache[1].at[rows, slots].set(v.astype(layer_cache[1].dtype), mode="drop")
-    return (
-        with_logical_constraint(k_cache, _LAYER_AXES),
-        with_logical_constraint(v_cache, _LAYER_AXES),
+    axes = CACHE_AXES[1:] if len(layer_cache) == 2 else LATENT_CACHE_AXES[1:]
+    return tuple(
+        with_logical_constraint(c.at[rows, slots].set(x.astype(c.dtype), mode="drop"), axes)
+        for c, x in zip(layer_cache, (k, v))
     )
+
+
+def _keys_values(layer_cache):
+    """``(keys, values)`` of a layer's cache: a latent cache's one array is both."""
+    return layer_cache[0], layer_cache[-1]
 
 
 def prefill(params, config: TransformerConfig, cache: KVCache, prompt, start, end):
@@ -111,23 +141,24 @@ def prefill(params, config: TransformerConfig, cache: KVCache, prompt, start, en
     positions = jnp.maximum(idx - start[:, None], 0)
     slots = jnp.broadcast_to(idx, prompt.shape)
 
-    def attend(q, k, v, layer_cache):
+    def attend(q, k, v, layer_cache, window):
         o = attention(
             q,
             k,
             v,
             causal=True,
             segment_ids=(segments, segments),
-            sliding_window=config.sliding_window,
+            sliding_window=window,
+            logits_soft_cap=config.attn_logit_softcap,
             implementation=config.attention_impl,
             chunk_size=config.attention_chunk_size,
         )
         return o, _write(layer_cache, slots, k, v)
 
-    h, cache = hidden_states(
-        params, config, prompt, positions=positions, attend=attend, layer_state=cache
+    h, layer_state = hidden_states(
+        params, config, prompt, positions=positions, attend=attend, layer_state=tuple(cache)
     )
-    return h, KVCache(*cache)
+    return h, type(cache)(*layer_state)
 
 
 class Tree(NamedTuple):
@@ -142,8 +173,9 @@ def chain(t: int) -> Tree:
     return Tree(jnp.tril(jnp.ones((t, t), bool)), jnp.arange(t))
 
 
-def extend_mask(config: TransformerConfig, max_len: int, start, write, tree: Tree):
-    """``[B, T, S]`` visibility of cache slots for a block of new tokens at ``write + [0, T)``."""
+def extend_mask(window: int | None, max_len: int, start, write, tree: Tree):
+    """``[B, T, S]`` visibility of cache slots for a block of new tokens at ``write + [0, T)``
+    in a layer attending over ``window`` positions (None: all)."""
     t = tree.depth.shape[0]
     j = jnp.arange(max_len)[None, None, :]
     q_pos = (write - start)[:, None, None] + tree.depth[None, :, None]
@@ -156,11 +188,11 @@ def extend_mask(config: TransformerConfig, max_len: int, start, write, tree: Tre
         jnp.broadcast_to(u, (start.shape[0], t, max_len)),
         axis=2,
     )
-    if config.sliding_window is not None:
+    if window is not None:
         k_pos = jnp.where(
             in_block, (write - start)[:, None, None] + tree.depth[u], j - start[:, None, None]
         )
-        return (cached | block) & (q_pos - k_pos < config.sliding_window)
+        return (cached | block) & (q_pos - k_pos < window)
     return cached | block
 
 
@@ -180,16 +212,20 @@ def extend(
     tree = chain(tokens.shape[1]) if tree is None else tree
     slots = write[:, None] + jnp.arange(tokens.shape[1])[None, :]
     positions = (write - start)[:, None] + tree.depth[None, :]
-    mask = extend_mask(config, cache.max_len, start, write, tree)
+    masks = {
+        w: extend_mask(w, cache.max_len, start, write, tree) for w in set(config.layer_windows)
+    }
 
-    def attend(q, k, v, layer_cache):
-        k_cache, v_cache = _write(layer_cache, slots, k, v)
-        return masked_attention(q, k_cache, v_cache, mask), (k_cache, v_cache)
+    def attend(q, k, v, layer_cache, window):
+        layer_cache = _write(layer_cache, slots, k, v)
+        keys, values = _keys_values(layer_cache)
+        o = masked_attention(q, keys, values, masks[window], config.attn_logit_softcap)
+        return o, layer_cache
 
-    h, cache = hidden_states(
-        params, config, tokens, positions=positions, attend=attend, layer_state=cache
+    h, layer_state = hidden_states(
+        params, config, tokens, positions=positions, attend=attend, layer_state=tuple(cache)
     )
-    return h, KVCache(*cache)
+    return h, type(cache)(*layer_state)
 
 
 def extend_logits(

@@ -15,6 +15,11 @@ into its pages, then attends:
   row's last token in both cases.
 
 Padding tokens get an out-of-range slot and their writes are dropped.
+
+A multi-head latent attention model pages one array instead of two (:class:`PagedLatentCache`,
+``[n_layers, num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim]``): each token's latent
+and rope key, the key and the value of the absorbed attention (multi-query, one kv head), so the
+same kernels read it with the pages passed as both keys and values.
 """
 
 from __future__ import annotations
@@ -46,22 +51,44 @@ def decode_attention_fn(name: str = "auto") -> Callable:
     return DECODE_ATTENTION[name]
 
 
-class PagedKVCache(NamedTuple):
-    k: jax.Array  # [n_layers, num_blocks, block_size, K, H]
-    v: jax.Array
+class _Pages:
+    """Sizes read off the first page array (shared by both cache layouts)."""
 
-    @classmethod
-    def create(cls, config: TransformerConfig, num_blocks: int, block_size: int) -> PagedKVCache:
-        shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
-        return cls(jnp.zeros(shape, config.compute_dtype), jnp.zeros(shape, config.compute_dtype))
+    __slots__ = ()
 
     @property
     def num_blocks(self) -> int:
-        return self.k.shape[1]
+        return self[0].shape[1]
 
     @property
     def block_size(self) -> int:
-        return self.k.shape[2]
+        return self[0].shape[2]
+
+
+class _KeyValuePages(NamedTuple):
+    k: jax.Array  # [n_layers, num_blocks, block_size, K, H]
+    v: jax.Array
+
+
+class _LatentPages(NamedTuple):
+    kv: jax.Array  # [n_layers, num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim]
+
+
+class PagedLatentCache(_Pages, _LatentPages):
+    """Multi-head latent attention's pages: per token the latent and the rope key."""
+
+
+class PagedKVCache(_Pages, _KeyValuePages):
+    """Grouped-query attention's key and value pages."""
+
+    @classmethod
+    def create(cls, config: TransformerConfig, num_blocks: int, block_size: int):
+        """The zeroed cache the config's attention needs: keys and values, or MLA's latents."""
+        if config.mla:
+            shape = (config.n_layers, num_blocks, block_size, 1, config.kv_cache_width)
+            return PagedLatentCache(jnp.zeros(shape, config.compute_dtype))
+        shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
+        return cls(jnp.zeros(shape, config.compute_dtype), jnp.zeros(shape, config.compute_dtype))
 
 
 class PagedBatch(NamedTuple):
@@ -73,10 +100,10 @@ class PagedBatch(NamedTuple):
     lengths: jax.Array  # int32 [B] cached tokens after the step (0: an idle row)
 
 
-def copy_blocks(cache: PagedKVCache, src, dst) -> PagedKVCache:
+def copy_blocks(cache, src, dst):
     """Copy-on-write on the device: block ``dst[i]`` of every layer becomes a copy of ``src[i]``
     (pairs with ``dst`` out of range are skipped)."""
-    return PagedKVCache(*(pages.at[:, dst].set(pages[:, src], mode="drop") for pages in cache))
+    return type(cache)(*(pages.at[:, dst].set(pages[:, src], mode="drop") for pages in cache))
 
 
 def _write(pages, new, slot_mapping):
@@ -101,8 +128,9 @@ def _right_aligned_context(pages, block_tables, lengths):
 def paged_attend(config: TransformerConfig, batch: PagedBatch, decode_attention: Callable):
     """The ``attend`` hook of :func:`models.transformer.hidden_states` over one layer's pages."""
 
-    def attend(q, k, v, pages):
-        k_pages, v_pages = (_write(p, x, batch.slot_mapping) for p, x in zip(pages, (k, v)))
+    def attend(q, k, v, pages, window):
+        pages = tuple(_write(p, x, batch.slot_mapping) for p, x in zip(pages, (k, v)))
+        k_pages, v_pages = pages[0], pages[-1]  # a latent cache's one array is both
         if q.shape[1] == 1:
             o = decode_attention(
                 q[:, 0],
@@ -110,7 +138,8 @@ def paged_attend(config: TransformerConfig, batch: PagedBatch, decode_attention:
                 v_pages,
                 batch.block_tables,
                 batch.lengths,
-                sliding_window=config.sliding_window,
+                sliding_window=window,
+                logits_soft_cap=config.attn_logit_softcap,
             )[:, None]
         else:
             k_ctx, valid = _right_aligned_context(k_pages, batch.block_tables, batch.lengths)
@@ -122,11 +151,12 @@ def paged_attend(config: TransformerConfig, batch: PagedBatch, decode_attention:
                 v_ctx,
                 causal=True,
                 segment_ids=segments,
-                sliding_window=config.sliding_window,
+                sliding_window=window,
+                logits_soft_cap=config.attn_logit_softcap,
                 implementation=config.attention_impl,
                 chunk_size=config.attention_chunk_size,
             )
-        return o, (k_pages, v_pages)
+        return o, pages
 
     return attend
 
@@ -134,7 +164,7 @@ def paged_attend(config: TransformerConfig, batch: PagedBatch, decode_attention:
 def paged_forward(
     params,
     config: TransformerConfig,
-    cache: PagedKVCache,
+    cache: PagedKVCache | PagedLatentCache,
     tokens,
     batch: PagedBatch,
     *,
@@ -142,12 +172,12 @@ def paged_forward(
 ):
     """Runs ``tokens[B, T]`` through the model against the cache; returns the float32 logits
     ``[B, V]`` of each row's last token and the cache with the tokens' K/V written."""
-    h, (k, v) = hidden_states(
+    h, pages = hidden_states(
         params,
         config,
         tokens,
         positions=batch.positions,
         attend=paged_attend(config, batch, decode_attention),
-        layer_state=(cache.k, cache.v),
+        layer_state=tuple(cache),
     )
-    return logits_from_hidden(params, config, h[:, -1:])[:, 0], PagedKVCache(k, v)
+    return logits_from_hidden(params, config, h[:, -1:])[:, 0], type(cache)(*pages)
