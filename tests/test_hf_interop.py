@@ -8,15 +8,24 @@ mistakes), and compare fp32 eval-mode logits with ours.
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from hf_oracle import (
+    SEQ,
+    TINY,
+    assert_trees_equal,
+    hf_logits,
+    hf_model,
+    load_hf_model,
+    our_logits,
+    random_params,
+)
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from agentic_jax.data.documents import write_documents
 from agentic_jax.data.tokenizer import IM_END, Tokenizer, train_tokenizer
-from agentic_jax.models import TransformerConfig, forward, param_shapes
+from agentic_jax.models import TransformerConfig
 from agentic_jax.models.hf import (
     INDEX_FILE,
     SINGLE_FILE,
@@ -26,21 +35,6 @@ from agentic_jax.models.hf import (
     save_hf_checkpoint,
     to_hf_config,
 )
-
-TINY = dict(
-    vocab_size=128,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=48,
-    rms_norm_eps=1e-5,
-    rope_theta=500.0,
-    max_position_embeddings=64,
-    attn_implementation="eager",
-)
-SEQ = 12
-TOKENS = np.random.default_rng(0).integers(0, TINY["vocab_size"], (2, SEQ))
 
 # name -> (HF config class, config fields beyond TINY, save_pretrained max_shard_size)
 HF_CASES = {
@@ -88,73 +82,36 @@ HF_CASES = {
     ),
 }
 
-_forward = jax.jit(forward, static_argnums=1)
-
-
-def _randomise(model, torch):
-    """N(0, 0.1) weights and biases, 1 + N(0, 0.1) norm scales."""
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(torch.randn_like(p) * 0.1 + (1.0 if "norm" in name else 0.0))
-
-
-def _hf_logits(model, torch):
-    with torch.no_grad():
-        return model(torch.as_tensor(TOKENS)).logits.float().numpy()
-
 
 @pytest.fixture(scope="module", params=list(HF_CASES))
 def hf_case(request, tmp_path_factory):
     """(name, checkpoint dir, HF logits) of a tiny random HF model saved with save_pretrained."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     cls_name, fields, shard = HF_CASES[request.param]
-    hf_config = getattr(transformers, cls_name)(**{**TINY, **fields})
-    model = transformers.AutoModelForCausalLM.from_config(hf_config).eval()
-    _randomise(model, torch)
+    torch, model = hf_model(cls_name, **{**TINY, **fields})
     path = tmp_path_factory.mktemp(request.param)
     model.save_pretrained(path, **({"max_shard_size": shard} if shard else {}))
-    return request.param, path, _hf_logits(model, torch)
+    return request.param, path, hf_logits(model, torch)
 
 
 def test_converted_checkpoint_reproduces_hf_logits(hf_case):
-    name, path, hf_logits = hf_case
+    name, path, expected = hf_case
     config, params = load_hf_checkpoint(path)
     assert hf_model_type(config) == HF_CASES[name][0].removesuffix("Config").lower()
-    np.testing.assert_allclose(_forward(params, config, TOKENS), hf_logits, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(our_logits(params, config), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_hf_loads_our_checkpoint_with_the_same_logits(hf_case, tmp_path):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    name, path, hf_logits = hf_case
+    name, path, expected = hf_case
     config, params = load_hf_checkpoint(path)
     save_hf_checkpoint(tmp_path, config, params)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+    torch, model = load_hf_model(tmp_path)
     assert type(model).__name__ == HF_CASES[name][0].replace("Config", "ForCausalLM")
-    np.testing.assert_allclose(_hf_logits(model, torch), hf_logits, atol=1e-4, rtol=1e-4)
-
-
-def _random_params(config, seed=0):
-    """N(0, 0.1) everything, norms around one: random biases and norms check their layout too.
-    Drawn with numpy, as eager jax.random would compile a kernel per new shape."""
-    rng = np.random.default_rng(seed)
-
-    def draw(path, spec):
-        offset = 1.0 if "norm" in jax.tree_util.keystr(path) else 0.0
-        return jnp.asarray(rng.normal(offset, 0.1, spec.shape), spec.dtype)
-
-    return jax.tree_util.tree_map_with_path(draw, param_shapes(config))
+    np.testing.assert_allclose(hf_logits(model, torch), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_hf_matches_native_only_features(tmp_path):
     """Static NTK has no HF type (it is saved as a larger rope_theta); q/k/v biases with a window
     on every layer become Qwen2 with max_window_layers=0; head_dim != hidden / heads."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     config = TransformerConfig(
         vocab_size=128,
         d_model=32,
@@ -168,14 +125,12 @@ def test_hf_matches_native_only_features(tmp_path):
         sliding_window=5,
         rope_scaling={"type": "ntk", "factor": 4.0},
     )
-    params = _random_params(config)
+    params = random_params(config)
     save_hf_checkpoint(tmp_path, config, params)
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+    torch, model = load_hf_model(tmp_path)
     assert type(model).__name__ == "Qwen2ForCausalLM"
     np.testing.assert_allclose(
-        _hf_logits(model, torch), _forward(params, config, TOKENS), atol=1e-4, rtol=1e-4
+        hf_logits(model, torch), our_logits(params, config), atol=1e-4, rtol=1e-4
     )
 
 
@@ -213,41 +168,34 @@ ROUND_TRIP = {
 }
 
 
-def _assert_trees_equal(a, b):
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        assert x.dtype == y.dtype
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-
-
 @pytest.mark.parametrize("name", list(ROUND_TRIP))
 @pytest.mark.parametrize("max_shard_bytes", [5 * 10**9, 20_000])
 def test_save_load_round_trip_is_exact(name, max_shard_bytes, tmp_path):
     config = ROUND_TRIP[name]
-    params = _random_params(config)
+    params = random_params(config)
     save_hf_checkpoint(tmp_path, config, params, max_shard_bytes=max_shard_bytes)
     assert (tmp_path / INDEX_FILE).exists() == (max_shard_bytes < 10**9)
     assert (tmp_path / SINGLE_FILE).exists() == (max_shard_bytes > 10**9)
     loaded_config, loaded = load_hf_checkpoint(tmp_path, param_dtype=config.param_dtype)
     assert loaded_config == config
-    _assert_trees_equal(loaded, params)
+    assert_trees_equal(loaded, params)
 
 
 def test_bf16_checkpoint_loads_as_float32(tmp_path):
     config = BASE.replace(param_dtype="bfloat16")
-    params = _random_params(config)
+    params = random_params(config)
     save_hf_checkpoint(tmp_path, config, params)
     with safe_open(str(tmp_path / SINGLE_FILE), framework="numpy") as f:
         assert f.get_slice("model.norm.weight").get_dtype() == "BF16"
     loaded_config, loaded = load_hf_checkpoint(tmp_path)
     assert loaded_config.param_dtype == "float32"
-    _assert_trees_equal(loaded, jax.tree.map(lambda a: a.astype("float32"), params))
+    assert_trees_equal(loaded, jax.tree.map(lambda a: a.astype("float32"), params))
 
 
 @pytest.fixture
 def saved(tmp_path):
     """A small single-file checkpoint and its tensors, to corrupt."""
-    params = _random_params(BASE)
+    params = random_params(BASE)
     save_hf_checkpoint(tmp_path, BASE, params)
     tensors = load_file(str(tmp_path / SINGLE_FILE))
     return tmp_path, tensors, params
@@ -266,7 +214,7 @@ def test_rotary_buffers_and_tied_head_copies_are_ignored(saved):
     }
     _rewrite(path, {**tensors, **extra})
     _, loaded = load_hf_checkpoint(path)
-    _assert_trees_equal(loaded, params)
+    assert_trees_equal(loaded, params)
 
 
 def test_unknown_and_missing_tensors_are_named(saved):
@@ -321,7 +269,7 @@ def test_missing_files_are_named(tmp_path, saved):
 
 
 def test_missing_shard_is_named(tmp_path):
-    save_hf_checkpoint(tmp_path, BASE, _random_params(BASE), max_shard_bytes=20_000)
+    save_hf_checkpoint(tmp_path, BASE, random_params(BASE), max_shard_bytes=20_000)
     shard = json.loads((tmp_path / INDEX_FILE).read_text())["weight_map"]["model.norm.weight"]
     (tmp_path / shard).unlink()
     with pytest.raises(FileNotFoundError, match=shard):
@@ -329,7 +277,7 @@ def test_missing_shard_is_named(tmp_path):
 
 
 def test_index_without_weight_map_is_named(tmp_path):
-    save_hf_checkpoint(tmp_path, BASE, _random_params(BASE), max_shard_bytes=20_000)
+    save_hf_checkpoint(tmp_path, BASE, random_params(BASE), max_shard_bytes=20_000)
     (tmp_path / INDEX_FILE).write_text(json.dumps({"metadata": {}}))
     with pytest.raises(ValueError, match=INDEX_FILE):
         load_hf_checkpoint(tmp_path)
@@ -343,14 +291,14 @@ def test_saved_config_carries_the_tokenizer_ids(tmp_path):
         tmp_path / "tokenizer.json", files=[tmp_path / "docs.txt"], vocab_size=300
     )
     tokenizer = Tokenizer(trained.backend, eos_token=IM_END, pad_token=None)
-    save_hf_checkpoint(tmp_path / "hf", BASE, _random_params(BASE), tokenizer=tokenizer)
+    save_hf_checkpoint(tmp_path / "hf", BASE, random_params(BASE), tokenizer=tokenizer)
     hf = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
     assert (hf.bos_token_id, hf.eos_token_id) == (tokenizer.bos_id, tokenizer.token_id(IM_END))
     assert hf.pad_token_id is None
 
 
 def test_save_refuses_mismatched_params_and_existing_weights(tmp_path):
-    params = _random_params(BASE)
+    params = random_params(BASE)
     with pytest.raises(ValueError, match="lm_head"):
         save_hf_checkpoint(tmp_path / "a", BASE.replace(tie_embeddings=False), params)
     save_hf_checkpoint(tmp_path / "b", BASE, params)

@@ -84,8 +84,8 @@ def test_load_names_missing_files(tmp_path):
 def test_unknown_config_fields_fail(tmp_path):
     save_model(tmp_path, CONFIG, _random_params(CONFIG))
     fields = json.loads((tmp_path / CONFIG_FILE).read_text())
-    (tmp_path / CONFIG_FILE).write_text(json.dumps({**fields, "n_experts": 8}))
-    with pytest.raises(ValueError, match="n_experts"):
+    (tmp_path / CONFIG_FILE).write_text(json.dumps({**fields, "n_wings": 8}))
+    with pytest.raises(ValueError, match="n_wings"):
         load_model(tmp_path)
 
 

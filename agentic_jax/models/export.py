@@ -80,8 +80,8 @@ def _copy_tokenizer(src: Path | None, out_dir) -> None:
 
 
 def hf_to_native(hf_dir, out_dir, *, param_dtype: str = "float32") -> TransformerConfig:
-    """Converts a HF Llama / Mistral / Qwen2 checkpoint directory to a native model directory,
-    tokenizer files included."""
+    """Converts a HF checkpoint directory (a family of ``hf.FAMILIES``) to a native model
+    directory, tokenizer files included."""
     config, params = load_hf_checkpoint(hf_dir, param_dtype=param_dtype)
     save_model(out_dir, config, params)
     _copy_tokenizer(tokenizer_dir(hf_dir), out_dir)

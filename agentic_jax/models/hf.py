@@ -1,30 +1,47 @@
-"""Hugging Face checkpoint interop for Llama / Mistral / Qwen2 causal LMs.
+"""Hugging Face checkpoint interop, one mapping table per model family.
 
 A HF checkpoint directory is a ``config.json`` plus safetensors weights (one ``model.safetensors``,
-or shards listed by ``model.safetensors.index.json``).  The two layouts differ only mechanically:
+or shards listed by ``model.safetensors.index.json``).  The families this module reads and writes
+(:data:`FAMILIES`) differ from our layout only mechanically:
 
-* HF keeps one ``nn.Linear`` weight ``[out, in]`` per layer; we keep ``[in, ...out]`` stacked on a
-  leading layers axis (``q[L, D, N, H]``), so a HF weight maps to ours by a transpose and a reshape.
-  Our RoPE uses HF's rotate-half layout, so q/k need no row permutation.
+* HF keeps one ``nn.Linear`` weight ``[out, in]`` per layer (and per expert); we keep ``[in,
+  ...out]`` stacked on a leading layers axis (``q[L, D, N, H]``, experts ``gate[L_moe, E, D, F]``),
+  so a HF weight maps to ours by a transpose and a reshape into one slot of a stacked leaf.
+  Our RoPE uses HF's rotate-half layout, so q/k need no row permutation (but for DeepSeek's
+  interleaved RoPE dimensions), and a fused HF projection (DeepSeek's ``kv_b_proj``) is split
+  over our leaves by row.
 * Config fields are renamed, and HF's rope parameters moved between versions (transformers 5 keeps
   ``rope_theta`` inside ``rope_parameters``; older configs have top-level ``rope_theta`` and
   ``rope_scaling``).  Both spellings are read; the older one is written, since every transformers
   version reads it.
 
-Loading streams one tensor at a time from ``safe_open(framework="numpy")`` into preallocated stacked
-host buffers, and saving writes the safetensors format one tensor at a time, so neither direction
-ever holds a second full copy of the model.  Reading BF16 into numpy needs a safetensors release
-that maps it to ``ml_dtypes.bfloat16`` (0.8 does; 0.5 raises).
+A family is data: how its ``config.json`` reads into :class:`TransformerConfig` fields and back,
+and its tensor rows (HF name, our path, HF shape, transposed or not) for every layer, a dense
+layer's MLP and an MoE layer's router and experts.  :func:`_tensor_table` expands the rows over
+layers and experts; loading, saving and the checks are written once for all families.
+
+Export picks the family by what it can hold, not by a list of rules: a family can hold a config
+when writing its ``config.json`` and reading it back gives the same architecture
+(:func:`_architecture`) and its tensor rows cover every parameter.  A feature a family cannot
+express (a sliding window in Llama, shared experts in Mixtral, a router noise weight anywhere)
+therefore rules the family out, new config fields included, without a rule per feature.
+
+Loading streams: shards are opened one at a time (the index says which tensors each holds) and
+read one tensor at a time from ``safe_open(framework="numpy")`` into preallocated stacked host
+buffers, so the checkpoint is never in memory beside our copy; saving writes the safetensors
+format one tensor at a time.  Reading BF16 into numpy needs a safetensors release that maps it to
+``ml_dtypes.bfloat16`` (0.8 does; 0.5 raises).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 import struct
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -36,11 +53,6 @@ from safetensors import safe_open
 from agentic_jax.models.config import TransformerConfig
 from agentic_jax.models.transformer import param_shapes
 
-ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-}
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 _ST_DTYPES = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16"}
@@ -53,10 +65,39 @@ _LLAMA3_DEFAULTS = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 8192,
 }
+# Fields no config.json carries and that do not change what the model computes at inference:
+# they pass through an export check unchanged (see :func:`_mismatch`).  A field here that adds a
+# parameter (router noise, the balancing bias) is still caught, by the tensor rows' coverage.
+_RUNTIME_FIELDS = (
+    "dtype",
+    "param_dtype",
+    "attention_impl",
+    "attention_chunk_size",
+    "remat_policy",
+    "scan_layers",
+    "init_std",
+    "capacity_factor",
+    "moe_dispatch",
+    "router_noise",
+    "router_z_loss_coef",
+    "aux_free_bias_rate",
+)
+# Fields compared in a canonical form by :func:`_architecture` (or, for a dense model, not at all).
+_CANONICAL_FIELDS = (
+    "rope_theta",
+    "rope_scaling",
+    "max_seq_len",
+    "moe_layers",
+    "d_ff",
+    "moe_d_ff",
+    "sliding_window",
+    "sliding_window_pattern",
+)
+_MOE_FIELDS = ("experts_per_token", "n_shared_experts", "router", "router_aux_loss_coef")
 
 
 # ---------------------------------------------------------------------------------------------
-# config.json <-> TransformerConfig
+# config.json <-> TransformerConfig: what every family shares
 
 
 def _required(hf: Mapping[str, Any], key: str):
@@ -102,49 +143,37 @@ def _rope_from_hf(hf: Mapping[str, Any], max_pos: int) -> tuple[float, dict | No
     return theta, {"type": kind, **params}
 
 
-def _sliding_window_from_hf(hf: Mapping[str, Any]) -> int | None:
-    """Mistral windows every layer; Qwen2 the layers >= max_window_layers (or per layer_types)."""
-    if hf["model_type"] == "llama":
-        return None
-    if hf["model_type"] == "mistral":
-        return hf.get("sliding_window", 4096)
-    window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window") else None
-    if window is None:
-        return None
-    n_layers = hf["num_hidden_layers"]
-    first = hf.get("max_window_layers", 28)
-    types = hf.get("layer_types") or [
-        "sliding_attention" if i >= first else "full_attention" for i in range(n_layers)
-    ]
-    sliding = {t == "sliding_attention" for t in types}
-    if sliding == {False}:
-        return None
-    if sliding == {True}:
-        return window
-    raise NotImplementedError(
-        f"Qwen2 sliding window on some layers only ({types}); the model "
-        "applies one window to every layer"
-    )
+def _rope_to_hf(config: TransformerConfig) -> tuple[float, int, dict | None]:
+    """(rope_theta, max_position_embeddings, rope_scaling) for HF."""
+    scaling, max_pos = config.rope_scaling, config.max_seq_len
+    if scaling is None:
+        return config.rope_theta, max_pos, None
+    kind = scaling["type"]
+    rest = {k: v for k, v in scaling.items() if k not in ("type", "rope_type")}
+    if kind == "ntk":
+        # HF has no static NTK, but it is exactly a larger base: theta * factor^(d / (d - 2)).
+        d = config.rope_dim
+        return config.rope_theta * scaling["factor"] ** (d / (d - 2)), max_pos, None
+    if kind == "dynamic":
+        # HF's dynamic NTK grows from max_position_embeddings; that must be our original length.
+        max_pos = rest.get("original_max_position_embeddings", max_pos)
+    if kind == "llama3":
+        rest = {**_LLAMA3_DEFAULTS, **rest}
+    return config.rope_theta, max_pos, {"rope_type": kind, **rest}
 
 
-def from_hf_config(hf: Mapping[str, Any], **overrides) -> TransformerConfig:
-    """The :class:`TransformerConfig` of a HF ``config.json`` dict, plus ``overrides``."""
-    model_type = hf.get("model_type")
-    if model_type not in ARCHITECTURES:
-        raise ValueError(
-            f"unsupported HF model_type {model_type!r}; expected one of {tuple(ARCHITECTURES)}"
-        )
+def _common_from_hf(hf: Mapping[str, Any]) -> dict:
+    """The :class:`TransformerConfig` fields every family spells the same way."""
     if hf.get("hidden_act", "silu") != "silu":
         raise NotImplementedError(f"hidden_act={hf['hidden_act']!r}; the MLP is SwiGLU (silu)")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         raise NotImplementedError(
-            "Llama attention_bias / mlp_bias: the model has q/k/v biases "
-            "only (no o_proj or MLP biases)"
+            "attention_bias / mlp_bias: the model has q/k/v biases only (no o_proj or MLP biases)"
         )
     d_model, n_heads = _required(hf, "hidden_size"), _required(hf, "num_attention_heads")
     max_pos = _required(hf, "max_position_embeddings")
     theta, scaling = _rope_from_hf(hf, max_pos)
-    fields = dict(
+    return dict(
         vocab_size=_required(hf, "vocab_size"),
         d_model=d_model,
         n_layers=_required(hf, "num_hidden_layers"),
@@ -156,52 +185,14 @@ def from_hf_config(hf: Mapping[str, Any], **overrides) -> TransformerConfig:
         rope_theta=theta,
         rope_scaling=scaling,
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        qkv_bias=model_type == "qwen2",
-        sliding_window=_sliding_window_from_hf(hf),
         max_seq_len=max_pos,
     )
-    return TransformerConfig(**{**fields, **overrides})
 
 
-def hf_model_type(config: TransformerConfig) -> str:
-    """Qwen2 for q/k/v biases (Llama's attention_bias would add an o_proj bias), else Mistral for a
-    sliding window, else Llama."""
-    if config.qkv_bias:
-        return "qwen2"
-    return "mistral" if config.sliding_window else "llama"
-
-
-def _rope_to_hf(config: TransformerConfig) -> tuple[float, int, dict | None]:
-    """(rope_theta, max_position_embeddings, rope_scaling) for HF."""
-    scaling, max_pos = config.rope_scaling, config.max_seq_len
-    if scaling is None:
-        return config.rope_theta, max_pos, None
-    kind = scaling["type"]
-    rest = {k: v for k, v in scaling.items() if k not in ("type", "rope_type")}
-    if kind == "ntk":
-        # HF has no static NTK, but it is exactly a larger base: theta * factor^(d / (d - 2)).
-        d = config.head_dim
-        return config.rope_theta * scaling["factor"] ** (d / (d - 2)), max_pos, None
-    if kind == "dynamic":
-        # HF's dynamic NTK grows from max_position_embeddings; that must be our original length.
-        max_pos = rest.get("original_max_position_embeddings", max_pos)
-    if kind == "llama3":
-        rest = {**_LLAMA3_DEFAULTS, **rest}
-    return config.rope_theta, max_pos, {"rope_type": kind, **rest}
-
-
-def to_hf_config(config: TransformerConfig, dtype: str | None = None, tokenizer=None) -> dict:
-    """The HF ``config.json`` dict of ``config`` (:func:`hf_model_type` picks the architecture).
-
-    ``tokenizer`` (anything with ``bos_id`` / ``eos_id`` / ``pad_id``) supplies the special-token
-    ids; without them ``generate`` falls back to the architecture's defaults (Llama's 1 and 2,
-    Qwen2's none), which need not be the tokenizer's.  An id the tokenizer lacks is left out.
-    """
-    model_type = hf_model_type(config)
+def _common_to_hf(config: TransformerConfig) -> dict:
+    """The ``config.json`` fields every family spells the same way (a family may override)."""
     theta, max_pos, scaling = _rope_to_hf(config)
-    hf = {
-        "architectures": [ARCHITECTURES[model_type]],
-        "model_type": model_type,
+    return {
         "vocab_size": config.vocab_size,
         "hidden_size": config.d_model,
         "intermediate_size": config.d_ff,
@@ -215,18 +206,601 @@ def to_hf_config(config: TransformerConfig, dtype: str | None = None, tokenizer=
         "rope_theta": theta,
         "rope_scaling": scaling,
         "tie_word_embeddings": config.tie_embeddings,
-        "torch_dtype": jnp.dtype(dtype or config.param_dtype).name,
     }
-    if model_type == "llama":
-        hf.update(attention_bias=False, mlp_bias=False)
-    elif model_type == "mistral":
-        hf["sliding_window"] = config.sliding_window
-    else:
-        hf.update(
-            use_sliding_window=config.sliding_window is not None,
-            sliding_window=config.sliding_window,
-            max_window_layers=0,
+
+
+def _moe_from_hf(hf: Mapping[str, Any], *n_experts_keys: str) -> dict:
+    """The MoE fields HF's MoE families share.  ``n_experts_keys`` spell the expert count, in
+    order (transformers 5 writes Qwen3-MoE's ``num_experts`` as ``num_local_experts``)."""
+    n_experts = next((hf[k] for k in n_experts_keys if hf.get(k)), 0)
+    if n_experts <= 0:
+        raise ValueError(
+            f"HF config.json has no {' or '.join(n_experts_keys)}: an MoE needs experts"
         )
+    return dict(
+        n_experts=n_experts,
+        experts_per_token=_required(hf, "num_experts_per_tok"),
+        router_aux_loss_coef=_required(hf, "router_aux_loss_coef"),
+    )
+
+
+def _moe_to_hf(config: TransformerConfig) -> dict:
+    return {
+        "num_experts_per_tok": config.experts_per_token,
+        "router_aux_loss_coef": config.router_aux_loss_coef,
+    }
+
+
+def _window_per_layer_types(hf: Mapping[str, Any], window: int | None, first_windowed: int):
+    """One window for the model from Qwen's per-layer switches (``layer_types``, else the layers
+    >= ``max_window_layers``): the model applies one window to every layer or to none."""
+    if window is None:
+        return None
+    n_layers = hf["num_hidden_layers"]
+    types = hf.get("layer_types") or [
+        "sliding_attention" if i >= first_windowed else "full_attention" for i in range(n_layers)
+    ]
+    sliding = {t == "sliding_attention" for t in types}
+    if sliding == {False}:
+        return None
+    if sliding == {True}:
+        return window
+    raise NotImplementedError(
+        f"{hf['model_type']} sliding window on some layers only ({types}); the model "
+        "applies one window to every layer"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# config.json <-> TransformerConfig: each family's own fields
+
+
+def _read_llama(hf) -> dict:
+    return {}
+
+
+def _write_llama(c: TransformerConfig) -> dict:
+    return {"attention_bias": False, "mlp_bias": False}
+
+
+def _read_mistral(hf) -> dict:
+    return {"sliding_window": hf.get("sliding_window", 4096)}
+
+
+def _write_mistral(c: TransformerConfig) -> dict:
+    return {"sliding_window": c.sliding_window}
+
+
+def _read_qwen2(hf) -> dict:
+    window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window") else None
+    return {
+        "qkv_bias": True,
+        "sliding_window": _window_per_layer_types(hf, window, hf.get("max_window_layers", 28)),
+    }
+
+
+def _write_qwen2(c: TransformerConfig) -> dict:
+    return {
+        "use_sliding_window": c.sliding_window is not None,
+        "sliding_window": c.sliding_window,
+        "max_window_layers": 0,
+    }
+
+
+def _read_mixtral(hf) -> dict:
+    """Mixtral: every layer an MoE of ``intermediate_size`` experts, top-k then softmax (HF
+    computes softmax, top-k, renormalise: the same gates).  ``router_jitter_noise`` is a
+    training-time input jitter with no counterpart here; it is ignored."""
+    return {
+        "sliding_window": hf.get("sliding_window"),
+        "router": "topk_softmax",
+        **_moe_from_hf(hf, "num_local_experts"),
+    }
+
+
+def _write_mixtral(c: TransformerConfig) -> dict:
+    return {
+        "intermediate_size": c.expert_d_ff,
+        "sliding_window": c.sliding_window,
+        "num_local_experts": c.n_experts,
+        "router_jitter_noise": 0.0,
+        **_moe_to_hf(c),
+    }
+
+
+def _read_qwen3(hf) -> dict:
+    """Qwen3: QK-norm, and a window on the layers ``layer_types`` names (by default those >=
+    ``max_window_layers``) when ``use_sliding_window``."""
+    window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window") else None
+    first = hf.get("max_window_layers", 28)
+    types = tuple(
+        hf.get("layer_types")
+        or (
+            "sliding_attention" if window is not None and i >= first else "full_attention"
+            for i in range(hf["num_hidden_layers"])
+        )
+    )
+    if window is None or "sliding_attention" not in types:
+        return {"qk_norm": True, "sliding_window": None}
+    pattern = None if set(types) == {"sliding_attention"} else types
+    return {"qk_norm": True, "sliding_window": window, "sliding_window_pattern": pattern}
+
+
+def _write_qwen3(c: TransformerConfig) -> dict:
+    return {
+        "use_sliding_window": c.sliding_window is not None,
+        "sliding_window": c.sliding_window,
+        "max_window_layers": 0,
+        "layer_types": [
+            "full_attention" if w is None else "sliding_attention" for w in c.layer_windows
+        ],
+        "attention_bias": False,
+    }
+
+
+def _qwen_moe_layers(hf) -> int | tuple[int, ...]:
+    """Qwen2/3-MoE's MoE layers: every ``decoder_sparse_step``-th, less ``mlp_only_layers``
+    (the same ``(i + 1) % step == 0`` rule as our ``moe_layers`` int)."""
+    step = hf.get("decoder_sparse_step") or 1
+    dense = set(hf.get("mlp_only_layers") or ())
+    if not dense:
+        return step
+    return tuple(
+        i for i in range(hf["num_hidden_layers"]) if i not in dense and (i + 1) % step == 0
+    )
+
+
+def _read_qwen3_moe(hf) -> dict:
+    """Qwen3-MoE: softmax, top-k, and renormalised gates when ``norm_topk_prob``."""
+    return {
+        "qk_norm": True,
+        "sliding_window": hf.get("sliding_window", 4096) if hf.get("use_sliding_window") else None,
+        "moe_d_ff": _required(hf, "moe_intermediate_size"),
+        "moe_layers": _qwen_moe_layers(hf),
+        "router": "topk_softmax" if hf.get("norm_topk_prob") else "softmax_topk",
+        **_moe_from_hf(hf, "num_experts", "num_local_experts"),
+    }
+
+
+def _write_qwen3_moe(c: TransformerConfig) -> dict:
+    dense = [i for i in range(c.n_layers) if i not in c.moe_layer_ids]
+    step = c.moe_layers if isinstance(c.moe_layers, int) else 1
+    return {
+        "use_sliding_window": c.sliding_window is not None,
+        "sliding_window": c.sliding_window,
+        "attention_bias": False,
+        "moe_intermediate_size": c.expert_d_ff,
+        "decoder_sparse_step": step,
+        "mlp_only_layers": [] if isinstance(c.moe_layers, int) else dense,
+        "num_experts": c.n_experts,
+        "norm_topk_prob": c.router == "topk_softmax",
+        **_moe_to_hf(c),
+    }
+
+
+def _read_deepseek_v3(hf) -> dict:
+    """DeepSeek-V3's multi-head latent attention, on dense layers only (see the refusals).
+
+    HF normalises both latents with a fixed eps of 1e-6 (``DeepseekV3RMSNorm``'s default), and
+    our model with ``norm_eps``, so the two must agree.
+    """
+    n_layers, first_moe = hf["num_hidden_layers"], hf.get("first_k_dense_replace", 3)
+    if first_moe < n_layers:
+        raise NotImplementedError(
+            f"DeepSeek-V3 MoE layers (first_k_dense_replace={first_moe} < {n_layers} layers): "
+            "its router (sigmoid scores, top-k within the topk_group best of n_group expert "
+            "groups, gates renormalised and scaled by routed_scaling_factor) is not in models.moe"
+        )
+    scaling = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    if scaling.get("mscale_all_dim") and scaling.get("factor", 1) > 1:
+        raise NotImplementedError(
+            "DeepSeek-V3 YaRN with mscale_all_dim multiplies the softmax scale by mscale^2; the "
+            "model has no softmax-scale field"
+        )
+    if hf.get("rms_norm_eps", 1e-6) != 1e-6:
+        raise NotImplementedError(
+            f"DeepSeek-V3 rms_norm_eps={hf['rms_norm_eps']}: HF's latent norms use 1e-6, ours "
+            "use norm_eps"
+        )
+    return {
+        "attention_type": "mla",
+        "q_lora_rank": hf.get("q_lora_rank"),
+        "kv_lora_rank": _required(hf, "kv_lora_rank"),
+        "qk_nope_head_dim": _required(hf, "qk_nope_head_dim"),
+        "qk_rope_head_dim": _required(hf, "qk_rope_head_dim"),
+        "v_head_dim": _required(hf, "v_head_dim"),
+        "head_dim": _required(hf, "qk_rope_head_dim"),  # unused by MLA; HF's value
+        "n_kv_heads": _required(hf, "num_attention_heads"),  # likewise
+    }
+
+
+def _write_deepseek_v3(c: TransformerConfig) -> dict:
+    """Every layer dense (``first_k_dense_replace``), RoPE dimensions in rotate-half order."""
+    return {
+        "q_lora_rank": c.q_lora_rank or None,
+        "kv_lora_rank": c.kv_lora_rank,
+        "qk_nope_head_dim": c.qk_nope_head_dim,
+        "qk_rope_head_dim": c.qk_rope_head_dim,
+        "v_head_dim": c.v_head_dim,
+        "head_dim": c.qk_rope_head_dim,
+        "num_key_value_heads": c.n_heads,
+        "first_k_dense_replace": c.n_layers,
+        "rope_interleave": False,
+        "attention_bias": False,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor rows
+
+
+class _Row(NamedTuple):
+    """One HF tensor of a family's table.
+
+    ``hf`` is its name (after ``model.layers.{i}.`` in a layer's rows; ``{e}`` makes one row per
+    expert), ``ours`` its path in our tree (``/``-joined, under ``layers`` in a layer's rows),
+    ``shape`` its HF shape in the symbols of :func:`_dims`, ``transpose`` whether it is an
+    ``nn.Linear`` weight ``[out, in]`` (ours are ``[in, ...out]``).
+
+    ``rows``, when set, says which of the HF tensor's first-axis rows are ours, in our order:
+    ``rows(config, hf_config)`` gives one index array per path of ``ours`` (space-separated).
+    It splits a fused HF projection over several of our leaves and reorders rows whose HF
+    order differs (interleaved RoPE dimensions).
+    """
+
+    hf: str
+    ours: str
+    shape: str
+    transpose: bool
+    rows: Callable[[TransformerConfig, Mapping[str, Any]], list[np.ndarray]] | None = None
+
+
+def _swiglu_rows(prefix: str, names: tuple[str, str, str], ours: str, width: str):
+    """gate, up and down projections of one SwiGLU MLP (HF ``names`` in that order)."""
+    gate, up, down = names
+    return (
+        _Row(f"{prefix}.{gate}.weight", f"{ours}/gate", f"{width} D", True),
+        _Row(f"{prefix}.{up}.weight", f"{ours}/up", f"{width} D", True),
+        _Row(f"{prefix}.{down}.weight", f"{ours}/down", f"D {width}", True),
+    )
+
+
+_PROJ = ("gate_proj", "up_proj", "down_proj")
+_EMBED = (_Row("model.embed_tokens.weight", "embed", "V D", False),)
+_HEAD = (
+    _Row("model.norm.weight", "final_norm", "D", False),
+    _Row("lm_head.weight", "lm_head", "V D", True),  # absent (skipped) when tied
+)
+_ATTENTION = (
+    _Row("input_layernorm.weight", "attn_norm", "D", False),
+    _Row("self_attn.q_proj.weight", "attn/q", "Q D", True),
+    _Row("self_attn.k_proj.weight", "attn/k", "KV D", True),
+    _Row("self_attn.v_proj.weight", "attn/v", "KV D", True),
+    _Row("self_attn.o_proj.weight", "attn/o", "D Q", True),
+    _Row("post_attention_layernorm.weight", "mlp_norm", "D", False),
+)
+_QKV_BIAS = (
+    _Row("self_attn.q_proj.bias", "attn/q_bias", "Q", False),
+    _Row("self_attn.k_proj.bias", "attn/k_bias", "KV", False),
+    _Row("self_attn.v_proj.bias", "attn/v_bias", "KV", False),
+)
+_QK_NORM = (
+    _Row("self_attn.q_norm.weight", "attn/q_norm", "H", False),
+    _Row("self_attn.k_norm.weight", "attn/k_norm", "H", False),
+)
+_MLP = _swiglu_rows("mlp", _PROJ, "mlp", "F")
+
+
+def _rope_order(c: TransformerConfig, hf: Mapping[str, Any]) -> np.ndarray:
+    """Our rotate-half order of the RoPE dimensions as HF rows: DeepSeek's ``rope_interleave``
+    rotates pairs ``(x0, x1), (x2, x3), ...``, ours ``(x_i, x_{i + d/2})``, so ours are HF's even
+    rows then its odd ones.  Queries and keys are permuted alike, so no score changes."""
+    d = c.qk_rope_head_dim
+    if hf.get("rope_interleave", True):
+        return np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
+    return np.arange(d)
+
+
+def _mla_query_rows(c: TransformerConfig, hf) -> list[np.ndarray]:
+    """Each head's query is ``[nope | rope]`` in HF and ours; only the rope order differs."""
+    head = np.concatenate([np.arange(c.qk_nope_head_dim), c.qk_nope_head_dim + _rope_order(c, hf)])
+    return [(np.arange(c.n_heads)[:, None] * c.qk_head_dim + head).reshape(-1)]
+
+
+def _mla_kv_a_rows(c: TransformerConfig, hf) -> list[np.ndarray]:
+    """``[latent | shared rope key]`` in HF and ours; only the rope order differs."""
+    r = c.kv_lora_rank
+    return [np.concatenate([np.arange(r), r + _rope_order(c, hf)])]
+
+
+def _mla_kv_b_rows(c: TransformerConfig, hf) -> list[np.ndarray]:
+    """HF's fused ``kv_b_proj`` has each head's ``[k_nope | v]`` rows; ours are ``k_up``, ``v_up``."""
+    width = c.qk_nope_head_dim + c.v_head_dim
+    heads = np.arange(c.n_heads)[:, None] * width
+    k = heads + np.arange(c.qk_nope_head_dim)
+    v = heads + c.qk_nope_head_dim + np.arange(c.v_head_dim)
+    return [k.reshape(-1), v.reshape(-1)]
+
+
+# Without a q_lora_rank our tree has ``q`` and no ``q_a`` / ``q_b``, and the other way round.
+_MLA = (
+    _Row("input_layernorm.weight", "attn_norm", "D", False),
+    _Row("self_attn.q_proj.weight", "attn/q", "QK D", True, _mla_query_rows),
+    _Row("self_attn.q_a_proj.weight", "attn/q_a", "RQ D", True),
+    _Row("self_attn.q_a_layernorm.weight", "attn/q_a_norm", "RQ", False),
+    _Row("self_attn.q_b_proj.weight", "attn/q_b", "QK RQ", True, _mla_query_rows),
+    _Row("self_attn.kv_a_proj_with_mqa.weight", "attn/kv_a", "KVA D", True, _mla_kv_a_rows),
+    _Row("self_attn.kv_a_layernorm.weight", "attn/kv_a_norm", "R", False),
+    _Row("self_attn.kv_b_proj.weight", "attn/k_up attn/v_up", "KVB R", True, _mla_kv_b_rows),
+    _Row("self_attn.o_proj.weight", "attn/o", "D VO", True),
+    _Row("post_attention_layernorm.weight", "mlp_norm", "D", False),
+)
+
+
+def _moe_rows(prefix: str, expert_names: tuple[str, str, str]) -> tuple[_Row, ...]:
+    """An MoE layer's router ``{prefix}.gate`` and its experts ``{prefix}.experts.{e}``."""
+    return (
+        _Row(f"{prefix}.gate.weight", "moe/router", "E D", True),
+        *_swiglu_rows(f"{prefix}.experts.{{e}}", expert_names, "moe", "X"),
+    )
+
+
+def _dims(c: TransformerConfig) -> dict[str, int]:
+    """The symbols of :class:`_Row` shapes."""
+    return {
+        "V": c.vocab_size,
+        "D": c.d_model,
+        "H": c.head_dim,
+        "Q": c.n_heads * c.head_dim,
+        "KV": c.n_kv_heads * c.head_dim,
+        "F": c.d_ff,
+        "X": c.expert_d_ff,
+        "E": c.n_experts,
+        # multi-head latent attention
+        "R": c.kv_lora_rank,
+        "RQ": c.q_lora_rank or 0,
+        "QK": c.n_heads * c.qk_head_dim,
+        "KVA": c.kv_lora_rank + c.qk_rope_head_dim,
+        "KVB": c.n_heads * (c.qk_nope_head_dim + c.v_head_dim),
+        "VO": c.n_heads * c.v_head_dim,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """A HF model family: its names, how its ``config.json`` maps to ours, and its tensors.
+
+    ``layer`` rows are every decoder layer's, ``mlp`` a dense layer's MLP, ``moe`` an MoE layer's
+    router and experts.  A row whose path our tree lacks for a config (q/k/v biases without
+    ``qkv_bias``, ``lm_head`` when tied) is left out of that config's table.  ``defaults`` are the
+    HF class defaults a ``config.json`` may leave out where they differ from our readers'.
+    """
+
+    model_type: str
+    architecture: str
+    read: Callable[[Mapping[str, Any]], dict]
+    write: Callable[[TransformerConfig], dict]
+    layer: tuple[_Row, ...] = _ATTENTION
+    mlp: tuple[_Row, ...] = _MLP
+    moe: tuple[_Row, ...] = ()
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+# In the order export tries them: the first that can hold a config names it.
+FAMILIES = {
+    f.model_type: f
+    for f in (
+        Family("llama", "LlamaForCausalLM", _read_llama, _write_llama),
+        Family("mistral", "MistralForCausalLM", _read_mistral, _write_mistral),
+        Family("qwen2", "Qwen2ForCausalLM", _read_qwen2, _write_qwen2, _ATTENTION + _QKV_BIAS),
+        Family(
+            "mixtral",
+            "MixtralForCausalLM",
+            _read_mixtral,
+            _write_mixtral,
+            moe=_moe_rows("block_sparse_moe", ("w1", "w3", "w2")),
+            defaults={"rope_theta": 1e6, "router_aux_loss_coef": 0.001},
+        ),
+        Family("qwen3", "Qwen3ForCausalLM", _read_qwen3, _write_qwen3, _ATTENTION + _QK_NORM),
+        Family(
+            "qwen3_moe",
+            "Qwen3MoeForCausalLM",
+            _read_qwen3_moe,
+            _write_qwen3_moe,
+            _ATTENTION + _QK_NORM,
+            moe=_moe_rows("mlp", _PROJ),
+            defaults={"router_aux_loss_coef": 0.001},
+        ),
+        Family("deepseek_v3", "DeepseekV3ForCausalLM", _read_deepseek_v3, _write_deepseek_v3, _MLA),
+    )
+}
+
+
+def _family(model_type) -> Family:
+    if model_type not in FAMILIES:
+        raise ValueError(
+            f"unsupported HF model_type {model_type!r}; expected one of {tuple(FAMILIES)}"
+        )
+    return FAMILIES[model_type]
+
+
+class _Part(NamedTuple):
+    """Where (some of) a HF tensor's rows live in our tree."""
+
+    path: tuple[str, ...]
+    index: tuple[int, ...]  # its slot in the (stacked) leaf: () whole, (layer,), (layer, expert)
+    rows: np.ndarray | None  # the HF rows that are this part, in our order; None: all, as they are
+
+
+class _Tensor(NamedTuple):
+    """One HF tensor of a config: the parts of our tree it holds and how its layout differs."""
+
+    name: str
+    parts: tuple[_Part, ...]
+    hf_shape: tuple[int, ...]
+    transpose: bool  # nn.Linear weight [out, in] vs our [in, ...out]
+
+    def to_ours(self, array: np.ndarray, part: _Part) -> np.ndarray:
+        """``part``'s rows of the HF ``array``, laid out as HF's ``[out, in]`` transposed."""
+        rows = array if part.rows is None else array[part.rows]
+        return rows.T if self.transpose else rows
+
+    def to_hf(self, leaves: Mapping[tuple, Any], dtype) -> np.ndarray:
+        """This HF tensor from our ``leaves`` (by path), one part at a time."""
+        first = self.parts[0]
+        if len(self.parts) == 1 and first.rows is None:  # the common case: no assembly
+            return self._from_part(leaves, first)
+        out = np.empty(self.hf_shape, dtype)
+        for part in self.parts:
+            out[part.rows] = self._from_part(leaves, part)
+        return out
+
+    def _from_part(self, leaves: Mapping[tuple, Any], part: _Part) -> np.ndarray:
+        leaf = leaves[part.path]
+        ours = np.asarray(leaf[part.index] if part.index else leaf)
+        rows = self.hf_shape[0] if part.rows is None else len(part.rows)
+        shape = (rows, *self.hf_shape[1:])
+        return ours.reshape(shape[::-1]).T if self.transpose else ours.reshape(shape)
+
+
+def _leaves_by_path(tree) -> tuple[dict, Any]:
+    """{("layers", "attn", "q"): leaf, ...} and the treedef to rebuild the tree."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    return {tuple(k.key for k in path): leaf for path, leaf in flat}, treedef
+
+
+def _tensor_table(c: TransformerConfig, family: Family, hf: Mapping[str, Any]) -> list[_Tensor]:
+    """Every HF tensor of ``c`` in HF's order (embedding, layer by layer, final norm, head);
+    ``hf`` is the ``config.json`` read or written (for layouts only it records).
+
+    A layer's MLP rows index the stack of its own kind (dense layers and MoE layers are stacked
+    separately, each in layer order; see ``transformer._segments``).
+    """
+    dims = _dims(c)
+    present = set(_leaves_by_path(param_shapes(c))[0])
+
+    def expand(rows, name_prefix: str, path_prefix: tuple, index: tuple) -> Iterator[_Tensor]:
+        for row in rows:
+            paths = [path_prefix + tuple(p.split("/")) for p in row.ours.split()]
+            if not all(p in present for p in paths):
+                continue
+            shape = tuple(dims[s] for s in row.shape.split())
+            selected = [None] * len(paths) if row.rows is None else row.rows(c, hf)
+            for e in range(c.n_experts) if "{e}" in row.hf else (None,):
+                slot = index if e is None else (*index, e)
+                parts = tuple(_Part(p, slot, r) for p, r in zip(paths, selected))
+                yield _Tensor(name_prefix + row.hf.format(e=e), parts, shape, row.transpose)
+
+    moe_ids, seen = set(c.moe_layer_ids), {"mlp": 0, "moe": 0}
+    table = list(expand(_EMBED, "", (), ()))
+    for i in range(c.n_layers):
+        prefix, kind = f"model.layers.{i}.", "moe" if i in moe_ids else "mlp"
+        table += expand(family.layer, prefix, ("layers",), (i,))
+        table += expand(getattr(family, kind), prefix, ("layers",), (seen[kind],))
+        seen[kind] += 1
+    table += expand(_HEAD, "", (), ())
+    return table
+
+
+# ---------------------------------------------------------------------------------------------
+# Which family holds a config
+
+
+def _read_config(hf: Mapping[str, Any], family: Family, overrides: Mapping[str, Any]):
+    hf = {**family.defaults, **hf}
+    fields = {**_common_from_hf(hf), **family.read(hf)}
+    return TransformerConfig(**{**fields, **overrides})
+
+
+def from_hf_config(hf: Mapping[str, Any], **overrides) -> TransformerConfig:
+    """The :class:`TransformerConfig` of a HF ``config.json`` dict, plus ``overrides``."""
+    return _read_config(hf, _family(hf.get("model_type")), overrides)
+
+
+def _architecture(c: TransformerConfig) -> dict:
+    """What ``c`` computes, in a form two spellings of one model agree on: rope as HF writes it
+    (static NTK is a larger base), each layer's window, the MoE layers as indices, the dense
+    width only when a dense layer uses it, no MoE fields for a dense model and no GQA widths
+    under MLA."""
+    skip = set(_RUNTIME_FIELDS) | set(_CANONICAL_FIELDS)
+    if not c.n_experts:
+        skip |= set(_MOE_FIELDS)
+    if c.mla:  # MLA has its own widths and no kv heads
+        skip |= {"head_dim", "n_kv_heads"}
+    arch = {f.name: getattr(c, f.name) for f in dataclasses.fields(c) if f.name not in skip}
+    arch["rope"] = _rope_to_hf(c)
+    arch["windows"] = c.layer_windows
+    arch["moe_layers"] = c.moe_layer_ids
+    if len(c.moe_layer_ids) < c.n_layers:
+        arch["d_ff"] = c.d_ff
+    if c.n_experts:
+        arch["expert_d_ff"] = c.expert_d_ff
+    return arch
+
+
+def _mismatch(config: TransformerConfig, family: Family) -> str | None:
+    """Why ``family`` cannot hold ``config``, or None when it can: its ``config.json`` must read
+    back as the same architecture, and its rows must cover every parameter."""
+    try:
+        runtime = {name: getattr(config, name) for name in _RUNTIME_FIELDS}
+        hf = _write_config(config, family)
+        back = _read_config(hf, family, runtime)
+    except (ValueError, NotImplementedError) as e:
+        return str(e)
+    ours, theirs = _architecture(config), _architecture(back)
+    lost = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+    if lost:
+        return "cannot express " + ", ".join(f"{k}={ours.get(k)!r}" for k in lost)
+    covered = {p.path for t in _tensor_table(config, family, hf) for p in t.parts}
+    uncovered = sorted("/".join(p) for p in _leaves_by_path(param_shapes(config))[0])
+    uncovered = [p for p in uncovered if tuple(p.split("/")) not in covered]
+    if uncovered:
+        return f"has no tensor for {uncovered}"
+    return None
+
+
+def _export_family(config: TransformerConfig, model_type: str | None = None) -> Family:
+    """``model_type``'s family if it can hold ``config``, else the first of :data:`FAMILIES` that
+    can; fails naming what each family lacks."""
+    candidates = [_family(model_type)] if model_type else list(FAMILIES.values())
+    reasons = {}
+    for family in candidates:
+        reason = _mismatch(config, family)
+        if reason is None:
+            return family
+        reasons[family.model_type] = reason
+    detail = "; ".join(f"{name}: {why}" for name, why in reasons.items())
+    raise NotImplementedError(f"no HF family can hold this config ({detail})")
+
+
+def hf_model_type(config: TransformerConfig) -> str:
+    """The HF family :func:`save_hf_checkpoint` writes ``config`` as: the first of
+    :data:`FAMILIES` that can hold it (Llama, else Mistral for a sliding window, else Qwen2 for
+    q/k/v biases, else the MoE families)."""
+    return _export_family(config).model_type
+
+
+def _write_config(config: TransformerConfig, family: Family) -> dict:
+    return {
+        "architectures": [family.architecture],
+        "model_type": family.model_type,
+        **_common_to_hf(config),
+        **family.write(config),
+    }
+
+
+def to_hf_config(
+    config: TransformerConfig, dtype: str | None = None, tokenizer=None, *, model_type=None
+) -> dict:
+    """The HF ``config.json`` dict of ``config`` as ``model_type`` (default
+    :func:`hf_model_type`; a family that cannot hold the config is an error).
+
+    ``tokenizer`` (anything with ``bos_id`` / ``eos_id`` / ``pad_id``) supplies the special-token
+    ids; without them ``generate`` falls back to the architecture's defaults (Llama's 1 and 2,
+    Qwen2's none), which need not be the tokenizer's.  An id the tokenizer lacks is left out.
+    """
+    hf = _write_config(config, _export_family(config, model_type))
+    hf["torch_dtype"] = jnp.dtype(dtype or config.param_dtype).name
     if tokenizer is not None:
         ids = {
             "bos_token_id": tokenizer.bos_id,
@@ -238,59 +812,11 @@ def to_hf_config(config: TransformerConfig, dtype: str | None = None, tokenizer=
 
 
 # ---------------------------------------------------------------------------------------------
-# Tensor names and layouts
-
-
-class _Tensor(NamedTuple):
-    """One HF tensor: where it lives in our tree and how its layout differs."""
-
-    name: str
-    path: tuple[str, ...]
-    layer: int | None  # index on the stacked layers axis, None for non-layer parameters
-    hf_shape: tuple[int, ...]
-    transpose: bool  # nn.Linear weight [out, in] vs our [in, ...out]
-
-
-def _tensor_table(c: TransformerConfig) -> list[_Tensor]:
-    """Every HF tensor of ``c`` in HF's order (embedding, layer by layer, final norm, head)."""
-    D, N, K, H, F, V = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff, c.vocab_size
-    per_layer = [
-        ("input_layernorm.weight", ("attn_norm",), (D,), False),
-        ("self_attn.q_proj.weight", ("attn", "q"), (N * H, D), True),
-        ("self_attn.k_proj.weight", ("attn", "k"), (K * H, D), True),
-        ("self_attn.v_proj.weight", ("attn", "v"), (K * H, D), True),
-        ("self_attn.o_proj.weight", ("attn", "o"), (D, N * H), True),
-        ("post_attention_layernorm.weight", ("mlp_norm",), (D,), False),
-        ("mlp.gate_proj.weight", ("mlp", "gate"), (F, D), True),
-        ("mlp.up_proj.weight", ("mlp", "up"), (F, D), True),
-        ("mlp.down_proj.weight", ("mlp", "down"), (D, F), True),
-    ]
-    if c.qkv_bias:
-        per_layer += [
-            ("self_attn.q_proj.bias", ("attn", "q_bias"), (N * H,), False),
-            ("self_attn.k_proj.bias", ("attn", "k_bias"), (K * H,), False),
-            ("self_attn.v_proj.bias", ("attn", "v_bias"), (K * H,), False),
-        ]
-    table = [_Tensor("model.embed_tokens.weight", ("embed",), None, (V, D), False)]
-    table += [
-        _Tensor(f"model.layers.{i}.{name}", ("layers",) + path, i, shape, transpose)
-        for i in range(c.n_layers)
-        for name, path, shape, transpose in per_layer
-    ]
-    table.append(_Tensor("model.norm.weight", ("final_norm",), None, (D,), False))
-    if not c.tie_embeddings:
-        table.append(_Tensor("lm_head.weight", ("lm_head",), None, (V, D), True))
-    return table
+# Checks
 
 
 def _ignored(name: str, config: TransformerConfig) -> bool:
     return bool(_IGNORED.fullmatch(name)) or (config.tie_embeddings and name == "lm_head.weight")
-
-
-def _leaves_by_path(tree) -> tuple[dict, Any]:
-    """{("layers", "attn", "q"): leaf, ...} and the treedef to rebuild the tree."""
-    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    return {tuple(k.key for k in path): leaf for path, leaf in flat}, treedef
 
 
 def check_params(config: TransformerConfig, params) -> dict:
@@ -334,7 +860,9 @@ def _weight_files(path: Path) -> dict[str, list[str]]:
     return files
 
 
-def _check_names(files: dict[str, list[str]], table: list[_Tensor], config: TransformerConfig):
+def _check_names(
+    files: dict[str, list[str]], table: list[_Tensor], config: TransformerConfig, model_type: str
+):
     """Fails before any data is read if a tensor is unknown, missing or duplicated."""
     found = Counter(n for names in files.values() for n in names if not _ignored(n, config))
     expected = {t.name for t in table}
@@ -344,7 +872,7 @@ def _check_names(files: dict[str, list[str]], table: list[_Tensor], config: Tran
     for what, names in (("unknown", unknown), ("missing", missing), ("duplicated", duplicated)):
         if names:
             raise ValueError(
-                f"{what} tensors in the HF checkpoint for {hf_model_type(config)} "
+                f"{what} tensors in the HF checkpoint for {model_type} "
                 f"config: {names[:8]}{' ...' if len(names) > 8 else ''}"
             )
 
@@ -359,23 +887,24 @@ def _read(f, name: str) -> np.ndarray:
 def load_hf_checkpoint(
     path, *, param_dtype: str = "float32", **config_overrides
 ) -> tuple[TransformerConfig, dict]:
-    """(config, params) of a local HF Llama / Mistral / Qwen2 causal-LM directory.
+    """(config, params) of a local HF causal-LM directory of one of :data:`FAMILIES`.
 
     Parameters are cast to ``param_dtype``; ``config_overrides`` set non-architecture fields such
     as ``dtype`` or ``attention_impl``.  Rotary ``inv_freq`` buffers, and ``lm_head.weight`` of a
-    tied model, are skipped; any other tensor we have no place for is an error.
+    tied model, are skipped; any other tensor we have no place for is an error.  Shards are read
+    one after another, each opened once, tensor by tensor.
     """
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"HF checkpoint directory {path} does not exist")
     if not (path / "config.json").exists():
         raise FileNotFoundError(f"{path / 'config.json'} not found")
-    config = from_hf_config(
-        json.loads((path / "config.json").read_text()), param_dtype=param_dtype, **config_overrides
-    )
-    table = _tensor_table(config)
+    hf = json.loads((path / "config.json").read_text())
+    family = _family(hf.get("model_type"))
+    config = _read_config(hf, family, {"param_dtype": param_dtype, **config_overrides})
+    table = _tensor_table(config, family, hf)
     files = _weight_files(path)
-    _check_names(files, table, config)
+    _check_names(files, table, config, family.model_type)
     by_name = {t.name: t for t in table}
     shapes, treedef = _leaves_by_path(param_shapes(config))
     buffers = {p: np.empty(s.shape, s.dtype) for p, s in shapes.items()}
@@ -389,8 +918,9 @@ def load_hf_checkpoint(
                     raise ValueError(
                         f"HF tensor {name} has shape {array.shape}; the config implies {t.hf_shape}"
                     )
-                dest = buffers[t.path] if t.layer is None else buffers[t.path][t.layer]
-                dest[...] = (array.T if t.transpose else array).reshape(dest.shape)
+                for part in t.parts:
+                    dest = buffers[part.path][part.index]
+                    dest[...] = t.to_ours(array, part).reshape(dest.shape)
     # Popping hands each host buffer to the device and frees it before the next one is copied.
     leaves = [jnp.asarray(buffers.pop(p)) for p in shapes]
     return config, jax.tree_util.tree_unflatten(treedef, leaves)
@@ -443,9 +973,10 @@ def save_hf_checkpoint(
     dtype: str | None = None,
     max_shard_bytes: int = 5 * 10**9,
     tokenizer=None,
+    model_type: str | None = None,
 ) -> Path:
     """Writes ``config.json`` and safetensors weights that ``transformers`` loads as
-    :func:`hf_model_type` (``config``).  Tensors are cast to ``dtype`` (default
+    ``model_type`` (default :func:`hf_model_type`).  Tensors are cast to ``dtype`` (default
     ``config.param_dtype``) and written one at a time; over ``max_shard_bytes`` the weights are
     sharded with a ``model.safetensors.index.json``.  Refuses a directory that already holds
     weights, since stale shards would mix with the new ones.  ``tokenizer``, if given, puts its
@@ -455,16 +986,12 @@ def save_hf_checkpoint(
     if path.exists() and any(path.glob("*.safetensors*")):
         raise FileExistsError(f"{path} already holds safetensors weights")
     leaves = check_params(config, params)
+    hf_config = to_hf_config(config, dtype, tokenizer, model_type=model_type)
     np_dtype = np.dtype(jnp.dtype(dtype or config.param_dtype))
-    table = _tensor_table(config)
+    table = _tensor_table(config, FAMILIES[hf_config["model_type"]], hf_config)
 
     def producer(t: _Tensor):
-        def produce():
-            leaf = leaves[t.path] if t.layer is None else leaves[t.path][t.layer]
-            ours = np.asarray(leaf)
-            return ours.reshape(t.hf_shape[::-1]).T if t.transpose else ours.reshape(t.hf_shape)
-
-        return produce
+        return lambda: t.to_hf(leaves, np_dtype)
 
     path.mkdir(parents=True, exist_ok=True)
     shards = _shards(table, np_dtype.itemsize, max_shard_bytes)
@@ -482,5 +1009,5 @@ def save_hf_checkpoint(
             "weight_map": {t.name: name for name, shard in zip(names, shards) for t in shard},
         }
         (path / INDEX_FILE).write_text(json.dumps(index, indent=2))
-    (path / "config.json").write_text(json.dumps(to_hf_config(config, dtype, tokenizer), indent=2))
+    (path / "config.json").write_text(json.dumps(hf_config, indent=2))
     return path
