@@ -2,16 +2,20 @@
 the jitted env, the multi-hop corpus task, retrieved tokens carrying no gradient, and the
 ``rl_search_r1`` config end to end on a tiny model."""
 
+import json
+
 import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from tiny_models import task_model_dir
+from tiny_tasks import TINY_PIPELINE
 
 from agentic_jax import rl
 from agentic_jax.agents import env_tool
 from agentic_jax.agents.tools.retrieval import Retriever, retrieval_tool
+from agentic_jax.cli import main
 from agentic_jax.config import parse
 from agentic_jax.envs.host import HostTextEnv
 from agentic_jax.envs.text import (
@@ -278,3 +282,45 @@ def test_the_search_r1_config_trains_a_tiny_model_end_to_end(model, tmp_path):
         gin.clear_config()
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2] and np.isfinite(last["loss"])
+
+
+def test_the_search_r1_pipeline_config_sfts_on_one_and_two_hops_and_rls_on_new_bridges():
+    """``search_r1.gin``, the whole pipeline: SFT on one- and two-hop demonstrations, GRPO on
+    bridge questions at seeds SFT never drew, every row of both stages fitting the model."""
+    import agentic_jax.registry  # noqa: F401  (registers every configurable)
+
+    parse(["search_r1"], [f"agentic_jax.envs.text.CorpusQA.classes = {CLASSES}"])
+    try:
+        assert str(gin.query_parameter("run_job.job")) == "@post_training"
+        sft, rl_tasks = (
+            gin.query_parameter(f"post_training.{name}_tasks").scoped_configurable_fn()
+            for name in ("sft", "rl")
+        )
+        max_seq_len = TransformerConfig().max_seq_len
+    finally:
+        gin.clear_config()
+    assert [g.difficulty for g in sft.generators] == [1, 2]
+    assert [g.difficulty for g in rl_tasks.generators] == [2]
+    assert rl_tasks.first_seed >= sft.first_seed + sft.num_train
+    assert sft.context_length == rl_tasks.context_length == max_seq_len == 512
+
+
+def test_the_search_r1_pipeline_runs_every_stage_at_toy_sizes(tmp_path):
+    """``agentic-jax train --gin_file search_r1`` at toy sizes: every stage and the report, whose
+    held-out slice is the bridge questions."""
+    params = [
+        *TINY_PIPELINE,
+        f"agentic_jax.envs.text.CorpusQA.classes = {4 * CLASSES}",  # held-out classes among them
+        # The toy tokenizer (500 tokens) spells a two-search transcript in ~800 tokens.
+        "TransformerConfig.max_seq_len = 1024",
+        "sft/TaskSpec.max_length = 896",
+        "rl/TaskSpec.max_length = 896",
+    ]
+    workdir = tmp_path / "run"
+    args = ["train", "--gin_file", "search_r1", "--workdir", str(workdir)]
+    assert main([*args, *(a for p in params for a in ("--gin_param", p))]) == 0
+    for stage in ("pretrain", "sft", "rl"):
+        assert (workdir / stage / "model" / "config.json").exists()
+    report = json.loads((workdir / "report.json").read_text())
+    assert list(report["by_slice"]) == ["CorpusQA/2"]
+    assert list(report["retention"]["by_slice"]) == ["CorpusQA/1", "CorpusQA/2"]
