@@ -40,7 +40,7 @@ BATCH = 20
 
 
 def test_sigkilled_writers_never_corrupt_the_file_or_lose_a_commit(tmp_path):
-    """20 writers, each SIGKILLed a random time after it starts writing batches of 20 records
+    """12 writers, each SIGKILLed a random time after it starts writing batches of 20 records
     (one transaction a batch, where a writer spends most of its time); after each, the file passes
     ``integrity_check``, holds every batch the writer reported committed, and every batch
     whole or not at all."""
@@ -48,7 +48,7 @@ def test_sigkilled_writers_never_corrupt_the_file_or_lose_a_commit(tmp_path):
     script.write_text(f"BATCH = {BATCH}\n" + textwrap.dedent(WRITER))
     rng = random.Random(25)
     committed: set[str] = set()
-    for run in range(20):
+    for run in range(12):
         proc = subprocess.Popen(
             [sys.executable, str(script), str(tmp_path / "db"), f"r{run}"],
             env=ENV,

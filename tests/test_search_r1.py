@@ -2,20 +2,16 @@
 the jitted env, the multi-hop corpus task, retrieved tokens carrying no gradient, and the
 ``rl_search_r1`` config end to end on a tiny model."""
 
-import json
-
 import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from tiny_models import task_model_dir
-from tiny_tasks import TINY_PIPELINE
 
 from agentic_jax import rl
 from agentic_jax.agents import env_tool
 from agentic_jax.agents.tools.retrieval import Retriever, retrieval_tool
-from agentic_jax.cli import main
 from agentic_jax.config import parse
 from agentic_jax.envs.host import HostTextEnv
 from agentic_jax.envs.text import (
@@ -303,24 +299,3 @@ def test_the_search_r1_pipeline_config_sfts_on_one_and_two_hops_and_rls_on_new_b
     assert [g.difficulty for g in rl_tasks.generators] == [2]
     assert rl_tasks.first_seed >= sft.first_seed + sft.num_train
     assert sft.context_length == rl_tasks.context_length == max_seq_len == 512
-
-
-def test_the_search_r1_pipeline_runs_every_stage_at_toy_sizes(tmp_path):
-    """``agentic-jax train --gin_file search_r1`` at toy sizes: every stage and the report, whose
-    held-out slice is the bridge questions."""
-    params = [
-        *TINY_PIPELINE,
-        f"agentic_jax.envs.text.CorpusQA.classes = {4 * CLASSES}",  # held-out classes among them
-        # The toy tokenizer (500 tokens) spells a two-search transcript in ~800 tokens.
-        "TransformerConfig.max_seq_len = 1024",
-        "sft/TaskSpec.max_length = 896",
-        "rl/TaskSpec.max_length = 896",
-    ]
-    workdir = tmp_path / "run"
-    args = ["train", "--gin_file", "search_r1", "--workdir", str(workdir)]
-    assert main([*args, *(a for p in params for a in ("--gin_param", p))]) == 0
-    for stage in ("pretrain", "sft", "rl"):
-        assert (workdir / stage / "model" / "config.json").exists()
-    report = json.loads((workdir / "report.json").read_text())
-    assert list(report["by_slice"]) == ["CorpusQA/2"]
-    assert list(report["retention"]["by_slice"]) == ["CorpusQA/1", "CorpusQA/2"]
