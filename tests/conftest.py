@@ -23,3 +23,18 @@ from hypothesis import settings  # noqa: E402
 
 settings.register_profile("ci", max_examples=10, deadline=None, derandomize=True)
 settings.load_profile("ci")
+
+import gc  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drops every compiled program after each test module.  Each XLA:CPU executable holds about
+    a dozen memory mappings, and a worker process that keeps the thousands a whole suite compiles
+    passes Linux's ``vm.max_map_count`` (65,530): the next compile's mmap fails and LLVM
+    segfaults, killing the worker.  Modules rarely share programs, so little is recompiled."""
+    yield
+    jax.clear_caches()
+    gc.collect()
