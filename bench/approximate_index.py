@@ -30,6 +30,7 @@ import numpy as np
 
 from agentic_jax.retrieval import DenseIndex, exact_top_k
 from agentic_jax.retrieval.approximate import ApproximateIndex
+from bench.figures import save_figure
 from pallas_kernels.benchmarking import describe_device
 
 
@@ -138,10 +139,7 @@ def plot(results: dict, k: int, path: str) -> None:
     ax.set_ylabel(f"recall@{k} against exact search")
     ax.set_title("HNSW (labels: expansion_search) vs exact search")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> dict:

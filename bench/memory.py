@@ -69,6 +69,7 @@ from agentic_jax.memory.longhorizon import (
 )
 from agentic_jax.memory.read import approx_tokens
 from agentic_jax.memory.update import Fact
+from bench.figures import save_figure
 
 SYSTEMS = ("no memory", "full context", "vector", "mem0", "tiered")
 METRICS = ("em", "f1", "recall")
@@ -384,10 +385,7 @@ def plot(table: dict, path: str) -> None:
         ax.set_ylabel("exact match" if metric == "em" else "retrieval recall")
         ax.set_ylim(0, 1.05)
     axes[0].legend(list(table), fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> dict:

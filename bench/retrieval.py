@@ -57,6 +57,7 @@ from agentic_jax.retrieval.rerank import RerankingRetriever, load_reranker, trai
 from agentic_jax.retrieval.trainer import TrainSettings
 from agentic_jax.retrieval.training_data import RetrievalDataSpec
 from agentic_jax.training.metrics import read_metrics
+from bench.figures import save_figure
 
 PIPELINES = ("bm25", "dense", "colbert", "hybrid", "bm25+rerank", "hybrid+rerank")
 RECALL_KS = (1, 5, 10)
@@ -268,11 +269,7 @@ def plot(table: dict, path: str) -> None:
         ax.margins(x=0.2, y=0.1)
         ax.set_xlabel("queries/s (one query at a time)")
         ax.set_ylabel(f"held-out {metric}")
-    fig.tight_layout()
-    if os.path.dirname(path):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None) -> dict:
