@@ -19,6 +19,10 @@ exact formula (``dot`` or ``cosine``) and ranked with the exact tie rule (the ea
 first), so a hit's score is the one exact search gives it (to float32 rounding: numpy's sum,
 not XLA's), whatever precision the graph stores (``dtype``), and the hits can be fused with any
 other ranking.
+
+Vectors are linked into the graph one at a time (``threads=1``): concurrent inserts make the
+graph, and so which neighbours a search finds, depend on thread scheduling, and an index must
+answer the same query the same way every run.
 """
 
 from __future__ import annotations
@@ -127,7 +131,7 @@ class ApproximateIndex(DenseIndex):
         self._next_key += len(ids)
         self._keys.update(zip(ids, keys))
         self._id_of.update(zip(keys, ids))
-        self._graph.add(self._graph_keys(ids), self.embeddings(ids))
+        self._graph.add(self._graph_keys(ids), self.embeddings(ids), threads=1)
 
     def update(self, ids, embeddings) -> None:
         """New embeddings for present ids: each is unlinked and inserted again, under its key."""
@@ -135,7 +139,7 @@ class ApproximateIndex(DenseIndex):
         super().update(ids, embeddings)
         keys = self._graph_keys(ids)
         self._graph.remove(keys)
-        self._graph.add(keys, self.embeddings(ids))
+        self._graph.add(keys, self.embeddings(ids), threads=1)
 
     def delete(self, ids) -> None:
         """Removes ids from the rows and the graph (usearch marks the nodes deleted: they still
