@@ -6,7 +6,8 @@ run model code inside ``with activate(mesh, rules):`` (``jax.set_mesh`` + :func:
 that :func:`with_logical_constraint` shards activations; outside any mesh it does nothing.
 :func:`ring_attention` is sequence-parallel attention, :func:`pipeline_loss` runs a loss's layers
 as pipeline stages (GPipe or 1F1B, :func:`make_schedule`), :func:`array_layouts` /
-:func:`insufficiently_sharded` inspect a layout and :func:`plan_memory` sizes a run.
+:func:`insufficiently_sharded` inspect a layout and :func:`plan_memory` sizes a run (full or
+adapter fine-tuning, QLoRA's NF4 base), :func:`plan_rlhf` RLHF's four models.
 """
 
 from sharding.constraints import activate, with_logical_constraint
@@ -15,10 +16,13 @@ from sharding.memory_plan import (
     LLAMA3_8B,
     LLAMA3_70B,
     PRESETS,
+    Adapters,
     MemoryPlan,
     ModelShape,
+    RLHFPlan,
     memory_report,
     plan_memory,
+    plan_rlhf,
 )
 from sharding.mesh import MESH_AXES, MeshSpec, active_axis_size, axis_sizes, make_mesh
 from sharding.partition import is_logical_axes, logical_to_sharding, logical_to_specs, shard_params
@@ -42,11 +46,13 @@ __all__ = [
     "LLAMA3_70B",
     "MESH_AXES",
     "PRESETS",
+    "Adapters",
     "ArrayLayout",
     "AxisRules",
     "MemoryPlan",
     "MeshSpec",
     "ModelShape",
+    "RLHFPlan",
     "Schedule",
     "ShardingError",
     "activate",
@@ -67,6 +73,7 @@ __all__ = [
     "memory_report",
     "pipeline_loss",
     "plan_memory",
+    "plan_rlhf",
     "ring_attention",
     "shard_params",
     "use_rules",

@@ -19,6 +19,16 @@ Assumptions, stated so the numbers can be checked by hand:
   output and fp32 logits for the loss.
 * Serving (``optimizer=None``): parameters, the KV cache ``2 x layers x batch x seq x kv_heads x
   head_dim`` and one layer's working set for the prompt plus last-position logits.
+* Adapters (``adapters=Adapters(...)``: LoRA, DoRA, QLoRA as ``agentic_jax.models.lora`` trains
+  them): the base is frozen (no master copy, gradient or optimizer state; the activations are
+  those of full fine-tuning: the backward still runs through every layer); only the adapters
+  ``A [L, in..., r]``, ``B [L, r, out...]`` (and DoRA's ``m [L, out...]``) have master copies,
+  gradients and moments.  The adapters' own activations (``x A``, ``[B, T, r]`` per target) are
+  not counted.  ``base_format="nf4"`` (QLoRA) holds the projections q/k/v/o, gate/up/down (and
+  MLA's) at 4 + 8/64 + 32/(64 x 256) = 4.127 bits per parameter (``NF4_BITS``: 4-bit codes,
+  float8 absmax per 64, float32 scale per 256 absmax); embeddings, norms and the LM head stay in
+  the parameter precision.  Double quantisation's padding to 256 and one float32 offset per
+  layer are not counted.
 * Multi-head latent attention (``attention_type="mla"``): its projections replace q/k/v/o, its
   training activations are the materialised per-head q, k, v (widths ``qk_nope + qk_rope`` and
   ``v_head_dim``) beside the latent, and its cache is ``layers x batch x seq x (kv_lora_rank +
@@ -29,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from fractions import Fraction
 from typing import NamedTuple
 
 import jax
@@ -57,6 +68,30 @@ PRECISIONS = {
 }
 OPTIMIZER_MOMENTS = {"sgd": 0, "momentum": 1, "lion": 1, "adam": 2, "adamw": 2}
 REMAT = ("none", "dots", "full")
+# QLoRA's NF4 bytes per parameter: 4-bit codes, a float8 absmax per 64 weights, a float32 scale
+# per 256 absmax (Dettmers et al. 2023): 2113/4096 bytes = 4.127 bits.
+NF4_BYTES = Fraction(1, 2) + Fraction(1, 64) + Fraction(4, 64 * 256)
+NF4_BITS = float(8 * NF4_BYTES)
+QUANTIZED = ("q", "k", "v", "o", "gate", "up", "down", "q_a", "q_b", "kv_a")
+ADAPTER_INPUT_DIMS = {"o": 2}  # every other adapter target has one input axis
+
+
+@dataclasses.dataclass(frozen=True)
+class Adapters:
+    """Adapter fine-tuning over a frozen base: ``rank``, the ``targets`` adapted, DoRA's
+    ``magnitude`` vectors, and the base's ``base_format`` (None: the parameter precision;
+    ``"nf4"``: QLoRA)."""
+
+    rank: int = 16
+    targets: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+    magnitude: bool = False
+    base_format: str | None = None
+
+    def __post_init__(self):
+        if self.rank < 1:
+            raise ValueError(f"Adapters.rank={self.rank} must be >= 1")
+        if self.base_format not in (None, "nf4"):
+            raise ValueError(f"Adapters.base_format={self.base_format!r}; expected None or 'nf4'")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +192,27 @@ def _mla_params(c) -> dict:
     return table
 
 
+def adapter_params(c, adapters: Adapters):
+    """(axes tree, shapes tree) of the trainable adapters, flat as ``"<target>.<a|b|m>"``, laid out
+    as ``agentic_jax.models.lora.lora_axes`` lays them out (the rank replicated)."""
+    weights, shapes = transformer_params(c)
+    missing = [t for t in adapters.targets if t not in weights]
+    if missing:
+        raise ValueError(f"Adapters.targets {missing} are not projections of this model")
+    table = {}
+    for name in adapters.targets:
+        axes, shape = weights[name], shapes[name].shape
+        n_in = 1 + ADAPTER_INPUT_DIMS.get(name, 1)
+        table[f"{name}.a"] = (axes[:n_in] + ("lora_rank",), shape[:n_in] + (adapters.rank,))
+        table[f"{name}.b"] = (
+            axes[:1] + ("lora_rank",) + axes[n_in:],
+            shape[:1] + (adapters.rank,) + shape[n_in:],
+        )
+        if adapters.magnitude:
+            table[f"{name}.m"] = (axes[:1] + axes[n_in:], shape[:1] + shape[n_in:])
+    return _arrays(table)
+
+
 def kv_cache_shape(c, batch: int, seq: int) -> tuple[tuple, tuple, int]:
     """``(logical axes, shape, arrays)`` of the decode-time cache: keys and values (2 arrays) or
     MLA's one latent array."""
@@ -215,11 +271,20 @@ def _bytes(
     )
 
 
+def _frozen_bytes(row, precision: Precision, base_format: str | None) -> int:
+    """Per-device bytes of a frozen base parameter: NF4 for QLoRA's projections."""
+    if base_format == "nf4" and row.path in QUANTIZED:
+        return math.ceil(row.device_elements * NF4_BYTES)
+    return row.device_elements * precision.param
+
+
 @dataclasses.dataclass(frozen=True)
 class MemoryPlan:
-    """Per-device bytes by kind of state; ``n_params`` is the global parameter count."""
+    """Per-device bytes by kind of state; ``n_params`` is the global parameter count (the base's
+    and the adapters'), ``n_trainable`` the trained ones among them."""
 
     n_params: int
+    n_trainable: int
     params: int
     master_params: int
     grads: int
@@ -248,12 +313,14 @@ def plan_memory(
     precision: str = "mixed",
     remat: str = "full",
     rules: AxisRules | None = None,
+    adapters: Adapters | None = None,
 ) -> MemoryPlan:
     """Per-device memory of training (``optimizer`` set) or serving (``optimizer=None``).
 
     ``config``: any object with the ``ModelShape`` fields (e.g. ``TransformerConfig``); ``mesh``: a
     Mesh, MeshSpec or ``{axis: size}``; ``batch``: global sequences; ``precision``: a
-    ``PRECISIONS`` key; ``remat``: one of ``REMAT``.  Raises ``ShardingError`` if a tensor does not
+    ``PRECISIONS`` key; ``remat``: one of ``REMAT``; ``adapters``: train (or serve) adapters over
+    a frozen base instead of every parameter.  Raises ``ShardingError`` if a tensor does not
     divide its mesh axes (batch must divide data x fsdp, seq_len the sequence axis, ...).
     """
     if remat not in REMAT:
@@ -266,9 +333,19 @@ def plan_memory(
         raise ValueError(f"precision={precision!r}; expected one of {sorted(PRECISIONS)}")
     p = PRECISIONS[precision]
     rules = AxisRules(current_rules() if rules is None else rules)
-    param_rows = array_layouts(*transformer_params(config), mesh, rules)
-    n_params = sum(math.prod(row.shape) for row in param_rows)
-    shard = sum(row.device_elements for row in param_rows)
+    base_rows = array_layouts(*transformer_params(config), mesh, rules)
+    if adapters is None:
+        trained_rows, frozen_rows = base_rows, []
+    else:
+        trained_rows, frozen_rows = (
+            array_layouts(*adapter_params(config, adapters), mesh, rules),
+            base_rows,
+        )
+    frozen = sum(_frozen_bytes(row, p, adapters.base_format) for row in frozen_rows)
+    n_trainable = sum(math.prod(row.shape) for row in trained_rows)
+    n_params = n_trainable + sum(math.prod(row.shape) for row in frozen_rows)
+    shard = sum(row.device_elements for row in trained_rows)
+    params = frozen + shard * p.param
     layer = _layer_activations(config, batch, seq_len)
     one_layer = _bytes(layer, mesh, rules, p)
     if optimizer is None:
@@ -276,7 +353,7 @@ def plan_memory(
         cache_axes, cache_shape, arrays = kv_cache_shape(config, batch, seq_len)
         kv = arrays * _bytes({"cache": Saved(cache_axes, cache_shape)}, mesh, rules, p)
         return MemoryPlan(
-            n_params, shard * p.param, 0, 0, 0, one_layer + _bytes(head, mesh, rules, p), kv
+            n_params, 0, params, 0, 0, 0, one_layer + _bytes(head, mesh, rules, p), kv
         )
     kept = _bytes(layer, mesh, rules, p, keep=lambda saved: remat in saved.kept_by)
     head = {
@@ -287,13 +364,62 @@ def plan_memory(
     activations = config.n_layers * kept + (one_layer - kept) + _bytes(head, mesh, rules, p)
     return MemoryPlan(
         n_params,
-        shard * p.param,
+        n_trainable,
+        params,
         shard * p.master,
         shard * p.grad,
         shard * p.state * OPTIMIZER_MOMENTS[optimizer],
         activations,
         0,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class RLHFPlan:
+    """Per-device memory of RLHF's four models: the trained ``policy`` and ``critic`` (PPO's value
+    model) and the frozen ``reference`` (the KL anchor) and ``reward`` model.  ``total`` holds all
+    four at once with both trained models' activations: an upper bound, since they train one
+    after the other."""
+
+    policy: MemoryPlan
+    reference: MemoryPlan
+    reward: MemoryPlan
+    critic: MemoryPlan
+
+    @property
+    def total(self) -> int:
+        return sum(plan.total for plan in (self.policy, self.reference, self.reward, self.critic))
+
+
+def plan_rlhf(
+    config,
+    mesh,
+    batch: int,
+    seq_len: int,
+    optimizer: str = "adamw",
+    precision: str = "mixed",
+    remat: str = "full",
+    rules: AxisRules | None = None,
+    adapters: Adapters | None = None,
+) -> RLHFPlan:
+    """The four models as ``agentic_jax.post_training.rl`` holds them (arguments as
+    :func:`plan_memory`'s; ``adapters`` is the policy's fine-tuning).  The critic and the reward
+    model are the policy's whole transformer with a scalar head (its ``D + 1`` parameters are not
+    counted); the critic is trained in full whatever the policy's adapters.  The reference is the
+    base the policy starts from: under unquantised adapters it *is* the policy's frozen base
+    (0 bytes of its own), otherwise a copy in the parameter precision (QLoRA keeps the float
+    reference beside the NF4 base).  Frozen models count their parameters only: their forward
+    passes' activations are transient and smaller than training's."""
+    policy = plan_memory(config, mesh, batch, seq_len, optimizer, precision, remat, rules, adapters)
+    critic = plan_memory(config, mesh, batch, seq_len, optimizer, precision, remat, rules)
+    rules = AxisRules(current_rules() if rules is None else rules)
+    rows = array_layouts(*transformer_params(config), mesh, rules)
+    n_params = sum(math.prod(row.shape) for row in rows)
+    frozen = sum(_frozen_bytes(row, PRECISIONS[precision], None) for row in rows)
+    reward = MemoryPlan(n_params, 0, frozen, 0, 0, 0, 0, 0)
+    shared = adapters is not None and adapters.base_format is None
+    reference = dataclasses.replace(reward, params=0) if shared else reward
+    return RLHFPlan(policy, reference, reward, critic)
 
 
 GiB = 1 << 30

@@ -52,11 +52,15 @@ def load_hf_model(path):
 
 
 def randomise(model, torch):
-    """N(0, 0.1) weights and biases, 1 + N(0, 0.1) norm scales."""
+    """N(0, 0.1) weights and biases, 1 + N(0, 0.1) norm scales; N(0, 0.1) DeepSeek router
+    selection biases too (buffers, zero at initialisation)."""
     torch.manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(torch.randn_like(p) * 0.1 + (1.0 if "norm" in name else 0.0))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn_like(b) * 0.1)
 
 
 def hf_logits(model, torch, tokens=TOKENS):

@@ -6,6 +6,8 @@ float32 logits, then export random parameters of the same config and check that 
 identical and that ``transformers`` computes our logits from them.
 """
 
+import re
+
 import hf_oracle as oracle
 import numpy as np
 import pytest
@@ -70,17 +72,80 @@ CASES = {
         "DeepseekV3Config",
         dict(DEEPSEEK, q_lora_rank=None, rope_interleave=False, tie_word_embeddings=True),
     ),
+    # A dense layer, then MoE layers: sigmoid router with a random selection bias, top-3 of the
+    # experts of the 2 best of 4 groups, renormalised gates times 2.5, one shared expert.
+    "deepseek_v3_routed": (
+        "DeepseekV3Config",
+        dict(
+            DEEPSEEK,
+            q_lora_rank=24,
+            num_hidden_layers=3,
+            first_k_dense_replace=1,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            moe_intermediate_size=16,
+            n_shared_experts=1,
+            n_group=4,
+            topk_group=2,
+            norm_topk_prob=True,
+            routed_scaling_factor=2.5,
+        ),
+    ),
+    # YaRN with mscale and mscale_all_dim: cos/sin scaled by their ratio, MLA's softmax scale by
+    # mscale(factor, mscale_all_dim)^2.
+    "deepseek_v3_yarn": (
+        "DeepseekV3Config",
+        dict(
+            DEEPSEEK,
+            q_lora_rank=None,
+            rope_parameters=dict(
+                rope_type="yarn",
+                factor=4.0,
+                original_max_position_embeddings=16,
+                mscale=0.707,
+                mscale_all_dim=1.0,
+            ),
+        ),
+    ),
+    # Every layer MoE, softmax then top-k; QK-norm over the full width of q and of k.
+    "olmoe": ("OlmoeConfig", dict(num_experts=4, num_experts_per_tok=2, norm_topk_prob=False)),
+    # Sandwich 1 + w norms, GeGLU, scaled embeddings, every other layer windowed (shorter than
+    # the sequence), query_pre_attn_scalar != head_dim, soft-caps small enough to bite.
+    "gemma2": (
+        "Gemma2Config",
+        dict(
+            sliding_window=4,
+            query_pre_attn_scalar=12,
+            attn_logit_softcapping=1.0,
+            final_logit_softcapping=2.0,
+        ),
+    ),
+    # Explicit layer_types, no soft-caps, the default attention scale; untied head.
+    "gemma2_types": (
+        "Gemma2Config",
+        dict(
+            num_hidden_layers=3,
+            layer_types=["full_attention", "sliding_attention", "sliding_attention"],
+            sliding_window=3,
+            query_pre_attn_scalar=8,
+            attn_logit_softcapping=None,
+            final_logit_softcapping=None,
+            tie_word_embeddings=False,
+        ),
+    ),
 }
 ARCHITECTURE = {
     "mixtral": "MixtralForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
 }
 
 
 def _family(name: str) -> str:
-    return name.removesuffix("_step2").removesuffix("_full_q")
+    return re.sub(r"_(step2|full_q|routed|yarn|types)$", "", name)
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -190,8 +255,64 @@ def test_an_explicit_family_that_cannot_hold_the_config_is_refused():
         hf.to_hf_config(MOE, model_type="olmo")
 
 
-def test_deepseek_v3_moe_layers_are_refused_naming_the_router():
+def test_deepseek_v3_moe_layers_read_as_the_sigmoid_router():
     dense = hf.to_hf_config(hf.from_hf_config({"model_type": "deepseek_v3", **SMALL, **DEEPSEEK}))
     assert dense["first_k_dense_replace"] == SMALL["num_hidden_layers"]
-    with pytest.raises(NotImplementedError, match="routed_scaling_factor"):
-        hf.from_hf_config({**dense, "first_k_dense_replace": 1})
+    # The MoE fields this config.json leaves out are DeepseekV3Config's defaults.
+    routed = hf.from_hf_config({**dense, "first_k_dense_replace": 1})
+    assert routed.moe_layer_ids == (1,) and routed.router == "sigmoid_topk"
+    assert (routed.n_experts, routed.experts_per_token, routed.n_shared_experts) == (256, 8, 1)
+    assert (routed.n_expert_groups, routed.topk_groups, routed.normalize_gates) == (8, 4, True)
+    assert (routed.routed_scaling_factor, routed.router_aux_loss_coef) == (2.5, 0.001)
+    assert hf.hf_model_type(routed) == "deepseek_v3"
+    # DeepSeek's MoE layers are the last ones, all routed by sigmoid scores.
+    deeper = routed.replace(n_layers=3, moe_layers=(1,))
+    with pytest.raises(NotImplementedError, match="deepseek_v3: cannot express moe_layers"):
+        hf.to_hf_config(deeper, model_type="deepseek_v3")
+    with pytest.raises(NotImplementedError, match="deepseek_v3: cannot express router"):
+        hf.to_hf_config(routed.replace(router="softmax_topk"), model_type="deepseek_v3")
+
+
+GEMMA2 = hf.from_hf_config({"model_type": "gemma2", **SMALL})
+OLMOE = hf.from_hf_config(
+    {"model_type": "olmoe", **SMALL, "num_experts": 4, "num_experts_per_tok": 2}
+)
+
+
+def test_qk_norm_scope_and_gemma_fields_pick_the_family():
+    assert hf.hf_model_type(OLMOE) == "olmoe"
+    # Per-head QK-norm scales are Qwen3-MoE's.
+    assert hf.hf_model_type(OLMOE.replace(qk_norm_scope="head")) == "qwen3_moe"
+    assert hf.hf_model_type(GEMMA2) == "gemma2"
+    with pytest.raises(NotImplementedError, match=r"gemma2: .*whole number"):
+        hf.hf_model_type(GEMMA2.replace(query_pre_attn_scalar=10.5))
+    with pytest.raises(NotImplementedError, match="gemma2: cannot express norm_type='rms'"):
+        hf.hf_model_type(GEMMA2.replace(norm_type="rms"))
+
+
+def test_gemma2_with_every_layer_global_exports_for_transformers(tmp_path):
+    """HF's Gemma 2 builds a sliding mask whatever its layers, so it is written some window."""
+    config = GEMMA2.replace(
+        sliding_window=None, sliding_window_pattern=None, query_pre_attn_scalar=10.0
+    )
+    params = oracle.random_params(config, seed=2)
+    hf.save_hf_checkpoint(tmp_path, config, params)
+    assert hf.load_hf_checkpoint(tmp_path)[0] == config
+    torch, model = oracle.load_hf_model(tmp_path)
+    np.testing.assert_allclose(
+        oracle.hf_logits(model, torch), oracle.our_logits(params, config), atol=1e-4, rtol=1e-4
+    )
+
+
+@pytest.mark.parametrize(
+    "model_type, fields, match",
+    [
+        ("olmoe", dict(num_experts=4, num_experts_per_tok=2, clip_qkv=8.0), "clip_qkv"),
+        ("olmoe", dict(num_experts=4, num_experts_per_tok=2, head_dim=16), "head_dim=16"),
+        ("gemma2", dict(use_bidirectional_attention=True), "causal"),
+        ("llama", dict(hidden_act="relu"), "'relu'"),
+    ],
+)
+def test_what_the_model_cannot_compute_is_refused_on_import(model_type, fields, match):
+    with pytest.raises(NotImplementedError, match=match):
+        hf.from_hf_config({"model_type": model_type, **SMALL, **fields})

@@ -1,5 +1,7 @@
-"""QK-norm, sliding/global layer patterns, logit soft-caps, LayerNorm and post/sandwich norms:
-each against a slow float64 numpy transcription of the model; the default config unchanged."""
+"""QK-norm (per head and over the full width), sliding/global layer patterns, logit soft-caps,
+LayerNorm, Gemma's 1 + w RMSNorm, post/sandwich norms, GeGLU, scaled embeddings and Gemma 2's
+attention scale: each against a slow float64 numpy transcription of the model; the default
+config unchanged."""
 
 import pathlib
 
@@ -29,6 +31,7 @@ BASE = TransformerConfig(
 )
 VARIANTS = {
     "qk_norm": dict(qk_norm=True),
+    "qk_norm_full": dict(qk_norm=True, qk_norm_scope="full"),
     "softcaps": dict(attn_logit_softcap=2.0, final_logit_softcap=3.0),
     "sliding_every_2nd_global": dict(sliding_window=3, sliding_window_pattern=2),
     "layer_types": dict(
@@ -44,6 +47,10 @@ VARIANTS = {
         attn_logit_softcap=5.0,
         final_logit_softcap=4.0,
         qk_norm=True,
+        norm_type="rms_plus_one",
+        mlp_activation="gelu_tanh",
+        scale_embeddings=True,
+        query_pre_attn_scalar=12.0,
     ),
 }
 
@@ -52,7 +59,22 @@ def _norm(c, x, w, b):
     if c.norm_type == "layer":
         x = x - x.mean(-1, keepdims=True)
         return x / np.sqrt((x**2).mean(-1, keepdims=True) + c.norm_eps) * w + b
-    return x / np.sqrt((x**2).mean(-1, keepdims=True) + c.norm_eps) * w
+    scale = 1 + w if c.norm_type == "rms_plus_one" else w
+    return x / np.sqrt((x**2).mean(-1, keepdims=True) + c.norm_eps) * scale
+
+
+def _qk_norm(c, x, w):
+    """RMSNorm of ``x[T, heads, H]`` per head, or over all heads' features (``full``)."""
+    rms = c.replace(norm_type="rms")
+    if c.qk_norm_scope == "head":
+        return _norm(rms, x, w, 0)
+    return _norm(rms, x.reshape(len(x), -1), w.reshape(-1), 0).reshape(x.shape)
+
+
+def _activation(c, g):
+    if c.mlp_activation == "gelu_tanh":
+        return 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3)))
+    return g / (1 + np.exp(-g))
 
 
 def _rope(x, positions, theta):
@@ -69,7 +91,7 @@ def reference_logits(params, c, tokens):
     lay = p["layers"]
     t = len(tokens)
     pos = np.arange(t, dtype=np.float64)
-    x = p["embed"][tokens]
+    x = p["embed"][tokens] * (np.sqrt(c.d_model) if c.scale_embeddings else 1.0)
     for i, window in enumerate(c.layer_windows):
         at = jax.tree.map(lambda a, i=i: a[i], lay["attn"])
         mlp = jax.tree.map(lambda a, i=i: a[i], lay["mlp"])
@@ -82,15 +104,15 @@ def reference_logits(params, c, tokens):
             k = np.einsum("td,dkh->tkh", h, at["k"])
             v = np.einsum("td,dkh->tkh", h, at["v"])
             if c.qk_norm:
-                q = _norm(c.replace(norm_type="rms"), q, at["q_norm"], 0)
-                k = _norm(c.replace(norm_type="rms"), k, at["k_norm"], 0)
+                q, k = _qk_norm(c, q, at["q_norm"]), _qk_norm(c, k, at["k_norm"])
             q, k = _rope(q, pos, c.rope_theta), _rope(k, pos, c.rope_theta)
             out = np.zeros((t, c.n_heads, c.head_dim))
+            scalar = c.query_pre_attn_scalar or c.head_dim
             for n in range(c.n_heads):
                 kv = n // (c.n_heads // c.n_kv_heads)
                 for a in range(t):
                     seen = [b for b in range(a + 1) if window is None or a - b < window]
-                    s = np.array([q[a, n] @ k[b, kv] for b in seen]) / np.sqrt(c.head_dim)
+                    s = np.array([q[a, n] @ k[b, kv] for b in seen]) / np.sqrt(scalar)
                     if c.attn_logit_softcap:
                         s = c.attn_logit_softcap * np.tanh(s / c.attn_logit_softcap)
                     w = np.exp(s - s.max())
@@ -98,8 +120,7 @@ def reference_logits(params, c, tokens):
             return np.einsum("tnh,nhd->td", out, at["o"])
 
         def ffn(h, mlp=mlp):
-            gate = h @ mlp["gate"]
-            return (gate / (1 + np.exp(-gate)) * (h @ mlp["up"])) @ mlp["down"]
+            return (_activation(c, h @ mlp["gate"]) * (h @ mlp["up"])) @ mlp["down"]
 
         for name, f in (("attn", attention), ("mlp", ffn)):
             h = x if c.norm_position == "post" else norm(f"{name}_norm", x)
@@ -132,16 +153,18 @@ def test_sliding_pattern_layers():
     assert BASE.replace(sliding_window=3).layer_windows == (3, 3)
 
 
-def test_variant_decoding_equals_forward():
-    """The KV cache and the paged engine apply each layer's window, QK-norm and the soft-caps."""
-    config = BASE.replace(**VARIANTS["gemma2_like"])
+@pytest.mark.parametrize("name", ["gemma2_like", "qk_norm_full"])
+def test_variant_decoding_equals_forward(name):
+    """The KV cache and the paged engine apply each layer's window, QK-norm, the soft-caps, the
+    attention scale and the embedding scale."""
+    config = BASE.replace(**VARIANTS[name])
     params = random_params(config)
     assert_generate_matches_forward(params, config, prompts(config, (6, 2)))
     assert_engine_matches_forward(params, config, prompts(config, (6, 2)))
 
 
 def test_variants_train():
-    first, last = loss_decreases(BASE.replace(**VARIANTS["gemma2_like"], norm_type="layer"))
+    first, last = loss_decreases(BASE.replace(**{**VARIANTS["gemma2_like"], "norm_type": "layer"}))
     assert last < first
 
 
@@ -177,6 +200,11 @@ def test_default_config_is_unchanged():
         (dict(attn_logit_softcap=0.0), "attn_logit_softcap"),
         (dict(norm_type="batch"), "norm_type"),
         (dict(norm_position="middle"), "norm_position"),
+        (dict(qk_norm_scope="full"), "needs qk_norm"),
+        (dict(qk_norm=True, qk_norm_scope="layer"), "qk_norm_scope"),
+        (dict(mlp_activation="relu"), "mlp_activation"),
+        (dict(mlp_activation="gelu_tanh", n_experts=4), "SwiGLU"),
+        (dict(query_pre_attn_scalar=0.0), "query_pre_attn_scalar"),
     ],
 )
 def test_invalid_variant_configs(changes, match):

@@ -1,10 +1,12 @@
 """Pipeline parallelism: the schedules' tables (bubble, memory) and pipelined training equal to
 unpipelined training on 4 of the fake CPU devices, for GPipe and 1F1B."""
 
+import functools
+
 import jax
 import numpy as np
 import pytest
-from tiny_models import packed_batch
+from tiny_models import packed_batch, tiny_mla
 
 from agentic_jax.models import TransformerConfig, init_params
 from agentic_jax.training import TrainState, make_optimizer, make_schedule, make_train_step
@@ -28,6 +30,7 @@ CFG = TransformerConfig(
     dtype="float32",
     param_dtype="float32",
 )
+MLA = tiny_mla(CFG)
 B, T, STEPS = 8, 8, 3
 SCHEDULE = make_schedule(1e-2, 10, kind="constant", warmup_steps=0)
 # eps=1e-5: see tests/test_sharding_train.py (Adam would amplify summation-order rounding).
@@ -68,34 +71,42 @@ def train(step, state, batches):
     return jax.device_get(state), np.asarray(losses), jax.device_get(metrics)
 
 
-@pytest.fixture(scope="module")
-def reference():
-    state = jax.jit(lambda k: TrainState.create(init_params(CFG, k), OPTIMIZER, 0))(
+@functools.cache
+def reference(config):
+    """The unpipelined run: initial state, batches, final state and losses (once per model)."""
+    state = jax.jit(lambda k: TrainState.create(init_params(config, k), OPTIMIZER, 0))(
         jax.random.key(0)
     )
     rng = np.random.default_rng(0)
-    batches = [packed_batch(rng, B, T, CFG.vocab_size) for _ in range(STEPS)]
-    final, losses, _ = train(jax.jit(make_train_step(CFG, OPTIMIZER, SCHEDULE)), state, batches)
+    batches = [packed_batch(rng, B, T, config.vocab_size) for _ in range(STEPS)]
+    step = jax.jit(make_train_step(config, OPTIMIZER, SCHEDULE))
+    final, losses, _ = train(step, state, batches)
     return jax.device_get(state), batches, final, losses
 
 
 @pytest.mark.parametrize(
-    "schedule, mesh",
-    [("gpipe", {"stage": 4}), ("1f1b", {"stage": 4}), ("1f1b", {"stage": 2, "data": 2})],
+    "schedule, mesh, config",
+    [
+        ("gpipe", {"stage": 4}, CFG),
+        ("1f1b", {"stage": 4}, CFG),
+        ("1f1b", {"stage": 2, "data": 2}, CFG),
+        ("1f1b", {"stage": 2, "data": 2}, MLA),
+    ],
+    ids=["gpipe", "1f1b", "1f1b-data", "1f1b-data-mla"],
 )
-def test_pipelined_training_equals_unpipelined(schedule, mesh, reference):
-    initial, batches, want_state, want_losses = reference
+def test_pipelined_training_equals_unpipelined(schedule, mesh, config):
+    initial, batches, want_state, want_losses = reference(config)
     pipeline = Pipeline(schedule, microbatches=4)
     mesh = make_mesh(mesh, devices=jax.devices()[:4])
-    step = make_train_step(CFG, OPTIMIZER, SCHEDULE, pipeline=pipeline)
+    step = make_train_step(config, OPTIMIZER, SCHEDULE, pipeline=pipeline)
     with activate(mesh, DEFAULT_RULES):
         abstract = jax.eval_shape(lambda: initial)
-        shardings = state_shardings(abstract, CFG, OPTIMIZER, mesh, DEFAULT_RULES)
+        shardings = state_shardings(abstract, config, OPTIMIZER, mesh, DEFAULT_RULES)
         layout = batch_sharding(mesh, DEFAULT_RULES)
         state = jax.device_put(initial, shardings)
         # Each stage holds only its own layers.
-        q = state.params["layers"]["attn"]["q"]
-        assert q.addressable_shards[0].data.shape[0] == CFG.n_layers // mesh.shape["stage"]
+        norm = state.params["layers"]["attn_norm"]
+        assert norm.addressable_shards[0].data.shape[0] == config.n_layers // mesh.shape["stage"]
         got_state, got_losses, metrics = train(
             jit_train_step(step, shardings, layout), state, batches
         )

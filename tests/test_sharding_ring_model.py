@@ -1,13 +1,16 @@
 """A model with ``attention_impl="ring"`` on a data x sequence mesh gives the single-device logits
-and gradients: the zig-zag reordering, RoPE positions and segment masks survive the ring."""
+and gradients, with grouped-query or multi-head latent attention: the zig-zag reordering, RoPE
+positions and segment masks survive the ring."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tiny_models import packed_batch
+import pytest
+from tiny_models import packed_batch, tiny_mla
 
 from agentic_jax.models import TransformerConfig, forward, init_params
 from agentic_jax.training.loss import cross_entropy
+from agentic_jax.training.qk_clip import hidden_states_with_max_logits, qk_clip
 from sharding import DEFAULT_RULES, activate, make_mesh
 
 # T = 16 splits into 2 x 4 zig-zag chunks of 2 positions on sequence=4; B = 4 rows on data=2.
@@ -25,6 +28,7 @@ CFG = TransformerConfig(
     dtype="float32",
     param_dtype="float32",
 )
+MLA = tiny_mla(CFG)
 B, T = 4, 16
 
 
@@ -43,12 +47,13 @@ def logits_and_grads(config, params, batch):
     return jax.grad(loss, has_aux=True)(params)[::-1]
 
 
-def test_ring_model_equals_single_device_logits_and_grads():
-    params = init_params(CFG, jax.random.key(0))
-    batch = packed_batch(np.random.default_rng(0), B, T, CFG.vocab_size)
-    want_logits, want_grads = jax.jit(logits_and_grads, static_argnums=0)(CFG, params, batch)
+@pytest.mark.parametrize("config", [CFG, MLA], ids=["gqa", "mla"])
+def test_ring_model_equals_single_device_logits_and_grads(config):
+    params = init_params(config, jax.random.key(0))
+    batch = packed_batch(np.random.default_rng(0), B, T, config.vocab_size)
+    want_logits, want_grads = jax.jit(logits_and_grads, static_argnums=0)(config, params, batch)
 
-    ring_cfg = CFG.replace(attention_impl="ring")
+    ring_cfg = config.replace(attention_impl="ring")
     with activate(make_mesh({"data": 2, "sequence": 4}), DEFAULT_RULES):
         step = jax.jit(logits_and_grads, static_argnums=0)
         hlo = step.lower(ring_cfg, params, batch).compile().as_text()
@@ -69,3 +74,23 @@ def test_ring_without_a_mesh_is_plain_attention():
         forward(params, CFG, tokens),
         atol=1e-6,
     )
+
+
+def test_qk_clip_logits_under_the_ring_mesh_equal_one_devices():
+    """QK-Clip's per-head maxima come from a recording ``attend`` hook, which the ring leaves
+    to the partitioner: on the data x sequence mesh they are the one-device maxima."""
+    params = init_params(CFG, jax.random.key(2))
+    batch = packed_batch(np.random.default_rng(2), B, T, CFG.vocab_size)
+
+    def max_logits(config):
+        return hidden_states_with_max_logits(
+            params, config, batch["tokens"], positions=batch["positions"],
+            segment_ids=batch["segment_ids"],
+        )[1]  # fmt: skip
+
+    want = jax.jit(max_logits, static_argnums=0)(CFG)
+    with activate(make_mesh({"data": 2, "sequence": 4}), DEFAULT_RULES):
+        got = jax.jit(max_logits, static_argnums=0)(CFG.replace(attention_impl="ring"))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    with pytest.raises(ValueError, match="mla"):
+        qk_clip(init_params(MLA, jax.random.key(0)), want, 1.0)

@@ -12,7 +12,9 @@ from agentic_jax.training.diloco import (
     DiLoCo,
     bytes_per_outer_step,
     data_parallel_bytes_per_step,
+    replica_axis,
 )
+from sharding import DEFAULT_RULES, activate, make_mesh
 
 CFG = TransformerConfig(
     vocab_size=61, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=24
@@ -129,3 +131,24 @@ def test_a_tiny_model_trains_with_diloco():
     assert int(state.outer_steps) == 8
     with pytest.raises(ValueError, match="replicas"):
         step(state, _batch(0, rows=3))
+
+
+def test_replicas_under_shard_map_over_four_devices_equal_the_one_device_run():
+    """Four replicas on a ``data`` axis of 4 fake devices, one each (inner steps local, the outer
+    average a ``psum``), against the same replicas side by side on one device."""
+    params = init_params(CFG, jax.random.key(1))
+    inner = make_optimizer(SCHED)
+    diloco = DiLoCo(replicas=4, inner_steps=2, compression="int8")
+    single, single_metrics = _run(diloco, inner, 4, params)
+    mesh = make_mesh({"data": 4, "fsdp": -1}, devices=jax.devices()[:4])
+    with activate(mesh, DEFAULT_RULES):
+        assert replica_axis(4) == "data"
+        step = diloco.wrap_step(make_train_step(CFG, inner, SCHED), params)
+        program = str(jax.make_jaxpr(step)(diloco.create(params, inner, seed=0), _batch(0)))
+        assert "shard_map" in program and "psum" in program
+        sharded, sharded_metrics = _run(diloco, inner, 4, params)
+    for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(single_metrics, sharded_metrics):
+        np.testing.assert_allclose(a["loss"], b["loss"], rtol=1e-5)
+        assert a["comm_bytes"] == b["comm_bytes"]

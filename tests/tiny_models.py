@@ -154,3 +154,12 @@ def packed_batch(rng: np.random.Generator, rows: int, length: int, vocab_size: i
         "positions": np.where(idx < split, idx, idx - split).astype(np.int32),
         "loss_mask": loss_mask,
     }
+
+
+def tiny_mla(config: TransformerConfig) -> TransformerConfig:
+    """``config`` with tiny multi-head latent attention (DeepSeek-V2): queries and keys of a
+    no-position and a RoPE part, smaller values, low-rank query and key-value projections."""
+    return config.replace(
+        attention_type="mla", n_kv_heads=config.n_heads, q_lora_rank=8, kv_lora_rank=8,
+        qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=6,
+    )  # fmt: skip

@@ -13,12 +13,15 @@ import jax.numpy as jnp
 ATTENTION_IMPLS = ("xla", "xla_chunked", "pallas", "cudnn", "ring")
 ROPE_SCALING_TYPES = ("linear", "dynamic", "ntk", "yarn", "llama3")
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
-ROUTERS = ("softmax_topk", "topk_softmax")
+ROUTERS = ("softmax_topk", "topk_softmax", "sigmoid_topk")
 MOE_DISPATCH = ("ragged", "dense")
 ATTENTION_TYPES = ("gqa", "mla")
-NORM_TYPES = ("rms", "layer")
+NORM_TYPES = ("rms", "layer", "rms_plus_one")
+QK_NORM_SCOPES = ("head", "full")
+MLP_ACTIVATIONS = ("silu", "gelu_tanh")
 NORM_POSITIONS = ("pre", "post", "sandwich")
 LAYER_KINDS = ("sliding_attention", "full_attention")  # Hugging Face's ``layer_types`` names
+MATMUL_PRECISIONS = ("default", "fp8")
 
 
 @gin.configurable
@@ -27,7 +30,9 @@ class TransformerConfig:
     """A decoder-only transformer (Llama / Mistral / Qwen2 family).
 
     ``dtype`` is the compute dtype, ``param_dtype`` the storage dtype of parameters (float32 master
-    weights with bfloat16 compute is the usual mixed-precision recipe).  ``rope_scaling`` is None or a
+    weights with bfloat16 compute is the usual mixed-precision recipe). ``matmul_precision="fp8"``
+    runs every dense projection (attention and MLP, not MoE experts, the embedding or the LM head)
+    as an FP8 matmul with per-tile scales (:mod:`agentic_jax.models.fp8`).  ``rope_scaling`` is None or a
     mapping with ``type`` in linear | dynamic | ntk | yarn | llama3 and that method's parameters.
 
     Mixture of experts (:mod:`agentic_jax.models.moe`; 0 ``n_experts`` is a dense model): the
@@ -40,6 +45,11 @@ class TransformerConfig:
     load-balancing loss, ``router_z_loss_coef`` the ST-MoE router z-loss, and
     ``aux_free_bias_rate`` > 0 turns on DeepSeek-V3's auxiliary-loss-free balancing bias.
     ``moe_dispatch`` is ``ragged`` (grouped matmul) or ``dense`` (the one-hot reference).
+    DeepSeek-V3's routing: ``router="sigmoid_topk"`` (sigmoid scores, with a selection-only
+    ``router_bias`` always present), group-limited top-k (the experts split into
+    ``n_expert_groups`` groups, top-k among those of the ``topk_groups`` best groups; 1 and 1:
+    no limit), ``normalize_gates`` (the chosen gates divided by their sum) and
+    ``routed_scaling_factor`` (multiplying the gates); the last three apply to every router.
 
     Multi-head latent attention (``attention_type="mla"``, DeepSeek-V2/V3; ``head_dim`` and
     ``n_kv_heads`` are then unused): queries through a ``q_lora_rank`` bottleneck (None or 0: a
@@ -48,13 +58,19 @@ class TransformerConfig:
     value width ``v_head_dim``.  Decoders cache only the latent and the rope key.
 
     Variants that imported models need (docs/models.md, "Attention and norm variants"):
-    ``qk_norm`` (RMSNorm over ``head_dim`` of q and k before RoPE: Qwen3); ``sliding_window_pattern``
-    (an int N: every N-th layer global, the others windowed by ``sliding_window``, Gemma 2 with
-    N = 2, Gemma 3 with N = 6; or one ``LAYER_KINDS`` name per layer, Hugging Face's
-    ``layer_types``); ``attn_logit_softcap`` and ``final_logit_softcap`` (``c tanh(x / c)`` on the
-    attention and output logits, Gemma 2); ``norm_type`` (``rms`` or ``layer``: LayerNorm with a
-    bias) and ``norm_position`` (``pre``: ``x + f(norm(x))``; ``post``: ``x + norm(f(x))``, OLMo 2;
-    ``sandwich``: ``x + norm(f(norm(x)))``, Gemma 2).  The defaults are today's Llama model.
+    ``qk_norm`` (RMSNorm of q and k before RoPE, over each head's ``head_dim`` when
+    ``qk_norm_scope="head"``, Qwen3, or over all heads' width at once when ``"full"``, OLMoE);
+    ``sliding_window_pattern`` (an int N: every N-th layer global, the others windowed by
+    ``sliding_window``, Gemma 2 with N = 2, Gemma 3 with N = 6; or one ``LAYER_KINDS`` name per
+    layer, Hugging Face's ``layer_types``); ``attn_logit_softcap`` and ``final_logit_softcap``
+    (``c tanh(x / c)`` on the attention and output logits, Gemma 2); ``norm_type`` (``rms``;
+    ``layer``: LayerNorm with a bias; ``rms_plus_one``: RMSNorm scaled by ``1 + w``, Gemma) and
+    ``norm_position`` (``pre``: ``x + f(norm(x))``; ``post``: ``x + norm(f(x))``, OLMo 2;
+    ``sandwich``: ``x + norm(f(norm(x)))``, Gemma 2); ``mlp_activation`` (``silu``: SwiGLU;
+    ``gelu_tanh``: GeGLU with tanh-approximate GELU, Gemma; dense MLPs only);
+    ``scale_embeddings`` (embeddings times ``sqrt(d_model)``, Gemma); ``query_pre_attn_scalar``
+    (attention logits scaled by its inverse square root, not ``head_dim``'s: Gemma 2).  The
+    defaults are today's Llama model.
     """
 
     vocab_size: int = 512
@@ -90,6 +106,10 @@ class TransformerConfig:
     router_z_loss_coef: float = 0.001
     aux_free_bias_rate: float = 0.0
     moe_dispatch: str = "ragged"
+    n_expert_groups: int = 1
+    topk_groups: int = 1
+    normalize_gates: bool = False
+    routed_scaling_factor: float = 1.0
     attention_type: str = "gqa"
     q_lora_rank: int | None = None
     kv_lora_rank: int = 0
@@ -97,11 +117,16 @@ class TransformerConfig:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     qk_norm: bool = False
+    qk_norm_scope: str = "head"
     sliding_window_pattern: int | tuple[str, ...] | None = None
     attn_logit_softcap: float | None = None
     final_logit_softcap: float | None = None
     norm_type: str = "rms"
     norm_position: str = "pre"
+    matmul_precision: str = "default"
+    mlp_activation: str = "silu"
+    scale_embeddings: bool = False
+    query_pre_attn_scalar: float | None = None
 
     def __post_init__(self):
         positive = (
@@ -173,18 +198,48 @@ class TransformerConfig:
             )
         self._check_moe()
         self._check_attention()
+        self._check_matmul_precision()
+
+    def _check_matmul_precision(self):
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            raise ValueError(
+                f"TransformerConfig.matmul_precision={self.matmul_precision!r}; expected one of "
+                f"{MATMUL_PRECISIONS}"
+            )
+        if self.matmul_precision == "fp8" and self.n_experts:
+            raise ValueError(
+                "TransformerConfig.matmul_precision='fp8' covers the dense projections; the "
+                "mixture-of-experts layers' grouped matmuls have no FP8 path (n_experts=0 or "
+                "matmul_precision='default')"
+            )
 
     def _check_attention(self):
         for name, allowed in (
             ("attention_type", ATTENTION_TYPES),
             ("norm_type", NORM_TYPES),
             ("norm_position", NORM_POSITIONS),
+            ("qk_norm_scope", QK_NORM_SCOPES),
+            ("mlp_activation", MLP_ACTIVATIONS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(
                     f"TransformerConfig.{name}={getattr(self, name)!r}; expected one of {allowed}"
                 )
-        for name in ("attn_logit_softcap", "final_logit_softcap"):
+        if self.qk_norm_scope != "head" and not self.qk_norm:
+            raise ValueError(
+                f"TransformerConfig.qk_norm_scope={self.qk_norm_scope!r} needs qk_norm=True"
+            )
+        if self.mlp_activation != "silu" and self.n_experts:
+            raise ValueError(
+                f"TransformerConfig.mlp_activation={self.mlp_activation!r}: mixture-of-experts "
+                "layers are SwiGLU (silu) only"
+            )
+        if self.query_pre_attn_scalar is not None and self.mla:
+            raise ValueError(
+                "TransformerConfig.query_pre_attn_scalar is for attention_type='gqa' (MLA scales "
+                "by its qk_head_dim)"
+            )
+        for name in ("attn_logit_softcap", "final_logit_softcap", "query_pre_attn_scalar"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"TransformerConfig.{name} must be positive or None, got {value}")
@@ -305,6 +360,12 @@ class TransformerConfig:
             raise ValueError(
                 f"TransformerConfig.aux_free_bias_rate must be >= 0, got {self.aux_free_bias_rate}"
             )
+        if not self.routed_scaling_factor > 0:
+            raise ValueError(
+                f"TransformerConfig.routed_scaling_factor must be positive, got "
+                f"{self.routed_scaling_factor}"
+            )
+        self._check_expert_groups()
         layers = self.moe_layers
         if isinstance(layers, int):
             if layers <= 0:
@@ -323,6 +384,29 @@ class TransformerConfig:
                 f"TransformerConfig.moe_layers={self.moe_layers} selects none of the "
                 f"{self.n_layers} layers"
             )
+
+    def _check_expert_groups(self):
+        groups, best = self.n_expert_groups, self.topk_groups
+        if groups < 1 or self.n_experts % groups:
+            raise ValueError(
+                f"TransformerConfig.n_expert_groups={groups} must be >= 1 and divide "
+                f"n_experts={self.n_experts}"
+            )
+        if not 1 <= best <= groups:
+            raise ValueError(
+                f"TransformerConfig.topk_groups={best} must be in [1, n_expert_groups={groups}]"
+            )
+        if self.experts_per_token > best * (self.n_experts // groups):
+            raise ValueError(
+                f"TransformerConfig.experts_per_token={self.experts_per_token} exceeds the "
+                f"{best * (self.n_experts // groups)} experts of the topk_groups={best} groups"
+            )
+
+    @property
+    def has_router_bias(self) -> bool:
+        """Whether MoE layers hold a selection-only router bias: DeepSeek-V3's sigmoid router
+        always does (``e_score_correction_bias``), any router with ``aux_free_bias_rate``."""
+        return self.router == "sigmoid_topk" or self.aux_free_bias_rate > 0
 
     @property
     def moe_layer_ids(self) -> tuple[int, ...]:

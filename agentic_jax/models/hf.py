@@ -50,7 +50,10 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors import safe_open
 
+from agentic_jax.data.tokenizer import Tokenizer
 from agentic_jax.models.config import TransformerConfig
+from agentic_jax.models.hf_serving_files import serving_configs, write_serving_files
+from agentic_jax.models.rope import yarn_mscale
 from agentic_jax.models.transformer import param_shapes
 
 SINGLE_FILE = "model.safetensors"
@@ -92,8 +95,18 @@ _CANONICAL_FIELDS = (
     "moe_d_ff",
     "sliding_window",
     "sliding_window_pattern",
+    "query_pre_attn_scalar",
 )
-_MOE_FIELDS = ("experts_per_token", "n_shared_experts", "router", "router_aux_loss_coef")
+_MOE_FIELDS = (
+    "experts_per_token",
+    "n_shared_experts",
+    "router",
+    "router_aux_loss_coef",
+    "n_expert_groups",
+    "topk_groups",
+    "normalize_gates",
+    "routed_scaling_factor",
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,10 +117,6 @@ def _required(hf: Mapping[str, Any], key: str):
     if hf.get(key) is None:
         raise ValueError(f"HF config.json lacks required field {key!r}")
     return hf[key]
-
-
-def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
-    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def _rope_from_hf(hf: Mapping[str, Any], max_pos: int) -> tuple[float, dict | None]:
@@ -137,7 +146,7 @@ def _rope_from_hf(hf: Mapping[str, Any], max_pos: int) -> tuple[float, dict | No
         params.setdefault("factor", max_pos / params["original_max_position_embeddings"])
         mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
         if "attention_factor" not in params and mscale and mscale_all_dim:
-            params["attention_factor"] = _yarn_mscale(params["factor"], mscale) / _yarn_mscale(
+            params["attention_factor"] = yarn_mscale(params["factor"], mscale) / yarn_mscale(
                 params["factor"], mscale_all_dim
             )
     return theta, {"type": kind, **params}
@@ -162,10 +171,26 @@ def _rope_to_hf(config: TransformerConfig) -> tuple[float, int, dict | None]:
     return config.rope_theta, max_pos, {"rope_type": kind, **rest}
 
 
+# HF's activation names -> our ``mlp_activation`` (the gated MLP's: SwiGLU or Gemma's GeGLU).
+_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+def _activation_from_hf(hf: Mapping[str, Any]) -> str:
+    """``mlp_activation`` of HF's ``hidden_activation`` (Gemma's field) or ``hidden_act``."""
+    name = hf.get("hidden_activation") or hf.get("hidden_act") or "silu"
+    if name not in _ACTIVATIONS:
+        raise NotImplementedError(
+            f"hidden activation {name!r}; supported: {', '.join(_ACTIVATIONS)}"
+        )
+    return _ACTIVATIONS[name]
+
+
+def _activation_to_hf(config: TransformerConfig) -> str:
+    return next(hf for hf, ours in _ACTIVATIONS.items() if ours == config.mlp_activation)
+
+
 def _common_from_hf(hf: Mapping[str, Any]) -> dict:
     """The :class:`TransformerConfig` fields every family spells the same way."""
-    if hf.get("hidden_act", "silu") != "silu":
-        raise NotImplementedError(f"hidden_act={hf['hidden_act']!r}; the MLP is SwiGLU (silu)")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         raise NotImplementedError(
             "attention_bias / mlp_bias: the model has q/k/v biases only (no o_proj or MLP biases)"
@@ -181,6 +206,7 @@ def _common_from_hf(hf: Mapping[str, Any]) -> dict:
         n_kv_heads=hf.get("num_key_value_heads") or n_heads,
         head_dim=hf.get("head_dim") or d_model // n_heads,
         d_ff=_required(hf, "intermediate_size"),
+        mlp_activation=_activation_from_hf(hf),
         norm_eps=hf.get("rms_norm_eps", 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
@@ -200,7 +226,7 @@ def _common_to_hf(config: TransformerConfig) -> dict:
         "num_attention_heads": config.n_heads,
         "num_key_value_heads": config.n_kv_heads,
         "head_dim": config.head_dim,
-        "hidden_act": "silu",
+        "hidden_act": _activation_to_hf(config),
         "max_position_embeddings": max_pos,
         "rms_norm_eps": config.norm_eps,
         "rope_theta": theta,
@@ -308,22 +334,29 @@ def _write_mixtral(c: TransformerConfig) -> dict:
     }
 
 
+def _windows_from_layer_types(types, window: int | None) -> dict:
+    """``sliding_window`` and ``sliding_window_pattern`` of HF's per-layer ``layer_types``."""
+    if window is None or "sliding_attention" not in types:
+        return {"sliding_window": None}
+    pattern = None if set(types) == {"sliding_attention"} else tuple(types)
+    return {"sliding_window": window, "sliding_window_pattern": pattern}
+
+
+def _layer_types(c: TransformerConfig) -> list[str]:
+    """HF's ``layer_types`` of each layer's window."""
+    return ["full_attention" if w is None else "sliding_attention" for w in c.layer_windows]
+
+
 def _read_qwen3(hf) -> dict:
     """Qwen3: QK-norm, and a window on the layers ``layer_types`` names (by default those >=
     ``max_window_layers``) when ``use_sliding_window``."""
     window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window") else None
     first = hf.get("max_window_layers", 28)
-    types = tuple(
-        hf.get("layer_types")
-        or (
-            "sliding_attention" if window is not None and i >= first else "full_attention"
-            for i in range(hf["num_hidden_layers"])
-        )
-    )
-    if window is None or "sliding_attention" not in types:
-        return {"qk_norm": True, "sliding_window": None}
-    pattern = None if set(types) == {"sliding_attention"} else types
-    return {"qk_norm": True, "sliding_window": window, "sliding_window_pattern": pattern}
+    types = hf.get("layer_types") or [
+        "sliding_attention" if window is not None and i >= first else "full_attention"
+        for i in range(hf["num_hidden_layers"])
+    ]
+    return {"qk_norm": True, **_windows_from_layer_types(types, window)}
 
 
 def _write_qwen3(c: TransformerConfig) -> dict:
@@ -331,9 +364,7 @@ def _write_qwen3(c: TransformerConfig) -> dict:
         "use_sliding_window": c.sliding_window is not None,
         "sliding_window": c.sliding_window,
         "max_window_layers": 0,
-        "layer_types": [
-            "full_attention" if w is None else "sliding_attention" for w in c.layer_windows
-        ],
+        "layer_types": _layer_types(c),
         "attention_bias": False,
     }
 
@@ -379,30 +410,23 @@ def _write_qwen3_moe(c: TransformerConfig) -> dict:
 
 
 def _read_deepseek_v3(hf) -> dict:
-    """DeepSeek-V3's multi-head latent attention, on dense layers only (see the refusals).
+    """DeepSeek-V3: multi-head latent attention, and from layer ``first_k_dense_replace`` on
+    MoE layers routed by ``sigmoid_topk`` (sigmoid scores, the selection biased by
+    ``e_score_correction_bias``, the top-k within the ``topk_group`` best of ``n_group`` expert
+    groups, gates renormalised when ``norm_topk_prob`` and scaled by ``routed_scaling_factor``)
+    with ``n_shared_experts``.  ``aux_loss_alpha`` (DeepSeek's own field for its sequence-wise
+    balance loss; transformers has none) is ``router_aux_loss_coef``.  YaRN's ``mscale_all_dim``
+    stays in ``rope_scaling``, where MLA reads its softmax factor (``rope.mla_softmax_factor``).
 
     HF normalises both latents with a fixed eps of 1e-6 (``DeepseekV3RMSNorm``'s default), and
     our model with ``norm_eps``, so the two must agree.
     """
-    n_layers, first_moe = hf["num_hidden_layers"], hf.get("first_k_dense_replace", 3)
-    if first_moe < n_layers:
-        raise NotImplementedError(
-            f"DeepSeek-V3 MoE layers (first_k_dense_replace={first_moe} < {n_layers} layers): "
-            "its router (sigmoid scores, top-k within the topk_group best of n_group expert "
-            "groups, gates renormalised and scaled by routed_scaling_factor) is not in models.moe"
-        )
-    scaling = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
-    if scaling.get("mscale_all_dim") and scaling.get("factor", 1) > 1:
-        raise NotImplementedError(
-            "DeepSeek-V3 YaRN with mscale_all_dim multiplies the softmax scale by mscale^2; the "
-            "model has no softmax-scale field"
-        )
     if hf.get("rms_norm_eps", 1e-6) != 1e-6:
         raise NotImplementedError(
             f"DeepSeek-V3 rms_norm_eps={hf['rms_norm_eps']}: HF's latent norms use 1e-6, ours "
             "use norm_eps"
         )
-    return {
+    mla = {
         "attention_type": "mla",
         "q_lora_rank": hf.get("q_lora_rank"),
         "kv_lora_rank": _required(hf, "kv_lora_rank"),
@@ -412,11 +436,31 @@ def _read_deepseek_v3(hf) -> dict:
         "head_dim": _required(hf, "qk_rope_head_dim"),  # unused by MLA; HF's value
         "n_kv_heads": _required(hf, "num_attention_heads"),  # likewise
     }
+    n_layers, first_moe = hf["num_hidden_layers"], hf["first_k_dense_replace"]
+    if first_moe >= n_layers:
+        return mla
+    groups = hf.get("n_group") or 1
+    return {
+        **mla,
+        "n_experts": _required(hf, "n_routed_experts"),
+        "experts_per_token": _required(hf, "num_experts_per_tok"),
+        "moe_d_ff": _required(hf, "moe_intermediate_size"),
+        "moe_layers": tuple(range(first_moe, n_layers)),
+        "n_shared_experts": hf["n_shared_experts"],
+        "router": "sigmoid_topk",
+        "n_expert_groups": groups,
+        "topk_groups": hf.get("topk_group") or groups,
+        "normalize_gates": bool(hf["norm_topk_prob"]),
+        "routed_scaling_factor": hf["routed_scaling_factor"],
+        "router_aux_loss_coef": hf["aux_loss_alpha"],
+    }
 
 
 def _write_deepseek_v3(c: TransformerConfig) -> dict:
-    """Every layer dense (``first_k_dense_replace``), RoPE dimensions in rotate-half order."""
-    return {
+    """MoE layers from ``first_k_dense_replace`` on (none: every layer dense), RoPE dimensions
+    in rotate-half order."""
+    moe = c.moe_layer_ids
+    mla = {
         "q_lora_rank": c.q_lora_rank or None,
         "kv_lora_rank": c.kv_lora_rank,
         "qk_nope_head_dim": c.qk_nope_head_dim,
@@ -424,8 +468,95 @@ def _write_deepseek_v3(c: TransformerConfig) -> dict:
         "v_head_dim": c.v_head_dim,
         "head_dim": c.qk_rope_head_dim,
         "num_key_value_heads": c.n_heads,
-        "first_k_dense_replace": c.n_layers,
+        "first_k_dense_replace": moe[0] if moe else c.n_layers,
         "rope_interleave": False,
+        "attention_bias": False,
+    }
+    if not moe:
+        return mla
+    return {
+        **mla,
+        "n_routed_experts": c.n_experts,
+        "num_experts_per_tok": c.experts_per_token,
+        "moe_intermediate_size": c.expert_d_ff,
+        "n_shared_experts": c.n_shared_experts,
+        "n_group": c.n_expert_groups,
+        "topk_group": c.topk_groups,
+        "norm_topk_prob": c.normalize_gates,
+        "routed_scaling_factor": c.routed_scaling_factor,
+        "aux_loss_alpha": c.router_aux_loss_coef,
+    }
+
+
+def _read_olmoe(hf) -> dict:
+    """OLMoE: every layer an MoE of ``intermediate_size`` experts (softmax, top-k, the gates
+    renormalised when ``norm_topk_prob``), and QK-norm over the full projected width of q and of
+    k.  HF sizes those norms by ``hidden_size``, so ``head_dim`` must be ``hidden_size / heads``."""
+    if hf.get("clip_qkv") is not None:
+        raise NotImplementedError(
+            f"OLMoE clip_qkv={hf['clip_qkv']}: the model does not clip q, k, v"
+        )
+    head_dim, heads = hf.get("head_dim"), hf["num_attention_heads"]
+    if head_dim and head_dim * heads != hf["hidden_size"]:
+        raise NotImplementedError(
+            f"OLMoE head_dim={head_dim} with {heads} heads: HF's QK-norms are hidden_size="
+            f"{hf['hidden_size']} wide, so head_dim must be hidden_size / num_attention_heads"
+        )
+    return {
+        "qk_norm": True,
+        "qk_norm_scope": "full",
+        "router": "topk_softmax" if hf.get("norm_topk_prob") else "softmax_topk",
+        **_moe_from_hf(hf, "num_experts", "num_local_experts"),
+    }
+
+
+def _write_olmoe(c: TransformerConfig) -> dict:
+    return {
+        "intermediate_size": c.expert_d_ff,
+        "num_experts": c.n_experts,
+        "norm_topk_prob": c.router == "topk_softmax",
+        "clip_qkv": None,
+        "attention_bias": False,
+        **_moe_to_hf(c),
+    }
+
+
+def _read_gemma2(hf) -> dict:
+    """Gemma 2: sandwich norms scaled by ``1 + w``, GeGLU, embeddings times
+    ``sqrt(hidden_size)``, attention logits scaled by ``query_pre_attn_scalar^-1/2``, soft-capped
+    attention and output logits, and a window on the layers ``layer_types`` names (by default
+    every other layer, from the first)."""
+    if hf.get("use_bidirectional_attention"):
+        raise NotImplementedError("Gemma 2 use_bidirectional_attention: the model is causal")
+    types = hf.get("layer_types") or [
+        "sliding_attention" if (i + 1) % 2 else "full_attention"
+        for i in range(hf["num_hidden_layers"])
+    ]
+    return {
+        "norm_type": "rms_plus_one",
+        "norm_position": "sandwich",
+        "scale_embeddings": True,
+        "query_pre_attn_scalar": _required(hf, "query_pre_attn_scalar"),
+        "attn_logit_softcap": hf.get("attn_logit_softcapping"),
+        "final_logit_softcap": hf.get("final_logit_softcapping"),
+        **_windows_from_layer_types(types, hf.get("sliding_window")),
+    }
+
+
+def _write_gemma2(c: TransformerConfig) -> dict:
+    scalar = c.query_pre_attn_scalar or c.head_dim
+    if scalar != int(scalar):
+        raise NotImplementedError(
+            f"query_pre_attn_scalar={scalar}: Gemma 2's (an int in transformers) is a whole number"
+        )
+    return {
+        "hidden_activation": _activation_to_hf(c),
+        "query_pre_attn_scalar": int(scalar),
+        "attn_logit_softcapping": c.attn_logit_softcap,
+        "final_logit_softcapping": c.final_logit_softcap,
+        # HF builds a sliding mask even when no layer uses it, so it needs some window.
+        "sliding_window": c.sliding_window or c.max_seq_len,
+        "layer_types": _layer_types(c),
         "attention_bias": False,
     }
 
@@ -471,13 +602,25 @@ _HEAD = (
     _Row("model.norm.weight", "final_norm", "D", False),
     _Row("lm_head.weight", "lm_head", "V D", True),  # absent (skipped) when tied
 )
-_ATTENTION = (
-    _Row("input_layernorm.weight", "attn_norm", "D", False),
+_QKVO = (
     _Row("self_attn.q_proj.weight", "attn/q", "Q D", True),
     _Row("self_attn.k_proj.weight", "attn/k", "KV D", True),
     _Row("self_attn.v_proj.weight", "attn/v", "KV D", True),
     _Row("self_attn.o_proj.weight", "attn/o", "D Q", True),
+)
+_ATTENTION = (
+    _Row("input_layernorm.weight", "attn_norm", "D", False),
+    *_QKVO,
     _Row("post_attention_layernorm.weight", "mlp_norm", "D", False),
+)
+# Gemma 2's norms before and after attention and the MLP: its ``post_attention_layernorm`` is
+# the attention output's norm, not the MLP input's.
+_SANDWICH = (
+    _Row("input_layernorm.weight", "attn_norm", "D", False),
+    *_QKVO,
+    _Row("post_attention_layernorm.weight", "attn_post_norm", "D", False),
+    _Row("pre_feedforward_layernorm.weight", "mlp_norm", "D", False),
+    _Row("post_feedforward_layernorm.weight", "mlp_post_norm", "D", False),
 )
 _QKV_BIAS = (
     _Row("self_attn.q_proj.bias", "attn/q_bias", "Q", False),
@@ -487,6 +630,10 @@ _QKV_BIAS = (
 _QK_NORM = (
     _Row("self_attn.q_norm.weight", "attn/q_norm", "H", False),
     _Row("self_attn.k_norm.weight", "attn/k_norm", "H", False),
+)
+_QK_NORM_FULL = (  # OLMoE's, over every head's features
+    _Row("self_attn.q_norm.weight", "attn/q_norm", "Q", False),
+    _Row("self_attn.k_norm.weight", "attn/k_norm", "KV", False),
 )
 _MLP = _swiglu_rows("mlp", _PROJ, "mlp", "F")
 
@@ -545,6 +692,14 @@ def _moe_rows(prefix: str, expert_names: tuple[str, str, str]) -> tuple[_Row, ..
     )
 
 
+# DeepSeek-V3's MoE layer: the router with its selection bias, the experts, the shared experts.
+_DEEPSEEK_MOE = (
+    *_moe_rows("mlp", _PROJ),
+    _Row("mlp.gate.e_score_correction_bias", "moe/router_bias", "E", False),
+    *_swiglu_rows("mlp.shared_experts", _PROJ, "moe/shared", "S"),
+)
+
+
 def _dims(c: TransformerConfig) -> dict[str, int]:
     """The symbols of :class:`_Row` shapes."""
     return {
@@ -563,6 +718,7 @@ def _dims(c: TransformerConfig) -> dict[str, int]:
         "KVA": c.kv_lora_rank + c.qk_rope_head_dim,
         "KVB": c.n_heads * (c.qk_nope_head_dim + c.v_head_dim),
         "VO": c.n_heads * c.v_head_dim,
+        "S": c.n_shared_experts * c.expert_d_ff,
     }
 
 
@@ -611,7 +767,57 @@ FAMILIES = {
             moe=_moe_rows("mlp", _PROJ),
             defaults={"router_aux_loss_coef": 0.001},
         ),
-        Family("deepseek_v3", "DeepseekV3ForCausalLM", _read_deepseek_v3, _write_deepseek_v3, _MLA),
+        Family(
+            "deepseek_v3",
+            "DeepseekV3ForCausalLM",
+            _read_deepseek_v3,
+            _write_deepseek_v3,
+            _MLA,
+            moe=_DEEPSEEK_MOE,
+            # DeepseekV3Config's class defaults, and DeepSeek's for aux_loss_alpha
+            defaults={
+                "first_k_dense_replace": 3,
+                "n_routed_experts": 256,
+                "num_experts_per_tok": 8,
+                "moe_intermediate_size": 2048,
+                "n_shared_experts": 1,
+                "n_group": 8,
+                "topk_group": 4,
+                "norm_topk_prob": True,
+                "routed_scaling_factor": 2.5,
+                "aux_loss_alpha": 0.001,
+            },
+        ),
+        Family(
+            "olmoe",
+            "OlmoeForCausalLM",
+            _read_olmoe,
+            _write_olmoe,
+            _ATTENTION + _QK_NORM_FULL,
+            moe=_moe_rows("mlp", _PROJ),
+            defaults={
+                "rms_norm_eps": 1e-5,
+                "num_experts": 64,
+                "num_experts_per_tok": 8,
+                "router_aux_loss_coef": 0.01,
+            },
+        ),
+        Family(
+            "gemma2",
+            "Gemma2ForCausalLM",
+            _read_gemma2,
+            _write_gemma2,
+            _SANDWICH,
+            defaults={
+                "head_dim": 256,
+                "hidden_activation": "gelu_pytorch_tanh",
+                "query_pre_attn_scalar": 256,
+                "sliding_window": 4096,
+                "attn_logit_softcapping": 50.0,
+                "final_logit_softcapping": 30.0,
+                "tie_word_embeddings": True,
+            },
+        ),
     )
 }
 
@@ -720,8 +926,8 @@ def from_hf_config(hf: Mapping[str, Any], **overrides) -> TransformerConfig:
 def _architecture(c: TransformerConfig) -> dict:
     """What ``c`` computes, in a form two spellings of one model agree on: rope as HF writes it
     (static NTK is a larger base), each layer's window, the MoE layers as indices, the dense
-    width only when a dense layer uses it, no MoE fields for a dense model and no GQA widths
-    under MLA."""
+    width only when a dense layer uses it, no MoE fields for a dense model, no GQA widths
+    under MLA and no ``query_pre_attn_scalar`` that is ``head_dim`` (the default scale)."""
     skip = set(_RUNTIME_FIELDS) | set(_CANONICAL_FIELDS)
     if not c.n_experts:
         skip |= set(_MOE_FIELDS)
@@ -731,6 +937,8 @@ def _architecture(c: TransformerConfig) -> dict:
     arch["rope"] = _rope_to_hf(c)
     arch["windows"] = c.layer_windows
     arch["moe_layers"] = c.moe_layer_ids
+    scalar = c.query_pre_attn_scalar
+    arch["query_pre_attn_scalar"] = None if scalar in (None, c.head_dim) else scalar
     if len(c.moe_layer_ids) < c.n_layers:
         arch["d_ff"] = c.d_ff
     if c.n_experts:
@@ -776,8 +984,25 @@ def _export_family(config: TransformerConfig, model_type: str | None = None) -> 
 def hf_model_type(config: TransformerConfig) -> str:
     """The HF family :func:`save_hf_checkpoint` writes ``config`` as: the first of
     :data:`FAMILIES` that can hold it (Llama, else Mistral for a sliding window, else Qwen2 for
-    q/k/v biases, else the MoE families)."""
+    q/k/v biases, else Qwen3, the MoE families and Gemma 2, each for what it alone expresses)."""
     return _export_family(config).model_type
+
+
+def hf_linear_modules(
+    config: TransformerConfig,
+) -> dict[tuple[tuple[str, ...], tuple[int, ...]], str]:
+    """``{(our path, slot): HF module}``, e.g. ``(("layers", "attn", "q"), (3,)):
+    "model.layers.3.self_attn.q_proj"``: the ``nn.Linear`` of each slot of our weights in the
+    family :func:`save_hf_checkpoint` writes, for the weights one HF tensor holds whole, in our
+    row order (what an adapter of that weight maps onto; a weight HF splits or reorders is
+    left out)."""
+    family = _export_family(config)
+    table = _tensor_table(config, family, _write_config(config, family))
+    return {
+        (t.parts[0].path, t.parts[0].index): t.name.removesuffix(".weight")
+        for t in table
+        if t.transpose and len(t.parts) == 1 and t.parts[0].rows is None
+    }
 
 
 def _write_config(config: TransformerConfig, family: Family) -> dict:
@@ -972,21 +1197,31 @@ def save_hf_checkpoint(
     *,
     dtype: str | None = None,
     max_shard_bytes: int = 5 * 10**9,
-    tokenizer=None,
+    tokenizer: Tokenizer | None = None,
     model_type: str | None = None,
+    sampling: Mapping[str, Any] | None = None,
 ) -> Path:
     """Writes ``config.json`` and safetensors weights that ``transformers`` loads as
     ``model_type`` (default :func:`hf_model_type`).  Tensors are cast to ``dtype`` (default
     ``config.param_dtype``) and written one at a time; over ``max_shard_bytes`` the weights are
     sharded with a ``model.safetensors.index.json``.  Refuses a directory that already holds
-    weights, since stale shards would mix with the new ones.  ``tokenizer``, if given, puts its
-    special-token ids in ``config.json`` (see :func:`to_hf_config`).
+    weights, since stale shards would mix with the new ones.
+
+    ``tokenizer``, if given, puts its special-token ids in ``config.json`` (see
+    :func:`to_hf_config`) and writes the files that make the checkpoint usable by other tools
+    (:mod:`agentic_jax.models.hf_serving_files`): ``tokenizer.json``, ``tokenizer_config.json``
+    with the chat template, and ``generation_config.json`` with ``sampling``'s defaults.
     """
     path = Path(path)
     if path.exists() and any(path.glob("*.safetensors*")):
         raise FileExistsError(f"{path} already holds safetensors weights")
+    if sampling is not None and tokenizer is None:
+        raise ValueError("sampling defaults go in generation_config.json, which needs a tokenizer")
     leaves = check_params(config, params)
     hf_config = to_hf_config(config, dtype, tokenizer, model_type=model_type)
+    serving = (
+        None if tokenizer is None else serving_configs(tokenizer, config.max_seq_len, sampling)
+    )
     np_dtype = np.dtype(jnp.dtype(dtype or config.param_dtype))
     table = _tensor_table(config, FAMILIES[hf_config["model_type"]], hf_config)
 
@@ -1009,5 +1244,7 @@ def save_hf_checkpoint(
             "weight_map": {t.name: name for name, shard in zip(names, shards) for t in shard},
         }
         (path / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    if tokenizer is not None:
+        write_serving_files(path, tokenizer, serving)
     (path / "config.json").write_text(json.dumps(hf_config, indent=2))
     return path

@@ -6,7 +6,15 @@ logits ``s = x W_r`` (float32: routing decisions are precision-sensitive, Fedus 
 
 * ``softmax_topk`` (Switch, GShard, DeepSeek-V2): ``p = softmax(s)``, the top-k of ``p``, and
   ``g_i = p_i`` (not renormalised);
-* ``topk_softmax`` (Mixtral): the top-k of ``s`` and ``g = softmax(s_topk)`` over the k chosen.
+* ``topk_softmax`` (Mixtral): the top-k of ``s`` and ``g = softmax(s_topk)`` over the k chosen;
+* ``sigmoid_topk`` (DeepSeek-V3, Liu et al. 2024): ``σ = sigmoid(s)``, the top-k of ``σ + b``
+  (``b`` the selection-only bias below, always present) and ``g_i = σ_i``.
+
+Group-limited routing (DeepSeek-V3's, any router): the ``E`` experts form ``n_expert_groups``
+consecutive groups, a group scores the sum of its two best selection scores, and the top-k is
+taken among the experts of the ``topk_groups`` best groups only.  ``normalize_gates`` divides the
+k gates by their sum (DeepSeek-V3's ``norm_topk_prob``), and ``routed_scaling_factor`` multiplies
+them.
 
 The output is ``y = Σ_{i ∈ topk} g_i · FFN_i(x)`` plus the always-on shared experts (DeepSeekMoE,
 Dai et al. 2024), one SwiGLU of width ``n_shared_experts · moe_d_ff``.
@@ -14,11 +22,12 @@ Dai et al. 2024), one SwiGLU of width ``n_shared_experts · moe_d_ff``.
 Training-time noisy gating (Shazeer et al. 2017) adds ``router_noise · ε · softplus(x W_noise)``,
 ``ε ~ N(0, 1)``, to the logits before the top-k.  Balancing: the Switch loss (Fedus et al. 2021)
 ``E · Σ_i f_i P_i`` (``f_i`` the share of the ``N·k`` assignments that go to expert i, ``P_i`` its
-mean router probability; 1 when uniform), the router z-loss of ST-MoE (Zoph et al. 2022)
+mean router probability; 1 when uniform; for ``sigmoid_topk`` DeepSeek-V3's sequence-wise form,
+see :func:`balance_loss`), the router z-loss of ST-MoE (Zoph et al. 2022)
 ``mean(logsumexp(s)²)``, and DeepSeek-V3's auxiliary-loss-free bias ``b``: added to the scores
 for the top-k *selection only* (gates use the unbiased scores), it is no parameter of the
 gradient but state moved after every step by ``b_i += γ · sign(mean_j load_j − load_i)``
-(:func:`router_bias_update`), so an overloaded expert is chosen less often without any loss term
+(:func:`move_router_bias`), so an overloaded expert is chosen less often without any loss term
 pulling on the model.
 
 Capacity (GShard, Lepikhin et al. 2020): with a ``capacity_factor``, each expert takes at most
@@ -38,6 +47,8 @@ expert's device and back with two ``all_to_all``s (GShard's dispatch and combine
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 
@@ -67,19 +78,42 @@ def route(p, x, config: TransformerConfig, key=None):
     """
     x32 = x.astype(jnp.float32)
     logits = x32 @ p["router"].astype(jnp.float32)
-    probs = jax.nn.softmax(logits, axis=-1)
     noisy = logits
     if config.router_noise and key is not None:
         std = jax.nn.softplus(x32 @ p["router_noise"].astype(jnp.float32))
         noisy = logits + config.router_noise * jax.random.normal(key, logits.shape) * std
-    scores = jax.nn.softmax(noisy, axis=-1) if config.router == "softmax_topk" else noisy
+    if config.router == "sigmoid_topk":
+        scores = jax.nn.sigmoid(noisy)
+        probs = jax.nn.sigmoid(logits)
+        probs = probs / probs.sum(-1, keepdims=True)
+    else:
+        scores = jax.nn.softmax(noisy, axis=-1) if config.router == "softmax_topk" else noisy
+        probs = jax.nn.softmax(logits, axis=-1)
     selection = scores
     if "router_bias" in p:
         selection = scores + jax.lax.stop_gradient(p["router_bias"].astype(jnp.float32))
+    if config.topk_groups < config.n_expert_groups:
+        selection = limit_groups(selection, config.n_expert_groups, config.topk_groups)
     _, experts = jax.lax.top_k(selection, config.experts_per_token)
-    chosen = jnp.take_along_axis(scores, experts, axis=-1)
-    gates = chosen if config.router == "softmax_topk" else jax.nn.softmax(chosen, axis=-1)
-    return experts, gates, logits, probs
+    gates = jnp.take_along_axis(scores, experts, axis=-1)
+    if config.router == "topk_softmax":
+        gates = jax.nn.softmax(gates, axis=-1)
+    if config.normalize_gates:
+        gates = gates / (gates.sum(-1, keepdims=True) + 1e-20)  # HF's epsilon
+    return experts, gates * config.routed_scaling_factor, logits, probs
+
+
+def limit_groups(selection, n_groups: int, topk_groups: int):
+    """DeepSeek-V3's group-limited routing: ``selection [n, E]`` with the experts outside each
+    token's ``topk_groups`` best groups set to ``-inf``.  The experts are ``n_groups``
+    consecutive groups; a group scores the sum of its two best selection scores (its one, for
+    groups of one expert)."""
+    n, e = selection.shape
+    grouped = selection.reshape(n, n_groups, e // n_groups)
+    best_two = jax.lax.top_k(grouped, min(2, e // n_groups))[0].sum(-1)
+    _, kept = jax.lax.top_k(best_two, topk_groups)
+    keep = jax.nn.one_hot(kept, n_groups, dtype=bool).any(1)
+    return jnp.where(keep[:, :, None], grouped, -jnp.inf).reshape(n, e)
 
 
 def capacity(n_tokens: int, config: TransformerConfig) -> int | None:
@@ -251,9 +285,8 @@ def moe_mlp(p, x, config: TransformerConfig, *, key=None, dropless: bool = False
         s = p["shared"]
         y = y + swiglu(x, *(s[name].astype(dtype) for name in ("gate", "up", "down")))
     load = jnp.bincount(experts.reshape(-1), length=config.n_experts)
-    fraction = load / experts.size
     stats = {
-        "balance_loss": config.n_experts * jnp.sum(fraction * probs.mean(0)),
+        "balance_loss": balance_loss(experts, probs, config, rows=b),
         "z_loss": jnp.mean(jnp.square(jax.nn.logsumexp(logits, axis=-1))),
         "entropy": -jnp.mean(jnp.sum(probs * jnp.log(jnp.maximum(probs, 1e-30)), axis=-1)),
         "load": load,
@@ -262,12 +295,72 @@ def moe_mlp(p, x, config: TransformerConfig, *, key=None, dropless: bool = False
     return y.astype(x.dtype), stats
 
 
+def balance_loss(experts, probs, config: TransformerConfig, *, rows: int):
+    """``E · Σ_i f_i P_i`` (``f_i`` the share of the assignments expert i gets, ``P_i`` its mean
+    router probability), over the whole batch for the softmax routers (Switch), and per sequence
+    (each of the ``rows`` rows of tokens), then averaged, for ``sigmoid_topk``: DeepSeek-V3's
+    sequence-wise balance loss, whose ``P`` is the sigmoid scores normalised to sum to 1."""
+    groups = rows if config.router == "sigmoid_topk" else 1
+    per_group = experts.reshape(groups, -1)
+    share = jax.vmap(lambda e: jnp.bincount(e, length=config.n_experts))(per_group)
+    share = share / per_group.shape[1]
+    mean_probs = probs.reshape(groups, -1, config.n_experts).mean(1)
+    return config.n_experts * jnp.mean(jnp.sum(share * mean_probs, axis=-1))
+
+
 def aux_loss(stats, config: TransformerConfig):
     """The weighted auxiliary loss of stacked per-layer ``stats``: means over the MoE layers, so
     a coefficient means the same whatever the depth."""
     return config.router_aux_loss_coef * jnp.mean(
         stats["balance_loss"]
     ) + config.router_z_loss_coef * jnp.mean(stats["z_loss"])
+
+
+_FORWARDS = contextvars.ContextVar("moe_forwards", default=None)
+
+
+@contextlib.contextmanager
+def collect_aux(enabled: bool = True):
+    """Collects the auxiliary outputs of the forward passes run inside it that do not hand them
+    to their caller (``hidden_states(..., return_aux=False)``, so every loss built on the model's
+    plain forward): ``with collect_aux() as forwards:`` leaves a list of their aux dicts.  This is
+    how ``training.make_update`` adds a mixture of experts' router losses to any trainer's loss
+    (flax's ``sow`` in spirit).  ``enabled=False`` hides the forwards inside it from an outer
+    collector (a frozen teacher's).  The forwards must run in the collector's own trace, not
+    inside a ``jit``, ``vmap`` or ``scan`` of their own: JAX would report a leaked tracer."""
+    forwards = [] if enabled else None
+    token = _FORWARDS.set(forwards)
+    try:
+        yield forwards
+    finally:
+        _FORWARDS.reset(token)
+
+
+def report_aux(aux) -> None:
+    """Hands a forward's auxiliary outputs to the active :func:`collect_aux`, if any."""
+    forwards = _FORWARDS.get()
+    if aux and forwards is not None:
+        forwards.append(aux)
+
+
+def merge_aux(forwards):
+    """One aux dict of several forward passes' (``{}`` for none): their losses and per-token
+    statistics averaged, their expert loads and dropped assignments added."""
+    if len(forwards) <= 1:
+        return forwards[0] if forwards else {}
+    return {
+        name: sum(f[name] for f in forwards) / (1 if name in ("load", "dropped") else len(forwards))
+        for name in forwards[0]
+    }
+
+
+def with_aux_loss(total, count, metrics, aux):
+    """``(total, metrics)`` of a loss with a forward's ``aux`` added: its auxiliary loss, a
+    per-token mean, as ``aux · count`` (so ``total / count`` is the loss plus it) and the router
+    metrics of :func:`loss_metrics`.  Unchanged for a dense model (``aux == {}``)."""
+    if not aux:
+        return total, metrics
+    return total + aux["loss"] * count, {**metrics, **loss_metrics(aux, count)}
 
 
 def loss_metrics(stats, count):
@@ -299,20 +392,25 @@ def step_metrics(metrics, count):
     }
 
 
-def router_bias_update(config: TransformerConfig):
-    """``after_update(old, new, metrics) -> params`` for :func:`training.make_update`: the
-    auxiliary-loss-free bias step (DeepSeek-V3, Wang et al. 2024) from the step's expert loads.
+def _is_router_bias(path) -> bool:
+    return getattr(path[-1], "key", None) == "router_bias"
 
-    The bias takes ``old + γ · sign(mean load − load)`` whatever the optimiser did to it, so it
-    stays outside the gradient and the optimiser (its gradient is zero: it only moves a top-k).
-    """
-    rate = config.aux_free_bias_rate
 
-    def after_update(old, new, metrics):
-        load = metrics["moe_expert_load"]
-        bias = old["layers"]["moe"]["router_bias"]
-        step = rate * jnp.sign(load.mean(-1, keepdims=True) - load)
-        layers = {**new["layers"], "moe": {**new["layers"]["moe"], "router_bias": bias + step}}
-        return {**new, "layers": layers}
+def has_router_bias(tree) -> bool:
+    """Whether ``tree`` holds a router bias (a model built with ``aux_free_bias_rate > 0``)."""
+    return any(_is_router_bias(path) for path, _ in jax.tree_util.tree_leaves_with_path(tree))
 
-    return after_update
+
+def move_router_bias(old, new, load, rate: float):
+    """``new`` with every ``router_bias`` leaf set to ``old + γ · sign(mean load − load)``: the
+    auxiliary-loss-free bias step (DeepSeek-V3, Wang et al. 2024) from the step's expert loads
+    ``load [MoE layers, E]``, wherever the model sits in the tree (a reward model's ``trunk``).
+
+    The bias ignores whatever the optimiser did to it, so it stays outside the gradient and the
+    optimiser (its gradient is zero: it only moves a top-k)."""
+    step = rate * jnp.sign(load.mean(-1, keepdims=True) - load)
+
+    def move(path, o, n):
+        return (o + step).astype(o.dtype) if _is_router_bias(path) else n
+
+    return jax.tree_util.tree_map_with_path(move, old, new)

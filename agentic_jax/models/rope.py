@@ -49,10 +49,24 @@ def _yarn(dim: int, base: float, scaling) -> tuple[jnp.ndarray, float]:
     extrapolate = 1.0 - ramp
     inv_freq = _base_inv_freq(dim, base)
     inv_freq = (inv_freq / factor) * (1.0 - extrapolate) + inv_freq * extrapolate
-    attention_factor = scaling.get("attention_factor") or (
-        0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-    )
-    return inv_freq, attention_factor
+    return inv_freq, scaling.get("attention_factor") or yarn_mscale(factor)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature ``0.1 mscale ln(factor) + 1`` (1 when not extending)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def mla_softmax_factor(config: TransformerConfig) -> float:
+    """What DeepSeek's MLA multiplies its softmax scale by: ``yarn_mscale(factor,
+    mscale_all_dim)²`` when ``rope_scaling`` has ``mscale_all_dim`` (DeepSeek-V2/V3's YaRN,
+    whose cos/sin magnitude is then ``yarn_mscale(factor, mscale) / yarn_mscale(factor,
+    mscale_all_dim)``), else 1.  Hugging Face applies it in DeepSeek's attention only, so GQA
+    models ignore the key."""
+    scaling = config.rope_scaling
+    if not scaling or not scaling.get("mscale_all_dim"):
+        return 1.0
+    return yarn_mscale(scaling["factor"], scaling["mscale_all_dim"]) ** 2
 
 
 def _llama3(dim: int, base: float, scaling) -> jnp.ndarray:

@@ -12,6 +12,8 @@ constrained at block boundaries by logical name; :mod:`sharding` alone maps name
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 from typing import NamedTuple
@@ -19,10 +21,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from agentic_jax.models import moe
+from agentic_jax.models import fp8, moe, quantization
 from agentic_jax.models.attention import attention
 from agentic_jax.models.config import TransformerConfig
-from agentic_jax.models.rope import apply_rope, rope_tables
+from agentic_jax.models.rope import apply_rope, mla_softmax_factor, rope_tables
 from pallas_kernels.reference import soft_cap
 from sharding import with_logical_constraint
 from sharding.mesh import active_axis_size
@@ -59,7 +61,7 @@ def _moe_specs(c: TransformerConfig, n: int, std: float, out_std: float) -> dict
     }
     if c.router_noise:
         specs["router_noise"] = ParamSpec((n, D, E), ("layers", "embed", "expert"), "zeros")
-    if c.aux_free_bias_rate:
+    if c.has_router_bias:
         specs["router_bias"] = ParamSpec((n, E), ("layers", "expert"), "zeros")
     if c.n_shared_experts:
         width = c.n_shared_experts * c.expert_d_ff
@@ -68,11 +70,12 @@ def _moe_specs(c: TransformerConfig, n: int, std: float, out_std: float) -> dict
 
 
 def _norm_specs(c: TransformerConfig, names, lead, lead_axes) -> dict:
-    """Each named norm's scale over ``d_model`` (and, for LayerNorm, its ``<name>_bias``)."""
-    specs = {}
+    """Each named norm's scale over ``d_model`` (and, for LayerNorm, its ``<name>_bias``); a
+    ``rms_plus_one`` scale ``w`` multiplies by ``1 + w``, so it starts at zero."""
+    specs, init = {}, "zeros" if c.norm_type == "rms_plus_one" else "ones"
     for name in names:
         shape, axes = (*lead, c.d_model), (*lead_axes, "norm")
-        specs[name] = ParamSpec(shape, axes, "ones")
+        specs[name] = ParamSpec(shape, axes, init)
         if c.norm_type == "layer":
             specs[f"{name}_bias"] = ParamSpec(shape, axes, "zeros")
     return specs
@@ -122,7 +125,8 @@ def _mla_specs(c: TransformerConfig, std: float, out_std: float) -> dict:
 
 
 def _gqa_specs(c: TransformerConfig, std: float, out_std: float) -> dict:
-    """Grouped-query attention's projections (and Qwen3's per-head QK-norm scales)."""
+    """Grouped-query attention's projections (and the QK-norm scales: one ``head_dim`` vector
+    shared by the heads, Qwen3, or one per head and feature over the full width, OLMoE)."""
     L, D, N, K, H = c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim
     attn = {
         "q": ParamSpec((L, D, N, H), ("layers", "embed", "q_heads", "head_dim"), f"normal:{std}"),
@@ -136,7 +140,10 @@ def _gqa_specs(c: TransformerConfig, std: float, out_std: float) -> dict:
         attn["q_bias"] = ParamSpec((L, N, H), ("layers", "q_heads", "head_dim"), "zeros")
         attn["k_bias"] = ParamSpec((L, K, H), ("layers", "kv_heads", "head_dim"), "zeros")
         attn["v_bias"] = ParamSpec((L, K, H), ("layers", "kv_heads", "head_dim"), "zeros")
-    if c.qk_norm:
+    if c.qk_norm and c.qk_norm_scope == "full":
+        attn["q_norm"] = ParamSpec((L, N, H), ("layers", "q_heads", "head_dim"), "ones")
+        attn["k_norm"] = ParamSpec((L, K, H), ("layers", "kv_heads", "head_dim"), "ones")
+    elif c.qk_norm:
         attn["q_norm"] = ParamSpec((L, H), ("layers", "norm"), "ones")
         attn["k_norm"] = ParamSpec((L, H), ("layers", "norm"), "ones")
     return attn
@@ -227,7 +234,7 @@ def flops_per_token(
     n_matmul = param_count(config, active=True) - (
         0 if config.tie_embeddings else config.vocab_size * config.d_model
     )
-    if config.aux_free_bias_rate:  # the per-expert bias is added, not multiplied
+    if config.has_router_bias:  # the per-expert bias is added, not multiplied
         n_matmul -= len(config.moe_layer_ids) * config.n_experts
     v_dim = config.v_head_dim if config.mla else config.head_dim
     attn = 6 * config.n_layers * config.n_heads * (config.qk_head_dim + v_dim) * seq_len
@@ -253,9 +260,12 @@ def layer_norm(x, weight, bias, eps):
 
 
 def _norm(config: TransformerConfig, p, name: str, x):
-    """The norm ``p[name]`` on ``x``: RMSNorm, or LayerNorm with ``p[name + "_bias"]``."""
+    """The norm ``p[name]`` on ``x``: RMSNorm, LayerNorm with ``p[name + "_bias"]``, or Gemma's
+    RMSNorm scaled by ``1 + w`` (in float32, as Gemma computes it)."""
     if config.norm_type == "layer":
         return layer_norm(x, p[name], p[f"{name}_bias"], config.norm_eps)
+    if config.norm_type == "rms_plus_one":
+        return rms_norm(x, 1.0 + p[name].astype(jnp.float32), config.norm_eps)
     return rms_norm(x, p[name], config.norm_eps)
 
 
@@ -301,11 +311,47 @@ def self_attention(config: TransformerConfig, segment_ids, *, layout: str = "con
     return attend
 
 
-def _dense(eq, x, w, name, lora, dropout):
+_PROJECTION_INPUTS = contextvars.ContextVar("projection_inputs", default=None)
+
+
+@contextlib.contextmanager
+def record_projection_inputs():
+    """Records the input ``x`` of every projection the forwards inside it run (calibration of
+    AWQ and Wanda): ``with record_projection_inputs() as inputs:`` leaves ``{name: [x, ...]}``
+    with one array per call, in layer order.  The forward must run eagerly, not under ``jit``
+    or ``scan`` (``config.replace(scan_layers=False, remat_policy="none")``)."""
+    inputs = {}
+    token = _PROJECTION_INPUTS.set(inputs)
+    try:
+        yield inputs
+    finally:
+        _PROJECTION_INPUTS.reset(token)
+
+
+def _record_input(name, x) -> None:
+    inputs = _PROJECTION_INPUTS.get()
+    if inputs is None:
+        return
+    if isinstance(x, jax.core.Tracer):
+        raise ValueError(
+            "record_projection_inputs needs an eager forward: run it with "
+            "config.replace(scan_layers=False, remat_policy='none') outside jit"
+        )
+    inputs.setdefault(name, []).append(x)
+
+
+def _dense(eq, x, w, name, lora, dropout, precision="default"):
     """``einsum(eq, x, w)``, plus LoRA's low-rank path ``dropout(x) · A · B`` when the layer carries
     an adapter ``lora[name] = {"a": [in..., r], "b": [r, out...]}`` for this projection (the α/r
-    scale is already folded into B; see :mod:`agentic_jax.models.lora`)."""
-    y = jnp.einsum(eq, x, w)
+    scale is already folded into B; see :mod:`agentic_jax.models.lora`).  A DoRA adapter also
+    carries its magnitude ``"m": [out...]``, which rescales the sum (:func:`_dora_scale`).
+    ``precision="fp8"`` runs the einsum as an FP8 matmul (:func:`agentic_jax.models.fp8.fp8_einsum`);
+    the LoRA path stays in the compute dtype.  A :class:`~agentic_jax.models.quantization.
+    QuantizedWeight` ``w`` is dequantised to ``x``'s dtype first (jit fuses the two)."""
+    _record_input(name, x)
+    if quantization.is_quantized(w):  # weight-only quantisation: dequantised where it is used
+        w = w.dequantize(x.dtype)
+    y = fp8.fp8_einsum(eq, x, w) if precision == "fp8" else jnp.einsum(eq, x, w)
     if name not in lora:
         return y
     if dropout is not None:  # {"rate": [], "key": {name: key}}
@@ -314,14 +360,34 @@ def _dense(eq, x, w, name, lora, dropout):
             jax.random.bernoulli(dropout["key"][name], keep, x.shape), x / keep, 0
         ).astype(x.dtype)
     a, b = lora[name]["a"], lora[name]["b"]
-    return y + jnp.tensordot(jnp.tensordot(x, a, a.ndim - 1), b, 1)
+    y = y + jnp.tensordot(jnp.tensordot(x, a, a.ndim - 1), b, 1)
+    if "m" in lora[name]:
+        y = y * _dora_scale(w, a, b, lora[name]["m"]).astype(y.dtype)
+    return y
+
+
+def _dora_scale(w, a, b, m):
+    """DoRA's per-output-unit factor ``m / ||W + A B||_c`` (Liu et al. 2024, arXiv:2402.09353):
+    ``x W' = (x W + x A B) · m / ||W + A B||_c`` for ``W' = m (W + A B) / ||W + A B||_c``, the norm
+    taken over the input dims of each output unit.  As in the paper (§4.3) and PEFT, the norm is
+    a constant of the gradient (``stop_gradient``): ``A``, ``B`` and ``m`` get their gradients
+    through the rescaled output, and the backward pass stores nothing of ``W + A B``."""
+    n_in = a.ndim - 1
+    v = w.astype(jnp.float32) + jnp.tensordot(
+        a.astype(jnp.float32), b.astype(jnp.float32), 1, precision=jax.lax.Precision.HIGHEST
+    )
+    norm = jnp.sqrt(jnp.sum(jnp.square(v), axis=tuple(range(n_in))))
+    return m.astype(jnp.float32) / jax.lax.stop_gradient(norm)
 
 
 def _gqa_attention(config: TransformerConfig, a, h, cos, sin, attend, state, window, dense):
     """Grouped-query attention on the normed input ``h``: ``(output [B,T,D], state)``.
 
-    QK-norm (Qwen3) normalises each head's query and key before RoPE, so that their dot products,
-    and with them the attention logits, cannot grow with the projections' scale.
+    QK-norm normalises queries and keys before RoPE, so that their dot products, and with them
+    the attention logits, cannot grow with the projections' scale: each head's (Qwen3) or all
+    heads' features at once (``qk_norm_scope="full"``, OLMoE).  ``query_pre_attn_scalar`` (Gemma
+    2) scales logits by ``s^-1/2`` in place of ``head_dim^-1/2``: the queries are rescaled by
+    ``sqrt(head_dim / s)``, so every ``attend`` (kernels and caches) keeps its own scale.
     """
     q = dense("btd,dnh->btnh", h, a["q"], "q")
     k = dense("btd,dkh->btkh", h, a["k"], "k")
@@ -329,12 +395,24 @@ def _gqa_attention(config: TransformerConfig, a, h, cos, sin, attend, state, win
     if config.qkv_bias:
         q, k, v = q + a["q_bias"], k + a["k_bias"], v + a["v_bias"]
     if config.qk_norm:
-        q, k = rms_norm(q, a["q_norm"], config.norm_eps), rms_norm(k, a["k_norm"], config.norm_eps)
+        q, k = _qk_norm(config, q, a["q_norm"]), _qk_norm(config, k, a["k_norm"])
+    scalar = config.query_pre_attn_scalar
+    if scalar is not None and scalar != config.head_dim:
+        q = (q * math.sqrt(config.head_dim / scalar)).astype(q.dtype)
     q = with_logical_constraint(apply_rope(q, cos, sin), BTNH)
     k = with_logical_constraint(apply_rope(k, cos, sin), BTKH)
     v = with_logical_constraint(v, BTKH)
     o, state = attend(q, k, v, state, window)
     return dense("btnh,nhd->btd", o, a["o"], "o"), state
+
+
+def _qk_norm(config: TransformerConfig, x, weight):
+    """RMSNorm of ``x [B, T, heads, head_dim]`` over ``head_dim``, or over ``(heads, head_dim)``
+    when ``qk_norm_scope="full"`` (``weight [heads, head_dim]``)."""
+    if config.qk_norm_scope == "head":
+        return rms_norm(x, weight, config.norm_eps)
+    flat = rms_norm(x.reshape(*x.shape[:2], -1), weight.reshape(-1), config.norm_eps)
+    return flat.reshape(x.shape)
 
 
 def _mla_attention(
@@ -353,7 +431,8 @@ def _mla_attention(
 
     ``attend`` scales scores by the inverse square root of the width it is given; queries are
     rescaled so that this is ``1 / sqrt(d_nope + d_rope)`` whatever the width (the training
-    path pads queries, keys and values to a common width with zeros, which changes no score).
+    path pads queries, keys and values to a common width with zeros, which changes no score),
+    times DeepSeek's YaRN factor (:func:`~agentic_jax.models.rope.mla_softmax_factor`).
     """
     r, d_nope, qk, dv = (
         config.kv_lora_rank,
@@ -385,9 +464,9 @@ def _mla_attention(
         width = max(qk, dv)
         q, k, v = (jnp.pad(x, ((0, 0),) * 3 + ((0, width - x.shape[-1]),)) for x in (q, k, v))
         k, v = with_logical_constraint(k, BTNH), with_logical_constraint(v, BTNH)
-    width = q.shape[-1]
-    if width != qk:
-        q = (q * math.sqrt(width / qk)).astype(q.dtype)
+    scale = math.sqrt(q.shape[-1] / qk) * mla_softmax_factor(config)
+    if scale != 1:
+        q = (q * scale).astype(q.dtype)
     o, state = attend(with_logical_constraint(q, BTNH), k, v, state, window)
     # Absorbed: the first r features are the attended latent, which W_uv expands per head.
     o = jnp.einsum("btnr,rnh->btnh", o[..., :r], a["v_up"]) if absorbed else o[..., :dv]
@@ -433,8 +512,14 @@ def _block(
     p = dict(p)
     dropout = p.pop("lora_dropout", None)  # PRNG keys take no dtype cast
     moe_params = p.pop("moe", None)  # cast by moe_mlp: its router stays float32
-    p = jax.tree.map(lambda a: a.astype(dtype), p)
-    dense = functools.partial(_dense, lora=p.get("lora", {}), dropout=dropout)
+    p = jax.tree.map(  # a quantised weight stays packed: _dense dequantises it
+        lambda a: a if quantization.is_quantized(a) else a.astype(dtype),
+        p,
+        is_leaf=quantization.is_quantized,
+    )
+    dense = functools.partial(
+        _dense, lora=p.get("lora", {}), dropout=dropout, precision=config.matmul_precision
+    )
 
     def attention_sublayer(h):
         if config.mla:
@@ -447,9 +532,9 @@ def _block(
         if moe_params is not None:
             return moe.moe_mlp(moe_params, h, config, key=key, dropless=dropless)
         m = p["mlp"]
-        hidden = jax.nn.silu(dense("btd,df->btf", h, m["gate"], "gate")) * dense(
-            "btd,df->btf", h, m["up"], "up"
-        )
+        hidden = _ACTIVATIONS[config.mlp_activation](
+            dense("btd,df->btf", h, m["gate"], "gate")
+        ) * dense("btd,df->btf", h, m["up"], "up")
         hidden = with_logical_constraint(hidden, BTF)
         return dense("btf,fd->btd", hidden, m["down"], "down"), None
 
@@ -457,6 +542,12 @@ def _block(
     x, stats = _residual(config, p, "mlp", x, mlp_sublayer)
     return x, (state, stats)
 
+
+# The gated MLP's activation: SwiGLU (Shazeer 2020) or GeGLU with tanh-approximate GELU (Gemma).
+_ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+}
 
 _REMAT = {
     "full": None,
@@ -499,8 +590,11 @@ def _rows(tree, start, stop):
 
 
 def embed_tokens(params, config: TransformerConfig, tokens):
-    """The embedding rows ``[B, T, D]`` of ``tokens`` in the compute dtype: the first layer's input."""
+    """The embedding rows ``[B, T, D]`` of ``tokens`` in the compute dtype: the first layer's input;
+    times ``sqrt(d_model)`` rounded to the compute dtype when ``scale_embeddings`` (Gemma)."""
     x = jnp.take(params["embed"], tokens, axis=0).astype(config.compute_dtype)
+    if config.scale_embeddings:
+        x = x * jnp.asarray(math.sqrt(config.d_model), config.compute_dtype)
     return with_logical_constraint(x, BTD)
 
 
@@ -524,7 +618,9 @@ def hidden_states(
     ``key`` draws training-time randomness (MoE router noise).  With ``return_aux`` the result
     also ends with the auxiliary outputs: ``{}`` for a dense model, else the MoE layers' router
     statistics stacked over them (see :func:`agentic_jax.models.moe.moe_mlp`) and ``loss``, their
-    weighted auxiliary loss, which a training loss adds to its mean.  ``dropless`` overrides
+    weighted auxiliary loss, which a training loss adds to its mean; without ``return_aux`` they
+    go to the active ``moe.collect_aux`` (how ``training.make_update`` adds them to any
+    trainer's loss).  ``dropless`` overrides
     whether MoE layers drop tokens over capacity: by default decoders (``attend`` given) never
     do, so a token's output does not depend on the batch it shares, and training does.  Under
     multi-head latent attention an ``attend`` hook gets the absorbed form, whose keys and values
@@ -568,8 +664,11 @@ def hidden_states(
     if ring > 1:
         h = with_logical_constraint(from_zigzag(h, ring), BTD)
     out = (h, layer_state) if stateful else (h,)
+    aux = _aux(config, [s for s in stats if s is not None])
     if return_aux:
-        out += (_aux(config, [s for s in stats if s is not None]),)
+        out += (aux,)
+    else:
+        moe.report_aux(aux)
     return out if len(out) > 1 else h
 
 

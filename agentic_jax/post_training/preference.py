@@ -7,10 +7,10 @@ IPO, SimPO, ORPO, KTO-pair and the rest, each with its formula in ``rl/preferenc
 ``log π(y)`` sums the policy's log-probabilities over the completion's (assistant) tokens.
 
 * **Offline**: the pairs are each train task's demonstration (chosen) against its corrupted
-  twin (rejected: a wrong final answer), visited in a fresh seeded order every epoch.  The
-  reference model (``init_from``'s, frozen) gives its log-probs once for the whole set
-  (``precompute_reference``) or batch by batch; reference-free losses (simpo, orpo, cpo,
-  alphapo) need none.
+  twin (rejected: a wrong final answer), or a file's (``pairs_file``), visited in a fresh
+  seeded order every epoch.  The reference model (``init_from``'s, frozen) gives its log-probs
+  once for the whole set (``precompute_reference``) or batch by batch; reference-free losses
+  (simpo, orpo, cpo, alphapo) need none.
 * **Online** (online DPO; Guo et al. 2024, "Direct Language Model Alignment from Online AI
   Feedback", arXiv:2402.04792; Xu et al. 2023, iterative/self-rewarding DPO): each step samples
   ``samples_per_prompt`` episodes of each prompt with the current policy in the task's
@@ -55,6 +55,7 @@ from agentic_jax.post_training.pairs import (
     best_worst,
     evaluate_loss,
     map_rows,
+    pair_splits,
     sampled_pairs,
     take,
     task_pairs,
@@ -65,7 +66,7 @@ from agentic_jax.post_training.runner import TrainerRun
 from agentic_jax.post_training.tasks import TaskSpec
 from agentic_jax.rl import REFERENCE_FREE_LOSSES, preference_loss, preference_metrics
 from agentic_jax.training.optim import make_optimizer, make_schedule
-from agentic_jax.training.update import FullFinetune, make_update
+from agentic_jax.training.update import FullFinetune, make_update, router_metrics
 
 # Per-pair statistics the loss reports (weighted sums in a batch), and their logged names.
 STAT_NAMES = {
@@ -235,6 +236,8 @@ def train_preference(
     *,
     init_from: str,
     tasks: TaskSpec = TaskSpec(),
+    pairs_file: str | None = None,
+    heldout_pairs_file: str | None = None,
     loss_type: str = "sigmoid",
     beta: float = 0.1,
     label_smoothing: float = 0.0,
@@ -256,7 +259,9 @@ def train_preference(
 ) -> dict:
     """Preference-optimises the model of run ``init_from`` on ``tasks``; saves ``workdir/model``.
 
-    See the module docstring.  ``loss_options`` holds further ``rl.preference_loss`` arguments;
+    See the module docstring.  ``pairs_file`` (held out: ``heldout_pairs_file``) replaces the
+    tasks' offline pairs with a file's (JSONL or Parquet in TRL's preference formats, see
+    ``data.datasets``).  ``loss_options`` holds further ``rl.preference_loss`` arguments;
     ``online`` samples ``samples_per_prompt`` episodes per prompt at ``temperature`` and ranks
     them by the verifier or by ``reward_model``; ``precompute_reference`` applies offline.
     ``eval_every`` > 0 evaluates the loss and implicit-reward accuracy on the held-out pairs
@@ -270,6 +275,10 @@ def train_preference(
         )
     if reward_model is not None and not online:
         raise ValueError("reward_model ranks online samples; set online=True or drop reward_model")
+    if online and pairs_file is not None:
+        raise ValueError("pairs_file holds offline pairs; set online=False or drop pairs_file")
+    if eval_every and pairs_file is not None and heldout_pairs_file is None:
+        raise ValueError("eval_every > 0 evaluates held-out pairs: set heldout_pairs_file")
     config, base, tokenizer = load_checkpoint(init_from)
     context = tasks.context_length if online else tasks.max_length
     if config.max_seq_len < context:
@@ -298,20 +307,23 @@ def train_preference(
         env = tasks.env(tokenizer, "train")
         size = env.default_params.tasks.size
         sampling = SamplingParams(temperature=temperature)
+        heldout = task_pairs(tasks, tokenizer, "heldout") if eval_every else None
     else:
-        train = task_pairs(tasks, tokenizer, "train")
+        train, heldout = pair_splits(tasks, tokenizer, pairs_file, heldout_pairs_file)
         size = len(train["weight"])
         if precompute_reference:
             train = with_reference(train)
-    heldout = with_reference(task_pairs(tasks, tokenizer, "heldout")) if eval_every else None
+    heldout = with_reference(heldout) if eval_every else None
 
     schedule = make_schedule(
         peak_lr=peak_lr, total_steps=steps, warmup_steps=min(warmup_steps, steps)
     )
     optimizer = make_optimizer(schedule)
-    frozen = None if isinstance(finetune, FullFinetune) else base
+    frozen = finetune.frozen(base)
     loss = pair_loss(config, objective)
-    update = jax.jit(make_update(loss, optimizer, finetune))
+    update = jax.jit(
+        make_update(loss, optimizer, finetune, router_bias_rate=config.aux_free_bias_rate)
+    )
     evaluate = jax.jit(loss)
     run = TrainerRun(workdir)
     learner, meta, start = Progress.resume(
@@ -365,6 +377,7 @@ def train_preference(
                         "grad_norm": float(metrics["grad_norm"]),
                         "lr": float(schedule(state.step - 1)),
                         "training_seconds": time.perf_counter() - train_start,
+                        **router_metrics(metrics),
                     }
                 )
             learner = Progress(state, jnp.int32(position + prompts_per_step))

@@ -51,12 +51,12 @@ from agentic_jax.post_training.common import (
     next_prompts,
     token_scores,
 )
-from agentic_jax.post_training.pairs import Progress, evaluate_loss, take, task_pairs
+from agentic_jax.post_training.pairs import Progress, evaluate_loss, pair_splits, take
 from agentic_jax.post_training.runner import TrainerRun
 from agentic_jax.post_training.tasks import TaskSpec
 from agentic_jax.rl import bradley_terry_loss, process_reward_loss
 from agentic_jax.training.optim import make_optimizer, make_schedule
-from agentic_jax.training.update import FullFinetune, make_update
+from agentic_jax.training.update import FullFinetune, make_update, router_metrics
 
 REWARD_KINDS = ("outcome", "process")
 HEAD_FILE = "reward_head.npz"
@@ -121,6 +121,9 @@ class WithHead:
 
     def merged(self, trainable, base=None):
         return {"trunk": self.finetune.merged(trainable["trunk"], base), "head": trainable["head"]}
+
+    def scale_updates(self, updates):
+        return {"trunk": self.finetune.scale_updates(updates["trunk"]), "head": updates["head"]}
 
 
 def outcome_loss(config: TransformerConfig, center_coef: float = 0.0):
@@ -366,6 +369,8 @@ def train_reward_model(
     init_from: str,
     tasks: TaskSpec = TaskSpec(),
     kind: str = "outcome",
+    pairs_file: str | None = None,
+    heldout_pairs_file: str | None = None,
     steps: int = 200,
     batch_size: int = 16,
     peak_lr: float = 1e-4,
@@ -379,15 +384,21 @@ def train_reward_model(
 ) -> dict:
     """Trains a reward model on ``tasks``' problems, its trunk initialised from run ``init_from``.
 
-    ``kind="outcome"``: Bradley-Terry on (demonstration, wrong answer) pairs, ``batch_size`` pairs
-    a step; ``"process"``: per-step BCE on :func:`process_examples`, ``batch_size`` transcripts a
-    step.  Records loss, accuracy and margin per step and on the held-out problems every
-    ``eval_every`` steps (and at the end); resumes from the latest checkpoint in ``workdir``
-    (parameters, optimizer, RNG, data position).  Saves the trunk as ``workdir/model`` and the
+    ``kind="outcome"``: Bradley-Terry on (demonstration, wrong answer) pairs, or on the pairs of
+    ``pairs_file`` (held out: ``heldout_pairs_file``; JSONL or Parquet in TRL's preference
+    formats, see ``data.datasets``), ``batch_size`` pairs a step; ``"process"``: per-step BCE
+    on :func:`process_examples`, ``batch_size`` transcripts a step.  Records loss, accuracy and
+    margin per step and on the held-out problems every ``eval_every`` steps (and at the end);
+    resumes from the latest checkpoint in ``workdir`` (parameters, optimizer, RNG, data
+    position).  Saves the trunk as ``workdir/model`` and the
     head beside it (:func:`load_reward_model`).  Returns the final metrics.
     """
     if kind not in REWARD_KINDS:
         raise ValueError(f"train_reward_model.kind={kind!r}; expected one of {REWARD_KINDS}")
+    if pairs_file is not None and kind != "outcome":
+        raise ValueError("pairs_file holds preference pairs, which train kind='outcome' only")
+    if eval_every and pairs_file is not None and heldout_pairs_file is None:
+        raise ValueError("eval_every > 0 evaluates held-out pairs: set heldout_pairs_file")
     config, base, tokenizer = load_checkpoint(init_from)
     if config.max_seq_len < tasks.max_length:
         raise ValueError(
@@ -395,7 +406,7 @@ def train_reward_model(
         )
     max_steps = process_steps(tasks)
     if kind == "outcome":
-        train, heldout = (task_pairs(tasks, tokenizer, split) for split in ("train", "heldout"))
+        train, heldout = pair_splits(tasks, tokenizer, pairs_file, heldout_pairs_file)
         loss = outcome_loss(config, center_coef)
     else:
         train, heldout = (
@@ -409,8 +420,10 @@ def train_reward_model(
     )
     optimizer = make_optimizer(schedule)
     model = WithHead(finetune)
-    frozen = None if isinstance(finetune, FullFinetune) else base
-    update = jax.jit(make_update(loss, optimizer, model))
+    frozen = finetune.frozen(base)
+    update = jax.jit(
+        make_update(loss, optimizer, model, router_bias_rate=config.aux_free_bias_rate)
+    )
     evaluate = jax.jit(loss)
     trainable = model.init(init_reward_model(base, config), jax.random.key(seed))
     run = TrainerRun(workdir)
@@ -432,6 +445,7 @@ def train_reward_model(
                 **summarize(metrics["loss"], metrics["count"], metrics),
                 "grad_norm": float(metrics["grad_norm"]),
                 "lr": float(schedule(step - 1)),
+                **router_metrics(metrics),
             }
             if eval_every and (step % eval_every == 0 or step == steps):
                 held = evaluate_loss(

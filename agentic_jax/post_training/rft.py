@@ -37,7 +37,7 @@ from agentic_jax.post_training.tasks import TaskSpec
 from agentic_jax.training.optim import make_optimizer, make_schedule
 from agentic_jax.training.state import TrainState
 from agentic_jax.training.step import model_batch
-from agentic_jax.training.update import FullFinetune, make_update
+from agentic_jax.training.update import FullFinetune, make_update, router_metrics
 
 
 @gin.configurable
@@ -63,12 +63,16 @@ def train_rft(
     env = tasks.env(tokenizer, "train")
     num_tasks = env.default_params.tasks.size
     seq_len = tasks.max_length
-    frozen = None if isinstance(finetune, FullFinetune) else base
+    frozen = finetune.frozen(base)
     schedule = make_schedule(
         peak_lr=peak_lr, total_steps=rounds * steps_per_round, kind="constant", warmup_steps=0
     )
     optimizer = make_optimizer(schedule)
-    update = jax.jit(make_update(sft_loss(config), optimizer, finetune))
+    update = jax.jit(
+        make_update(
+            sft_loss(config), optimizer, finetune, router_bias_rate=config.aux_free_bias_rate
+        )
+    )
     run = TrainerRun(workdir)
     state, meta, start = run.start(
         TrainState.create(finetune.init(base, jax.random.key(seed)), optimizer, seed),
@@ -111,11 +115,12 @@ def train_rft(
             data = iter(
                 chat_batches(kept, seq_len=seq_len, batch_size=batch_size, seed=seed + round_)
             )
-            losses = []
+            updates = []
             for _ in range(steps_per_round):
                 state, metrics = update(state, frozen, model_batch(next(data)))
-                losses.append(float(metrics["loss"]))
-            last["loss"] = float(np.mean(losses))
+                updates.append(jax.device_get(metrics))
+            last["loss"] = float(np.mean([m["loss"] for m in updates]))
+            last.update(router_metrics(*updates))
         else:  # nothing verified this round: no update, the step count still advances
             state = state.replace(step=state.step + steps_per_round)
         run.write(last)

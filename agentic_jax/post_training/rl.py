@@ -57,7 +57,7 @@ from agentic_jax.envs.curriculum import PassRateFilter, PassRateState
 from agentic_jax.envs.host import HostTextEnv
 from agentic_jax.envs.text import Task, TextEnv
 from agentic_jax.inference.decoding.sampling import SamplingParams
-from agentic_jax.models import TransformerConfig, segment_positions
+from agentic_jax.models import TransformerConfig, moe, quantization, segment_positions
 from agentic_jax.models.export import load_checkpoint
 from agentic_jax.post_training.common import (
     init_scalar_head,
@@ -82,7 +82,7 @@ from agentic_jax.post_training.runner import TrainerRun
 from agentic_jax.post_training.tasks import TaskSpec
 from agentic_jax.training.optim import make_optimizer, make_schedule
 from agentic_jax.training.state import TrainState
-from agentic_jax.training.update import FullFinetune, make_update
+from agentic_jax.training.update import FullFinetune, make_update, router_metrics
 
 CURRICULA = (None, "pass_rate")
 CREDITS = ("episode", "turn")
@@ -147,6 +147,9 @@ class RLConfig:
     correction_level: str = "token"
     correction_cap: float = 2.0
     sampler_dtype: str | None = None
+    # The sampler's weights quantised (models.quantization.quantize_params: "int8", "int4",
+    # "nf4"; its other options by gin): rollouts and their behaviour log-probs come from it.
+    sampler_quantization: str | None = None
     staleness: int = 0
     # On-policy self-distillation: distill_coef · KL(π ‖ teacher) on the policy's tokens, the
     # teacher being the reference model or the current one (stop-gradient) with privileged
@@ -192,6 +195,7 @@ class RLConfig:
             ("correction", self.correction, (None, *rl.IMPORTANCE_METHODS)),
             ("correction_level", self.correction_level, rl.IMPORTANCE_LEVELS),
             ("sampler_dtype", self.sampler_dtype, (None, "bfloat16", "float16", "float32")),
+            ("sampler_quantization", self.sampler_quantization, (None, *quantization.FORMATS)),
             ("distill_context", self.distill_context, CONTEXTS),
             ("distill_teacher", self.distill_teacher, ("reference", "current")),
         ):
@@ -289,9 +293,10 @@ def _policy_loss(config: TransformerConfig, algo: RLConfig, max_length: int, tea
         total, metrics = algo.policy_coef * out.total, dict(out.metrics)
         if algo.distill_coef:
             source = jax.lax.stop_gradient(params) if teacher is None else teacher
-            teacher_z = token_logits(
-                source, config, batch["teacher_tokens"], temperature=algo.temperature
-            )
+            with moe.collect_aux(enabled=False):  # the teacher's routing trains nothing
+                teacher_z = token_logits(
+                    source, config, batch["teacher_tokens"], temperature=algo.temperature
+                )
             aligned = jnp.take_along_axis(teacher_z, batch["teacher_positions"][..., None], 1)
             distill = rl.self_distillation_loss(
                 z, jax.lax.stop_gradient(aligned), batch["mask"], aggregation=aggregation
@@ -428,13 +433,16 @@ class RLSetup:
 
     def sampler(self, learner: Learner):
         """``(params, config)`` the sampler runs with: the policy of ``staleness`` updates ago
-        (the asynchronous recipe's stale rollouts), in ``sampler_dtype``."""
+        (the asynchronous recipe's stale rollouts), in ``sampler_dtype``, its weights quantised
+        to ``sampler_quantization``."""
         trainable = learner.history[0] if learner.history else learner.policy.params
         params, config = self.finetune.model_params(trainable, self.frozen), self.config
         if self.algo.sampler_dtype is not None:
             dtype = jnp.dtype(self.algo.sampler_dtype)
             params = jax.tree.map(lambda x: x.astype(dtype), params)
             config = config.replace(dtype=self.algo.sampler_dtype)
+        if self.algo.sampler_quantization is not None:
+            params = quantization.quantize_params(params, config, self.algo.sampler_quantization)
         return params, config
 
 
@@ -500,6 +508,7 @@ def make_setup(
         finetune,
         accum_steps=algo.accum_steps,
         dropout=False,
+        router_bias_rate=config.aux_free_bias_rate,
     )
     critic_optimizer = critic_update = None
     if algo.advantage == "gae":
@@ -510,7 +519,12 @@ def make_setup(
             weight_decay=algo.weight_decay,
         )
         critic_update = jax.jit(
-            make_update(_value_loss(config, algo), critic_optimizer, accum_steps=algo.accum_steps)
+            make_update(
+                _value_loss(config, algo),
+                critic_optimizer,
+                accum_steps=algo.accum_steps,
+                router_bias_rate=config.aux_free_bias_rate,
+            )
         )
     num_tasks = int(np.shape(env.default_params.task_weights)[0])
     return RLSetup(
@@ -518,7 +532,7 @@ def make_setup(
         algo=algo,
         env=env,
         base=base,
-        frozen=None if isinstance(finetune, FullFinetune) else base,
+        frozen=finetune.frozen(base),
         finetune=finetune,
         max_response=max_response,
         pass_rate=PassRateFilter(num_tasks) if curriculum == "pass_rate" else None,
@@ -891,6 +905,7 @@ def summarize(
     kept = rollouts.reward[samples.row_kept]
     record = {
         "loss": float(np.mean([m["loss"] for m in updates])),
+        **router_metrics(*updates),
         "reward_mean": float(rollouts.reward.mean()),
         "reward_std": float(rollouts.reward.std()),
         "shaped_reward_mean": float(scores.rewards.mean()),

@@ -17,7 +17,6 @@ way (``eval_loss``) with the greedy next-token accuracy on trained targets.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 
@@ -28,7 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from agentic_jax.data.chat import MessageLike, render_ids
+from agentic_jax.data.chat import Message, MessageLike, render_ids
+from agentic_jax.data.datasets import read_conversations
 from agentic_jax.data.packing import next_token_example, pack_batches
 from agentic_jax.data.tokenizer import Tokenizer
 from agentic_jax.models import TransformerConfig, forward
@@ -39,7 +39,7 @@ from agentic_jax.training.loss import cross_entropy
 from agentic_jax.training.optim import make_optimizer, make_schedule
 from agentic_jax.training.state import TrainState
 from agentic_jax.training.step import model_batch
-from agentic_jax.training.update import FullFinetune, make_update
+from agentic_jax.training.update import FullFinetune, make_update, router_metrics
 
 
 def chat_examples(
@@ -64,21 +64,10 @@ def chat_examples(
     return examples
 
 
-def read_chats(path: str | os.PathLike) -> list[list[dict]]:
-    """Conversations from a JSONL file: one ``{"messages": [{"role": ..., "content": ...}, ...]}``
-    per line (the OpenAI chat format; tool calls as ``{"name", "arguments"}`` dicts)."""
-    chats = []
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if not isinstance(record, dict) or not isinstance(record.get("messages"), list):
-                raise ValueError(f"{path}:{number}: expected an object with a 'messages' list")
-            chats.append(record["messages"])
-    if not chats:
-        raise ValueError(f"{path} holds no conversations")
-    return chats
+def read_chats(path: str | os.PathLike, format: str = "auto") -> list[list[Message]]:
+    """The conversations of a JSONL or Parquet file, their tools in the system message
+    (``data.datasets.read_conversations``: OpenAI chat with tool calls, or ShareGPT)."""
+    return [chat.rendered_messages() for chat in read_conversations(path, format)]
 
 
 def chat_batches(
@@ -134,6 +123,7 @@ def train_sft(
     tasks: TaskSpec = TaskSpec(),
     chats_file: str | None = None,
     heldout_file: str | None = None,
+    chats_format: str = "auto",
     steps: int = 200,
     batch_size: int = 16,
     seq_len: int | None = None,
@@ -148,18 +138,19 @@ def train_sft(
 ) -> dict:
     """Fine-tunes the model of the run ``init_from`` on chats and saves it under ``workdir/model``.
 
-    The chats are ``chats_file`` (JSONL, see :func:`read_chats`; held out: ``heldout_file``) or,
-    by default, the demonstrations of ``tasks``' train and held-out problems.  ``seq_len``
-    defaults to ``tasks.context_length``.  Resumes from the latest checkpoint in ``workdir``
-    (parameters, optimizer, RNG and the data position).  Returns the final metrics.
+    The chats are ``chats_file`` (JSONL or Parquet in ``chats_format``, see :func:`read_chats`;
+    held out: ``heldout_file``) or, by default, the demonstrations of ``tasks``' train and
+    held-out problems.  ``seq_len`` defaults to ``tasks.context_length``.  Resumes from the
+    latest checkpoint in ``workdir`` (parameters, optimizer, RNG and the data position).
+    Returns the final metrics.
     """
     config, base, tokenizer = load_checkpoint(init_from)
     seq_len = seq_len or tasks.context_length
     if seq_len > config.max_seq_len:
         raise ValueError(f"seq_len={seq_len} exceeds the model's max_seq_len={config.max_seq_len}")
     if chats_file is not None:
-        train_chats = read_chats(chats_file)
-        heldout_chats = read_chats(heldout_file) if heldout_file else []
+        train_chats = read_chats(chats_file, chats_format)
+        heldout_chats = read_chats(heldout_file, chats_format) if heldout_file else []
     else:
         train_chats = [t.conversation() for t in tasks.tasks("train")]
         heldout_chats = [t.conversation() for t in tasks.tasks("heldout")]
@@ -182,8 +173,16 @@ def train_sft(
     )
     optimizer = make_optimizer(schedule)
     trainable = finetune.init(base, jax.random.key(seed))
-    frozen = None if isinstance(finetune, FullFinetune) else base
-    update = jax.jit(make_update(sft_loss(config), optimizer, finetune, accum_steps=accum_steps))
+    frozen = finetune.frozen(base)
+    update = jax.jit(
+        make_update(
+            sft_loss(config),
+            optimizer,
+            finetune,
+            accum_steps=accum_steps,
+            router_bias_rate=config.aux_free_bias_rate,
+        )
+    )
 
     run = TrainerRun(workdir)
     state, meta, start = run.start(
@@ -204,6 +203,7 @@ def train_sft(
                 "tokens": count,
                 "grad_norm": float(metrics["grad_norm"]),
                 "lr": float(schedule(step - 1)),
+                **router_metrics(metrics),
             }
             if heldout is not None and ((eval_every and step % eval_every == 0) or step == steps):
                 last.update(

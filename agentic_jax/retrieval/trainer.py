@@ -110,7 +110,7 @@ def train(
         warmup_steps=min(settings.warmup_steps, settings.steps),
     )
     optimizer = make_optimizer(schedule)
-    update = jax.jit(make_update(loss, optimizer))
+    update = jax.jit(make_update(loss, optimizer, router_bias_rate=config.aux_free_bias_rate))
     # Committed to one device like the parameters loaded from disk, so jit compiles once.
     state = jax.device_put(TrainState.create(params, optimizer, settings.seed), jax.devices()[0])
     stream = iter(
@@ -144,7 +144,9 @@ def train(
                 "loss": float(metrics.pop("loss")),
                 "grad_norm": float(metrics.pop("grad_norm")),
                 "lr": float(schedule(step - 1)),
-                **{k: float(v) / count for k, v in metrics.items()},
+                **{
+                    k: float(v) / (1 if k.startswith("moe_") else count) for k, v in metrics.items()
+                },
             }
             if settings.eval_every and (step % settings.eval_every == 0 or step == steps):
                 last.update({f"eval_{k}": v for k, v in evaluate(state.params).items()})

@@ -32,14 +32,18 @@ compressed outer gradient; the broadcast of ``theta`` back is the same size agai
 all-reduce and is not counted twice); the step's metrics carry ``comm_bytes`` (this step) and
 ``comm_bytes_total``.
 
-The replicas are one leading ``[M]`` axis on every array of their train states, run with
-``vmap``: on one device they run side by side, and on a mesh the training loop lays the replica
-axis over ``data`` (:func:`state_shardings`).
+The replicas are one leading ``[M]`` axis on every array of their train states.  On a mesh whose
+``data`` axis divides ``M``, the training loop lays that axis over ``data``
+(:meth:`DiLoCo.state_shardings`) and the step runs in ``jax.shard_map`` over ``data``: each
+device ``vmap``s the inner steps of its own replicas with no communication, and the outer step's
+average is one explicit ``psum`` over ``data``.  Without one, the same code runs every replica
+side by side on each device (the ``psum`` is then the local sum).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import flax.struct
@@ -51,6 +55,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from agentic_jax.training import distributed
 from agentic_jax.training.state import TrainState
+from sharding.mesh import active_axis_size
 
 COMPRESSIONS = ("none", "int8", "topk")
 INDEX_BYTES = 4  # an int32 position per value kept by top-k
@@ -156,20 +161,23 @@ class DiLoCo:
             outer_steps=jnp.zeros((), jnp.int32),
         )
 
-    def outer_step(self, state: DiLoCoState) -> DiLoCoState:
-        """Averages the replicas' (compressed) moves, applies the outer optimiser, resets them."""
+    def outer_step(self, state: DiLoCoState, axis: str | None = None) -> DiLoCoState:
+        """Averages the replicas' (compressed) moves, applies the outer optimiser, resets them.
+
+        ``state.replicas`` holds this device's replicas; under ``shard_map`` the others are on
+        the devices of mesh ``axis``, and the average is one ``psum`` over it."""
         delta = jax.tree.map(lambda g, r: g[None] - r, state.params, state.replicas.params)
         if state.error is not None:
             delta = jax.tree.map(jnp.add, delta, state.error)
         sent = jax.tree.map(jax.vmap(self.compress), delta)
         error = None if state.error is None else jax.tree.map(jnp.subtract, delta, sent)
-        outer_grad = jax.tree.map(lambda s: jnp.mean(s, axis=0), sent)
+        outer_grad = jax.tree.map(lambda s: self._replica_sum(s, axis) / self.replicas, sent)
         updates, outer_opt_state = self.outer_optimizer().update(
             outer_grad, state.outer_opt_state, state.params
         )
         params = optax.apply_updates(state.params, updates)
         replica_params = jax.tree.map(
-            lambda p: jnp.broadcast_to(p, (self.replicas, *p.shape)), params
+            lambda p, r: jnp.broadcast_to(p, r.shape), params, state.replicas.params
         )
         return state.replace(
             params=params,
@@ -179,12 +187,34 @@ class DiLoCo:
             outer_steps=state.outer_steps + 1,
         )
 
+    @staticmethod
+    def _replica_sum(x, axis: str | None):
+        """The sum over every replica of ``x [local replicas, ...]``: this device's, then all's."""
+        local = jnp.sum(x, axis=0)
+        return local if axis is None else jax.lax.psum(local, axis)
+
     def wrap_step(self, inner_step, params_like):
         """``step(state, batch) -> (state, metrics)`` from a one-replica ``inner_step`` (e.g.
         ``make_train_step``'s): every replica steps on its ``1 / M`` of the batch's rows, and
         every ``inner_steps``-th step ends with :meth:`outer_step`.  ``params_like`` (arrays or
-        shapes) sizes the bandwidth counter.  Not yet jitted."""
+        shapes) sizes the bandwidth counter.  Not yet jitted.
+
+        Under a mesh whose ``data`` axis divides the replicas, the replicas run in
+        ``jax.shard_map`` over ``data``: each device takes its inner steps on its own replicas
+        (``vmap``) without communicating, and the outer step's average is an explicit ``psum``
+        over ``data``.  Otherwise the same code runs on all the replicas at once."""
         per_outer_step = bytes_per_outer_step(self, params_like)
+
+        def local(state: DiLoCoState, rows, sync, axis):
+            replicas, metrics = jax.vmap(inner_step)(state.replicas, rows)
+            state = state.replace(replicas=replicas)
+            outer = functools.partial(self.outer_step, axis=axis)
+            state = jax.lax.cond(sync, outer, lambda s: s, state)
+            metrics = {
+                k: self._replica_sum(v, axis) / (1 if k == "tokens" else self.replicas)
+                for k, v in metrics.items()
+            }
+            return state, metrics
 
         def step(state: DiLoCoState, batch):
             (n,) = {x.shape[0] for x in jax.tree.leaves(batch)}
@@ -196,11 +226,27 @@ class DiLoCo:
                 lambda x: x.reshape(self.replicas, x.shape[0] // self.replicas, *x.shape[1:]),
                 batch,
             )
-            replicas, metrics = jax.vmap(inner_step)(state.replicas, rows)
-            state = state.replace(replicas=replicas)
-            sync = replicas.step[0] % self.inner_steps == 0
-            state = jax.lax.cond(sync, self.outer_step, lambda s: s, state)
-            metrics = {k: v.sum(0) if k == "tokens" else v.mean(0) for k, v in metrics.items()}
+            sync = (state.replicas.step[0] + 1) % self.inner_steps == 0
+            if replica_axis(self.replicas) is None:
+                state, metrics = local(state, rows, sync, None)
+            else:
+                split = PartitionSpec("data")
+                replicated = PartitionSpec()
+                specs = DiLoCoState(
+                    replicated,
+                    replicated,
+                    split,
+                    None if state.error is None else split,
+                    replicated,
+                )
+                state, metrics = jax.shard_map(
+                    functools.partial(local, axis="data"),
+                    in_specs=(specs, split, replicated),
+                    out_specs=(specs, replicated),
+                    axis_names={"data"},
+                    # The inner step is any train step, written without varying-axis types.
+                    check_vma=False,
+                )(state, rows, sync)
             metrics["comm_bytes"] = jnp.where(sync, float(per_outer_step), 0.0)
             metrics["comm_bytes_total"] = state.outer_steps.astype(jnp.float32) * per_outer_step
             return state, metrics
@@ -221,7 +267,7 @@ class DiLoCo:
             mesh,
             rules,
         )
-        data = "data" if self.replicas % mesh.shape.get("data", 1) == 0 else None
+        data = replica_axis(self.replicas, mesh)
 
         def stacked(s: NamedSharding):
             return NamedSharding(mesh, PartitionSpec(data, *s.spec))
@@ -235,6 +281,13 @@ class DiLoCo:
             error=None if abstract.error is None else replicas.params,
             outer_steps=replicated,
         )
+
+
+def replica_axis(replicas: int, mesh=None) -> str | None:
+    """``"data"`` when the replicas lay over the ``data`` axis of ``mesh`` (default: the active
+    one) of more than one device, which divides them; else None (all on every device)."""
+    size = active_axis_size("data", mesh)
+    return "data" if size > 1 and replicas % size == 0 else None
 
 
 def bytes_per_outer_step(diloco: DiLoCo, params_like) -> int:

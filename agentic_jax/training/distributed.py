@@ -104,7 +104,10 @@ def state_shardings(
         transform_non_params=lambda _: replicated,
         is_leaf=masked,
     )
-    return TrainState(step=replicated, params=params, opt_state=opt, rng=replicated)
+    loss_scale = jax.tree.map(lambda _: replicated, abstract_state.loss_scale)
+    return TrainState(
+        step=replicated, params=params, opt_state=opt, rng=replicated, loss_scale=loss_scale
+    )
 
 
 def abstract_with_shardings(abstract_state, shardings):

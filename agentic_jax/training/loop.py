@@ -36,6 +36,7 @@ from agentic_jax.models.export import save_model
 from agentic_jax.training import distributed
 from agentic_jax.training.checkpoint import Checkpointer
 from agentic_jax.training.diloco import DiLoCo
+from agentic_jax.training.loss_scale import DynamicLossScale
 from agentic_jax.training.metrics import MetricsLog, plot_curves, read_metrics
 from agentic_jax.training.mfu import peak_flops_per_device
 from agentic_jax.training.optim import make_optimizer, make_schedule
@@ -157,6 +158,7 @@ def train(
     qk_clip_threshold: float | None = None,
     diloco: DiLoCo | None = None,
     pipeline: Pipeline | None = None,
+    loss_scale: DynamicLossScale | None = None,
     eval_every: int = 100,
     eval_batches: int = 0,
     checkpoint_every: int = 100,
@@ -174,9 +176,13 @@ def train(
     (``training.qk_clip``).  ``diloco`` trains by DiLoCo (``training.diloco``): its replicas
     share every batch's rows, and evaluation and saving read the global parameters.
     ``pipeline`` runs the layers as pipeline stages over the mesh's ``stage`` axis
-    (``training.pipeline``; ``metrics.jsonl`` records its ``pipeline_bubble``).  Resumes
+    (``training.pipeline``; ``metrics.jsonl`` records its ``pipeline_bubble``).
+    ``loss_scale`` scales the loss dynamically for float16 compute (``model.dtype="float16"``;
+    ``training.loss_scale``: overflowing steps are skipped).  Resumes
     from the latest checkpoint in ``workdir``.  Returns the final train and held-out metrics.
     """
+    if diloco is not None and loss_scale is not None:
+        raise ValueError("train: loss_scale is not supported with diloco")
     if batch_size % jax.process_count():
         raise ValueError(
             f"train.batch_size={batch_size} must divide by the {jax.process_count()} "
@@ -214,7 +220,7 @@ def train(
         def create(key):
             if diloco is not None:
                 return diloco.create(init_params(model, key), optimizer, seed)
-            return TrainState.create(init_params(model, key), optimizer, seed)
+            return TrainState.create(init_params(model, key), optimizer, seed, loss_scale)
 
         abstract = jax.eval_shape(create, jax.random.key(seed))
         step_fn = make_train_step(
@@ -226,6 +232,7 @@ def train(
             fused_cross_entropy=fused_cross_entropy,
             qk_clip_threshold=qk_clip_threshold,
             pipeline=pipeline,
+            loss_scale=loss_scale,
         )
         if diloco is None:
             shardings = distributed.state_shardings(abstract, model, optimizer, mesh, rules)

@@ -64,6 +64,11 @@ def qk_clip(params, max_logits, threshold: float):
     if not threshold > 0:
         raise ValueError(f"QK-Clip threshold must be positive, got {threshold}")
     attn = dict(params["layers"]["attn"])
+    if "k" not in attn:
+        raise ValueError(
+            "QK-Clip rescales per-head query and key projections; multi-head latent attention "
+            "(attention_type='mla') has none of its own yet"
+        )
     n_layers, n_heads = max_logits.shape
     kv_heads = attn["k"].shape[2]
     gamma = jnp.where(max_logits > threshold, threshold / max_logits, 1.0)

@@ -13,6 +13,7 @@ from agentic_jax.models import (
     moe,
 )
 from agentic_jax.training.loss import cross_entropy
+from agentic_jax.training.loss_scale import DynamicLossScale
 from agentic_jax.training.pipeline import Pipeline
 from agentic_jax.training.qk_clip import hidden_states_with_max_logits, qk_clip
 from agentic_jax.training.state import TrainState
@@ -74,10 +75,7 @@ def batch_loss(
         labels = jnp.where(mask, batch["targets"], -100)
         total = jnp.sum(fused_cross_entropy_loss(hidden, lm_head_weight(params, config), labels))
         count, ce = jnp.sum(mask, dtype=jnp.float32), {"nll": total}
-    metrics = {**ce, **metrics}
-    if aux:
-        total = total + aux["loss"] * count
-        metrics.update(moe.loss_metrics(aux, count))
+    total, metrics = moe.with_aux_loss(total, count, {**ce, **metrics}, aux)
     return total, count, metrics
 
 
@@ -91,6 +89,7 @@ def make_train_step(
     fused_cross_entropy: bool = False,
     qk_clip_threshold: float | None = None,
     pipeline: Pipeline | None = None,
+    loss_scale: DynamicLossScale | None = None,
 ):
     """Returns ``step(state, batch) -> (state, metrics)``, not yet jitted: next-token
     cross-entropy through :func:`~agentic_jax.training.update.make_update`, the update path of
@@ -103,8 +102,15 @@ def make_train_step(
     and, with ``aux_free_bias_rate``, moves its router bias after the optimiser.
     ``pipeline`` runs the layers as pipeline stages over the mesh's ``stage`` axis
     (:mod:`~agentic_jax.training.pipeline`; same update) and logs ``pipeline_bubble``.
+    ``loss_scale`` scales the loss dynamically (float16 compute; ``training.loss_scale``) and
+    logs ``loss_scale`` and ``skipped``.
     """
     record = qk_clip_threshold is not None
+    if record and loss_scale is not None:
+        raise ValueError(
+            "QK-Clip would move the parameters of a step that loss scaling skips: use "
+            "qk_clip_threshold or loss_scale, not both"
+        )
     if pipeline is not None and (record or fused_cross_entropy):
         raise ValueError("a pipeline runs neither QK-Clip's statistics nor fused_cross_entropy")
 
@@ -122,8 +128,13 @@ def make_train_step(
             key=key if config.router_noise else None,
         )
 
-    after_update = moe.router_bias_update(config) if config.aux_free_bias_rate else None
-    update = make_update(loss_fn, optimizer, accum_steps=accum_steps, after_update=after_update)
+    update = make_update(
+        loss_fn,
+        optimizer,
+        accum_steps=accum_steps,
+        router_bias_rate=config.aux_free_bias_rate,
+        loss_scale=loss_scale,
+    )
 
     def step(state: TrainState, batch):
         new_state, m = update(state, None, model_batch(batch))
@@ -136,8 +147,8 @@ def make_train_step(
             "lr": schedule(state.step),
             "tokens": m["count"],
         }
-        if "moe_expert_load" in m:
-            metrics.update(moe.step_metrics(m, m["count"]))
+        metrics.update({k: v for k, v in m.items() if k.startswith("moe_")})
+        metrics.update({k: m[k] for k in ("loss_scale", "skipped") if k in m})
         if pipeline is not None:
             metrics["pipeline_bubble"] = pipeline.bubble()
         if record:

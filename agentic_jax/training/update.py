@@ -11,7 +11,10 @@ equals the one-batch update whatever ``accum_steps``: accumulation changes memor
 What is trained is chosen by a *finetune*: :class:`FullFinetune` trains every parameter; LoRA
 (``models.lora.LoRA``) trains adapters over a frozen base.  The train state holds the trainable
 tree (so the optimizer sees only it) and the frozen ``base`` travels beside it;
-``finetune.model_params(trainable, base, key)`` gives the parameters the model runs with.
+``finetune.model_params(trainable, base, key)`` gives the parameters the model runs with, and
+``finetune.scale_updates(updates)`` the optimiser's updates as applied (LoRA+'s ratio for ``B``);
+``finetune.frozen(base)`` is that frozen tree as the trainers keep it (None for full fine-tuning,
+QLoRA's quantised base).
 """
 
 from __future__ import annotations
@@ -20,9 +23,12 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
+from agentic_jax.models import moe
 from agentic_jax.rl.types import LossOutput, combine_outputs
+from agentic_jax.training.loss_scale import DynamicLossScale, keep_if_finite
 from agentic_jax.training.state import TrainState
 
 
@@ -42,6 +48,15 @@ class FullFinetune:
         """The plain model parameters to save or serve."""
         del base
         return trainable
+
+    def scale_updates(self, updates):
+        """The optimiser's updates as applied (per-parameter learning-rate ratios; none here)."""
+        return updates
+
+    def frozen(self, base):
+        """The frozen tree ``update`` gets beside the trainable one: none here."""
+        del base
+        return None
 
 
 def split_micro(batch, accum_steps: int):
@@ -64,7 +79,8 @@ def make_update(
     *,
     accum_steps: int = 1,
     dropout: bool = True,
-    after_update=None,
+    router_bias_rate: float | None = None,
+    loss_scale: DynamicLossScale | None = None,
 ):
     """``update(state, base, batch) -> (state, metrics)``, not yet jitted (callers jit it, with
     shardings where they have them).
@@ -77,28 +93,49 @@ def make_update(
     GRPO too).  Metrics: the reduced ``metrics`` of ``loss_fn``, ``loss = total / count``,
     ``count`` and ``grad_norm`` (of the gradient the optimizer receives, before its clipping).
 
-    ``after_update(old, new, metrics) -> params`` changes the trainable tree after the optimiser,
-    outside the gradient, from the step's reduced metrics: state that is no parameter of the
-    loss, such as a mixture of experts' balancing bias (``models.moe.router_bias_update``), whose
-    optimiser update it discards.
+    A mixture of experts trains the same way in every trainer: the forward passes a loss runs
+    on the model's plain forward are collected (``models.moe.collect_aux``), their auxiliary loss
+    (load balancing and router z-loss) is added to the total as ``aux · count`` and their router
+    metrics are logged (``models.moe.step_metrics``).  ``router_bias_rate`` (the model's
+    ``aux_free_bias_rate``, required when it has a router bias; 0 holds a sigmoid router's bias
+    where it is) moves every ``router_bias`` of the trainable tree after the optimiser
+    by the step's expert loads (``models.moe.move_router_bias``), outside the gradient; under
+    LoRA the bias is part of the frozen base and stays where it is.
+
+    ``loss_scale`` (float16 compute; :mod:`~agentic_jax.training.loss_scale`) differentiates the
+    total times ``state.loss_scale.scale``, divides the gradients by it, skips a step whose
+    gradients are not all finite and adjusts the scale; it logs ``loss_scale`` and ``skipped``.
     """
 
-    def grads_of(trainable, base, micro, key):
+    def grads_of(trainable, base, micro, key, scale):
         def objective(t):
             params = finetune.model_params(t, base, key if dropout else None)
-            total, count, metrics = loss_fn(params, micro, key)
-            return total, (count, metrics)
+            with moe.collect_aux() as forwards:
+                total, count, metrics = loss_fn(params, micro, key)
+            total, metrics = moe.with_aux_loss(total, count, metrics, moe.merge_aux(forwards))
+            return total * scale, (total, count, metrics)
 
         return jax.value_and_grad(objective, has_aux=True)(trainable)
 
     def update(state: TrainState, base, batch):
+        if moe.has_router_bias(state.params) and router_bias_rate is None:
+            raise ValueError(
+                "the model has a router bias (aux_free_bias_rate > 0, or the sigmoid router): pass "
+                "make_update(router_bias_rate=config.aux_free_bias_rate)"
+            )
+        if loss_scale is not None and state.loss_scale is None:
+            raise ValueError(
+                "make_update(loss_scale=...) needs a state made with "
+                "TrainState.create(..., loss_scale=...)"
+            )
         micro = split_micro(batch, accum_steps)
         key = state.step_key()
+        scale = 1.0 if loss_scale is None else state.loss_scale.scale
 
         def body(grad_sum, xs):
             index, mb = xs
-            (total, (count, metrics)), grads = grads_of(
-                state.params, base, mb, jax.random.fold_in(key, index)
+            (_, (total, count, metrics)), grads = grads_of(
+                state.params, base, mb, jax.random.fold_in(key, index), scale
             )
             return jax.tree.map(jnp.add, grad_sum, grads), LossOutput(total, count, metrics)
 
@@ -108,13 +145,23 @@ def make_update(
             [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(accum_steps)]
         )
         denom = jnp.maximum(out.count, 1e-9)
-        grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), grads, state.params)
+        grads = jax.tree.map(lambda g, p: (g / scale / denom).astype(p.dtype), grads, state.params)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        if after_update is not None:
-            params = after_update(state.params, params, out.metrics)
+        params = optax.apply_updates(state.params, finetune.scale_updates(updates))
+        metrics = dict(out.metrics)
+        if "moe_expert_load" in metrics:
+            router = {k: metrics.pop(k) for k in list(metrics) if k.startswith("moe_")}
+            params = moe.move_router_bias(
+                state.params, params, router["moe_expert_load"], router_bias_rate or 0.0
+            )
+            metrics.update(moe.step_metrics(router, out.count))
+        if loss_scale is not None:
+            state, params, opt_state, scaling = keep_if_finite(
+                loss_scale, state, grads, params, opt_state
+            )
+            metrics.update(scaling)
         metrics = {
-            **out.metrics,
+            **metrics,
             "loss": out.total / denom,
             "count": out.count,
             "grad_norm": optax.tree.norm(grads),
@@ -122,3 +169,10 @@ def make_update(
         return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
     return update
+
+
+def router_metrics(*updates) -> dict[str, float]:
+    """The mixture-of-experts router metrics (``moe_*``) of one or more updates' metrics, as
+    floats averaged over the updates: what a trainer logs of them (``{}`` for a dense model)."""
+    names = [name for name in updates[0] if name.startswith("moe_")] if updates else []
+    return {name: float(np.mean([m[name] for m in updates])) for name in names}
