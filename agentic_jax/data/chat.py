@@ -18,7 +18,8 @@ A conversation renders as (every line ends with a newline)::
 
 where the last line is the generation prompt.  Tool-call JSON escapes ``<`` as ``\\u003c``, so
 no argument can forge a special token; message text may not contain special-token strings at
-all, which keeps ``parse`` an exact inverse of ``render``.
+all, which keeps ``parse`` an exact inverse of ``render``.  This is the built-in template;
+``chat_template`` puts it behind one interface with Hugging Face Jinja templates.
 """
 
 from __future__ import annotations
@@ -34,14 +35,14 @@ from agentic_jax.data.tokenizer import (
     IM_END,
     IM_START,
     SPECIAL_TOKENS,
-    TOOL_CALL,
-    TOOL_CALL_END,
     TOOL_RESULT,
     TOOL_RESULT_END,
     Tokenizer,
 )
+from agentic_jax.data.tool_formats import AgenticJax, ToolCall
 
 ROLES = ("system", "user", "assistant", "tool")
+TOOL_FORMAT = AgenticJax()  # how assistant turns carry their tool calls
 
 
 class ToolSpec(NamedTuple):
@@ -92,36 +93,6 @@ def tools_system_prompt(specs: Sequence[ToolSpec]) -> str:
         for s in specs
     ]
     return as_data("\n".join(["# Tools", *lines]))
-
-
-@dataclasses.dataclass(frozen=True)
-class ToolCall:
-    """A call the assistant makes: tool ``name`` and its JSON-object ``arguments``.
-
-    ``arguments`` may also be given as JSON text (as the OpenAI API sends them), which is parsed.
-    Text that is not a JSON object (a model's malformed JSON, or a call cut off at the token limit)
-    is kept as it is: it is the model's mistake to be told about (the executor answers it as
-    invalid arguments), not a reason to end a run.
-    """
-
-    name: str
-    arguments: Mapping[str, Any] | str = dataclasses.field(default_factory=dict)
-
-    def __post_init__(self):
-        if isinstance(self.arguments, str):
-            try:
-                parsed = json.loads(self.arguments)
-            except (ValueError, RecursionError):  # not JSON, or nested past the parser's stack
-                return
-            if isinstance(parsed, dict):
-                object.__setattr__(self, "arguments", parsed)
-
-    def arguments_text(self) -> str:
-        """The arguments as JSON text, the form the OpenAI API carries; text that never parsed
-        as a JSON object, as the model wrote it."""
-        if isinstance(self.arguments, str):
-            return self.arguments
-        return json.dumps(dict(self.arguments), ensure_ascii=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,15 +155,6 @@ def _check_plain(text: str, what: str) -> None:
             raise ValueError(f"{what} contains the reserved token {token!r}")
 
 
-def _tool_call_json(call: ToolCall) -> str:
-    if not isinstance(call.arguments, Mapping | str):
-        raise ValueError(f"arguments of tool call {call.name!r} must be a JSON object or text")
-    payload = json.dumps(
-        {"name": call.name, "arguments": call.arguments}, ensure_ascii=False, allow_nan=False
-    )
-    return payload.replace("<", "\\u003c")  # "<" only occurs inside JSON strings.
-
-
 def _message_pieces(message: Message) -> list[_Piece]:
     if message.role not in ROLES:
         raise ValueError(f"unknown role {message.role!r}; expected one of {ROLES}")
@@ -209,11 +171,11 @@ def _message_pieces(message: Message) -> list[_Piece]:
         ]
     else:
         pieces.append(_Piece(message.content, False, trained))
-    for call in message.tool_calls:
+    for call in message.tool_calls:  # the agentic_jax tool-call format, token by token
         pieces += [
-            _Piece(TOOL_CALL, True, True),
-            _Piece(f"\n{_tool_call_json(call)}\n", False, True),
-            _Piece(TOOL_CALL_END, True, True),
+            _Piece(TOOL_FORMAT.open, True, True),
+            _Piece(TOOL_FORMAT.call_body(call), False, True),
+            _Piece(TOOL_FORMAT.close, True, True),
         ]
     return pieces + [_Piece(IM_END, True, trained), _Piece("\n", False, False)]
 
@@ -259,37 +221,16 @@ def render_ids(
     return RenderedIds(np.asarray(ids, np.int32), np.asarray(mask, np.int32))
 
 
-def _parse_tool_call(payload: str) -> ToolCall:
-    try:
-        obj = json.loads(payload)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"tool call is not valid JSON: {payload!r}") from e
-    if (
-        not isinstance(obj, dict)
-        or not isinstance(obj.get("name"), str)
-        or not isinstance(obj.get("arguments", {}), dict | str)
-    ):
-        raise ValueError(
-            f"tool call must be {{'name': str, 'arguments': object or str}}, got {payload!r}"
-        )
-    return ToolCall(obj["name"], obj.get("arguments", {}))
-
-
 def parse_assistant(text: str) -> Message:
     """Parses an assistant turn's body, e.g. what a model generated after the generation prompt.
 
     A trailing ``<|im_end|>`` is allowed; JSON inside ``<tool_call>`` may have any whitespace.
+    Calls are read by the ``agentic_jax`` tool-call format; its first error is a ``ValueError``.
     """
-    text = text.removesuffix(IM_END)
-    content, *blocks = text.split(TOOL_CALL)
-    _check_plain(content, "assistant content")
-    calls = []
-    for block in blocks:
-        payload, end, rest = block.partition(TOOL_CALL_END)
-        if not end or rest:
-            raise ValueError(f"malformed tool call block {block!r}")
-        calls.append(_parse_tool_call(payload))
-    return Message("assistant", content, tuple(calls))
+    content, calls, errors = TOOL_FORMAT.parse(text.removesuffix(IM_END))
+    if errors:
+        raise ValueError(errors[0])
+    return Message("assistant", content, calls)
 
 
 def _parse_body(role: str, body: str) -> Message:

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import gin
 import numpy as np
@@ -50,6 +50,7 @@ _FALLBACK_NAMES = {
     "bos_token": (BOS, "<s>", "<|begin_of_text|>", "<bos>", "<|endoftext|>"),
     "eos_token": (EOS, "</s>", "<|end_of_text|>", "<eos>", "<|endoftext|>"),
     "pad_token": (PAD, "<pad>", "<|finetune_right_pad_id|>"),
+    "unk_token": (),
 }
 
 
@@ -67,17 +68,41 @@ class Tokenizer:
         bos_token: str | None = BOS,
         eos_token: str | None = EOS,
         pad_token: str | None = PAD,
+        unk_token: str | None = None,
+        add_bos_token: bool | None = None,
+        add_eos_token: bool = False,
+        chat_template: str | Mapping[str, str] | None = None,
     ):
         # Padding/truncation saved in a third-party tokenizer.json would silently alter encode().
         backend.no_padding()
         backend.no_truncation()
         self.backend = backend
-        self.special_ids = {
-            tok.content: i for i, tok in backend.get_added_tokens_decoder().items() if tok.special
-        }
+        added = backend.get_added_tokens_decoder()
+        self.added_ids = {tok.content: i for i, tok in added.items()}
+        self.special_ids = {tok.content: i for i, tok in added.items() if tok.special}
         self.bos_id = self._optional_id(bos_token)
         self.eos_id = self._optional_id(eos_token)
         self.pad_id = self._optional_id(pad_token)
+        self.unk_id = self._optional_id(unk_token)
+        # The named tokens a Hugging Face chat template reads (``bos_token`` ...), as transformers
+        # passes them; only those in the vocabulary.
+        self.named_tokens = {
+            name: token
+            for name, token in (
+                ("bos_token", bos_token),
+                ("eos_token", eos_token),
+                ("pad_token", pad_token),
+                ("unk_token", unk_token),
+            )
+            if token is not None and self.backend.token_to_id(token) is not None
+        }
+        # What transformers' ``encode(text)`` (add_special_tokens=True) adds; this project's own
+        # convention is a BOS on every prompt.
+        self.add_bos_token = self.bos_id is not None if add_bos_token is None else add_bos_token
+        self.add_eos_token = add_eos_token
+        if isinstance(chat_template, Mapping):
+            chat_template = dict(chat_template)
+        self.chat_template = chat_template
 
     def _optional_id(self, token: str | None) -> int | None:
         return None if token is None else self.backend.token_to_id(token)
@@ -136,6 +161,11 @@ class Tokenizer:
         plain.encode_special_tokens = True
         return plain
 
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of ``text`` (as ``encode``) and each token's ``(start, end)`` characters."""
+        encoding = self.backend.encode(text, add_special_tokens=False)
+        return encoding.ids, encoding.offsets
+
     def encode_batch(
         self, texts: Sequence[str], *, add_bos: bool = False, add_eos: bool = False
     ) -> list[list[int]]:
@@ -152,36 +182,102 @@ class Tokenizer:
         self.backend.save(os.fspath(path))
 
 
-def _configured_names(config_path: pathlib.Path) -> dict[str, str | None]:
-    """BOS/EOS/PAD names from a ``transformers`` ``tokenizer_config.json`` (old or new format)."""
-    if not config_path.is_file():
+def _token_name(value) -> str | None:
+    """A token as ``tokenizer_config.json`` writes it: a string or an ``AddedToken`` dict."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def _read_json(path: pathlib.Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _chat_templates(directory: pathlib.Path, config: dict) -> str | dict[str, str] | None:
+    """The chat template(s) of a ``save_pretrained`` directory: ``chat_template.jinja`` and
+    ``additional_chat_templates/<name>.jinja`` (transformers 5), else the config's ``chat_template``, a
+    string or a list of ``{"name", "template"}``."""
+    named = {
+        f.stem: f.read_text(encoding="utf-8")
+        for f in directory.glob("additional_chat_templates/*.jinja")
+    }
+    default = directory / "chat_template.jinja"
+    if default.is_file():
+        named["default"] = default.read_text(encoding="utf-8")
+    if named:
+        return named["default"] if list(named) == ["default"] else named
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        return {entry["name"]: entry["template"] for entry in template}
+    return template
+
+
+def _add_configured_tokens(backend: tokenizers.Tokenizer, config: dict) -> None:
+    """Adds the config's ``added_tokens_decoder`` entries missing from ``tokenizer.json`` (with
+    their ``special`` flag); an entry whose id disagrees with the vocabulary is an error."""
+    for index, entry in sorted(
+        config.get("added_tokens_decoder", {}).items(), key=lambda e: int(e[0])
+    ):
+        token_id = backend.token_to_id(entry["content"])
+        if token_id is None:
+            fields = {
+                k: entry[k] for k in ("single_word", "lstrip", "rstrip", "normalized") if k in entry
+            }
+            token = tokenizers.AddedToken(
+                entry["content"], special=entry.get("special", False), **fields
+            )
+            backend.add_tokens([token])
+            token_id = backend.token_to_id(entry["content"])
+        if token_id != int(index):
+            raise ValueError(
+                f"tokenizer_config.json gives {entry['content']!r} id {index}, "
+                f"but the vocabulary has it at {token_id}"
+            )
+
+
+def _post_processor_adds(backend: tokenizers.Tokenizer, bos: str | None, eos: str | None) -> dict:
+    """Whether the ``tokenizer.json``'s own post-processor adds BOS / EOS (Llama's adds BOS)."""
+    if backend.post_processor is None:
         return {}
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    names = {}
-    for key in _FALLBACK_NAMES.keys() & config.keys():
-        value = config[key]
-        names[key] = value.get("content") if isinstance(value, dict) else value
-    return names
+    plain = backend.encode("a", add_special_tokens=False).ids
+    full = backend.encode("a", add_special_tokens=True).ids
+    added = len(full) > len(plain)
+    return {
+        "add_bos_token": added and bos is not None and full[0] == backend.token_to_id(bos),
+        "add_eos_token": added and eos is not None and full[-1] == backend.token_to_id(eos),
+    }
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     """Loads a ``tokenizer.json`` (or a directory holding one, e.g. from ``save_pretrained``).
 
-    BOS/EOS/PAD come from a ``tokenizer_config.json`` beside it when there is one, otherwise from
-    the first of the usual names present in the vocabulary; a missing one is ``None``.
+    Beside it, ``tokenizer_config.json`` (then ``special_tokens_map.json``) names BOS/EOS/PAD/UNK,
+    says whether transformers' ``encode`` adds BOS/EOS (``add_bos_token``, ``add_eos_token``;
+    without them, what the ``tokenizer.json``'s post-processor adds), adds the added tokens it
+    lists, and carries the chat template (also read from ``chat_template.jinja``).  A token that
+    no file names is the first of the usual names in the vocabulary, or ``None``.
     """
     path = pathlib.Path(path)
     file = path / "tokenizer.json" if path.is_dir() else path
     backend = tokenizers.Tokenizer.from_file(os.fspath(file))
-    configured = _configured_names(file.parent / "tokenizer_config.json")
+    config = _read_json(file.parent / "tokenizer_config.json")
+    special_map = _read_json(file.parent / "special_tokens_map.json")
+    _add_configured_tokens(backend, config)
     vocab = backend.get_vocab(with_added_tokens=True)
     names = {}
     for key, candidates in _FALLBACK_NAMES.items():
-        if key in configured:
-            names[key] = configured[key]
+        if key in config:
+            names[key] = _token_name(config[key])
+        elif key in special_map:
+            names[key] = _token_name(special_map[key])
         else:
             names[key] = next((name for name in candidates if name in vocab), None)
-    return Tokenizer(backend, **names)
+    flags = ("add_bos_token", "add_eos_token")
+    if any(k in config for k in flags):  # transformers then rebuilds the post-processor
+        adds = {k: bool(config.get(k, False)) for k in flags}
+    else:
+        adds = _post_processor_adds(backend, names["bos_token"], names["eos_token"])
+        if config:  # a transformers tokenizer: no BOS unless its files say so
+            adds.setdefault("add_bos_token", False)
+    return Tokenizer(backend, **names, **adds, chat_template=_chat_templates(file.parent, config))
 
 
 @gin.configurable("train_tokenizer")

@@ -94,7 +94,8 @@ def native_to_hf(
     """Converts a native model directory to a HF checkpoint (tensors in ``dtype``, default the
     model's ``param_dtype``; sharded above ``max_shard_bytes``).  The tokenizer files come from
     the model directory or, as training writes ``workdir/model`` beside ``workdir/tokenizer.json``,
-    from its parent; the HF config then names the tokenizer's BOS/EOS/PAD ids."""
+    from its parent; ``save_hf_checkpoint`` then writes them with the chat template and the
+    generation config, and the HF config names the tokenizer's BOS/EOS/PAD ids."""
     config, params = load_model(native_dir)
     src = tokenizer_dir(native_dir, Path(native_dir).absolute().parent)
     save_hf_checkpoint(
@@ -105,7 +106,6 @@ def native_to_hf(
         max_shard_bytes=max_shard_bytes,
         tokenizer=None if src is None else load_tokenizer(src),
     )
-    _copy_tokenizer(src, out_dir)
     return config
 
 

@@ -1,4 +1,5 @@
-"""Preference pairs: chosen/rejected rows from task demonstrations or from sampled groups.
+"""Preference pairs: chosen/rejected rows from task demonstrations, preference files or sampled
+groups.
 
 A pair batch is a dict of numpy arrays with one row per pair: ``chosen`` / ``rejected`` token
 rows ``int32 [P, L]``, their completion masks ``chosen_mask`` / ``rejected_mask`` (1 on the
@@ -11,13 +12,15 @@ and how far they have read.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from agentic_jax.data.chat import render_ids, with_tools
+from agentic_jax.data.datasets import Preference, read_preferences
 from agentic_jax.data.tokenizer import Tokenizer
 from agentic_jax.envs.text import demonstration_batch
 from agentic_jax.post_training.tasks import TaskSpec
@@ -37,6 +40,55 @@ def task_pairs(spec: TaskSpec, tokenizer: Tokenizer, split: str = "train") -> di
         "rejected_mask": rejected_mask,
         "weight": np.ones(len(tasks), np.float32),
     }
+
+
+def record_pairs(
+    records: Sequence[Preference], tokenizer: Tokenizer, length: int
+) -> dict[str, np.ndarray]:
+    """One pair per record (``data.datasets.read_preferences``): its prompt, with its tools in
+    the system message, continued by ``chosen`` and by ``rejected``, rows of ``length`` tokens;
+    the masks cover the completions' assistant tokens only (not those of a multi-turn prompt)."""
+    batch = {
+        key: np.zeros((len(records), length), np.int32)
+        for key in ("chosen", "chosen_mask", "rejected", "rejected_mask")
+    }
+    for row, record in enumerate(records):
+        prompt = with_tools(record.prompt, record.tools)
+        start = len(render_ids(prompt, tokenizer).ids)
+        for side in ("chosen", "rejected"):
+            rendered = render_ids([*prompt, *getattr(record, side)], tokenizer)
+            if len(rendered.ids) > length:
+                raise record.source.error(
+                    side, f"prompt and {side} take {len(rendered.ids)} tokens > {length}"
+                )
+            mask = np.where(np.arange(len(rendered.ids)) < start, 0, rendered.assistant_mask)
+            if not mask.any():
+                raise record.source.error(side, "has no assistant turn to learn from")
+            batch[side][row, : len(mask)], batch[f"{side}_mask"][row, : len(mask)] = (
+                rendered.ids,
+                mask,
+            )
+    return {**batch, "weight": np.ones(len(records), np.float32)}
+
+
+def pair_splits(
+    spec: TaskSpec,
+    tokenizer: Tokenizer,
+    pairs_file: str | None = None,
+    heldout_file: str | None = None,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None]:
+    """``(train, heldout)`` pair batches of ``spec.max_length`` tokens: the pairs of the
+    preference files (JSONL or Parquet in TRL's formats) when ``pairs_file`` is given (held out:
+    ``heldout_file``'s, or None), else :func:`task_pairs` of both splits."""
+    if pairs_file is None:
+        if heldout_file is not None:
+            raise ValueError("heldout_pairs_file is set without pairs_file")
+        return task_pairs(spec, tokenizer, "train"), task_pairs(spec, tokenizer, "heldout")
+    train, heldout = (
+        record_pairs(read_preferences(path), tokenizer, spec.max_length) if path else None
+        for path in (pairs_file, heldout_file)
+    )
+    return train, heldout
 
 
 def take(batch: dict[str, np.ndarray], rows) -> dict[str, np.ndarray]:
