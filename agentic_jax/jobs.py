@@ -5,7 +5,7 @@ pipeline ``@post_training``, or one stage of it (``@train_sft``, ``@train_rl``,
 ``@train_preference``, ``@train_reward_model``, ``@train_rft``), or a retrieval model
 (``@train_encoder``, ``@train_reranker``, ``@train_ra_rft`` after
 ``@measure_demonstration_utilities``), or memory's sleep-time consolidation
-(``@consolidation_job``).
+(``@consolidation_job``), or speculative decoding's draft heads (``@train_draft_heads``).
 """
 
 from __future__ import annotations

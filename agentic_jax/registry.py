@@ -8,6 +8,7 @@ import agentic_jax.agents.rag
 import agentic_jax.agents.session
 import agentic_jax.data.pipeline
 import agentic_jax.data.tokenizer
+import agentic_jax.data.tool_formats
 import agentic_jax.eval.suites.arena_suite
 import agentic_jax.eval.suites.judge_suite
 import agentic_jax.eval.suites.judging
@@ -20,7 +21,9 @@ import agentic_jax.jobs
 import agentic_jax.memory
 import agentic_jax.models.config
 import agentic_jax.models.lora
+import agentic_jax.models.quantization
 import agentic_jax.post_training.demonstration_utility
+import agentic_jax.post_training.draft_heads
 import agentic_jax.post_training.pipeline
 import agentic_jax.post_training.preference
 import agentic_jax.post_training.rft
@@ -31,5 +34,6 @@ import agentic_jax.retrieval.encoders
 import agentic_jax.retrieval.rerank
 import agentic_jax.training.diloco
 import agentic_jax.training.loop
+import agentic_jax.training.loss_scale
 import agentic_jax.training.optim  # noqa: F401
 import sharding  # noqa: F401

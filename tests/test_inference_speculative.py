@@ -143,7 +143,12 @@ def test_speculative_samples_follow_the_target_distribution(params, draft_params
     tokens = np.asarray(result.generation.tokens)
     assert (np.asarray(result.generation.lengths) == NEW).all()
     assert 0.01 < result.acceptance_rate < 0.95  # both branches of the rule are exercised
-    for i, exact in enumerate(_exact_marginals(params, prompt, sampling, 3)):
+    assert_follows_marginals(tokens, _exact_marginals(params, prompt, sampling, 3))
+
+
+def assert_follows_marginals(tokens, marginals):
+    """Chi-square tests of each column of ``tokens[ROWS, N]`` against its exact marginal."""
+    for i, exact in enumerate(marginals):
         observed = np.bincount(tokens[:, i], minlength=CFG.vocab_size)
         assert observed[exact == 0].sum() == 0
         support = exact > 0

@@ -162,7 +162,8 @@ def prefill(params, config: TransformerConfig, cache: KVCache, prompt, start, en
 
 
 class Tree(NamedTuple):
-    """The shape of a block of new tokens: ``ancestors[T, T]`` (t sees u; reflexive) and ``depth[T]``."""
+    """The shape of a block of new tokens: ``ancestors[T, T]`` (t sees u; reflexive), or
+    ``[B, T, T]`` for a tree of its own per row, and ``depth[T]``."""
 
     ancestors: jax.Array
     depth: jax.Array
@@ -183,8 +184,9 @@ def extend_mask(window: int | None, max_len: int, start, write, tree: Tree):
     offset = j - write[:, None, None]
     in_block = (offset >= 0) & (offset < t)
     u = jnp.clip(offset, 0, t - 1)
+    ancestors = tree.ancestors if tree.ancestors.ndim == 3 else tree.ancestors[None]
     block = in_block & jnp.take_along_axis(
-        jnp.broadcast_to(tree.ancestors[None], (start.shape[0], t, t)),
+        jnp.broadcast_to(ancestors, (start.shape[0], t, t)),
         jnp.broadcast_to(u, (start.shape[0], t, max_len)),
         axis=2,
     )
@@ -194,6 +196,26 @@ def extend_mask(window: int | None, max_len: int, start, write, tree: Tree):
         )
         return (cached | block) & (q_pos - k_pos < window)
     return cached | block
+
+
+def cached_attend(config: TransformerConfig, cache, start, write, tree: Tree):
+    """``(attend, positions[B, T])`` for a block of new tokens shaped like ``tree`` at slots
+    ``write + [0, T)``: the ``attend`` hook of ``models.transformer`` that writes their keys and
+    values into ``cache`` and attends over what each may see (:func:`extend_mask`)."""
+    t = tree.depth.shape[0]
+    slots = write[:, None] + jnp.arange(t)[None, :]
+    positions = (write - start)[:, None] + tree.depth[None, :]
+    masks = {
+        w: extend_mask(w, cache.max_len, start, write, tree) for w in set(config.layer_windows)
+    }
+
+    def attend(q, k, v, layer_cache, window):
+        layer_cache = _write(layer_cache, slots, k, v)
+        keys, values = _keys_values(layer_cache)
+        o = masked_attention(q, keys, values, masks[window], config.attn_logit_softcap)
+        return o, layer_cache
+
+    return attend, positions
 
 
 def extend(
@@ -210,18 +232,7 @@ def extend(
     Returns ``(hidden[B, T, D], cache)``; the caller advances ``write`` by what it keeps.
     """
     tree = chain(tokens.shape[1]) if tree is None else tree
-    slots = write[:, None] + jnp.arange(tokens.shape[1])[None, :]
-    positions = (write - start)[:, None] + tree.depth[None, :]
-    masks = {
-        w: extend_mask(w, cache.max_len, start, write, tree) for w in set(config.layer_windows)
-    }
-
-    def attend(q, k, v, layer_cache, window):
-        layer_cache = _write(layer_cache, slots, k, v)
-        keys, values = _keys_values(layer_cache)
-        o = masked_attention(q, keys, values, masks[window], config.attn_logit_softcap)
-        return o, layer_cache
-
+    attend, positions = cached_attend(config, cache, start, write, tree)
     h, layer_state = hidden_states(
         params, config, tokens, positions=positions, attend=attend, layer_state=tuple(cache)
     )

@@ -211,6 +211,110 @@ def _model_drafts(
     return _Draft(tokens, q, cache)
 
 
+def node_distributions(logits, block, on_path, arrays, counts, prompt_counts, *, eos_id):
+    """The target's sampling distribution (as filtered logits ``[B, T, V]``) at every node of a
+    verified block ``block[B, T]``: penalties count each node's path, ``on_path[T, T]`` (or
+    ``[B, T, T]``: node t's ancestors, the root excluded, which is already in ``counts``)."""
+    b, t, v = logits.shape
+    node_counts = None
+    if counts is not None:
+        node_counts = counts[:, None] + jnp.einsum(
+            "btu,buv->btv",
+            jnp.broadcast_to(on_path, (b, t, t)),
+            jax.nn.one_hot(block, v, dtype=jnp.int32),
+        )
+    flat = filtered_logits(
+        logits.reshape(b * t, v),
+        _repeat(arrays, t),
+        None if counts is None else node_counts.reshape(b * t, v),
+        prompt_counts=None if prompt_counts is None else _repeat(prompt_counts, t),
+        eos_id=eos_id,
+    )
+    return flat.reshape(b, t, v)
+
+
+def start_emission(
+    prompts: PromptBatch, vocab: int, max_len: int, width: int, *, track_counts, pad_id
+):
+    """``(Emission, prompt_counts)`` before the first round: ``seq`` holds the prompts in
+    ``max_len`` slots, the output ``width`` columns (``max_new`` plus a round's overshoot)."""
+    b, p = prompts.tokens.shape
+    seq = jnp.zeros((b, max_len), jnp.int32).at[:, :p].set(prompts.tokens)
+    prompt_counts = count_tokens(prompts.tokens, vocab, prompts.real) if track_counts else None
+    counts = jnp.zeros((b, vocab), jnp.int32) if track_counts else None
+    out = GenerationResult(
+        jnp.full((b, width), pad_id, jnp.int32),
+        jnp.zeros((b,), jnp.int32),
+        jnp.zeros((b, width)),
+        jnp.zeros((b, width)),
+    )
+    zeros = jnp.zeros((b,), jnp.int32)
+    return Emission(seq, counts, jnp.zeros((b,), bool), out, zeros, zeros), prompt_counts
+
+
+def speculative_result(final: Emission, max_new: int, depth: int) -> SpeculativeResult:
+    """The loop's outcome, cut to ``max_new`` columns; ``depth`` drafts offered per pass."""
+    out = GenerationResult(*(a[:, :max_new] if a.ndim == 2 else a for a in final.out[:4]))
+    return SpeculativeResult(out, final.steps, final.steps * depth, final.accepted)
+
+
+class Emission(NamedTuple):
+    """What a speculative decoding loop carries besides its caches."""
+
+    seq: jax.Array  # [B, S] every row's tokens at their slots
+    counts: jax.Array | None  # [B, V] generated-token counts (penalties)
+    done: jax.Array  # [B]
+    out: GenerationResult
+    steps: jax.Array  # [B] verification passes
+    accepted: jax.Array  # [B] accepted draft tokens
+
+
+def record_round(
+    state: Emission, path, final, node, n, logits, filtered, arrays, length, *, eos_id, pad_id
+) -> Emission:
+    """Appends a round's ``n + 1`` tokens (the first ``n`` drafts of the accepted ``path[B,
+    G - 1]``, then the correction or bonus token ``final[B]``; drawn at block nodes ``node[B,
+    G]``) to each row that is not done: up to its first stop token and within ``max_tokens``,
+    with their log-probabilities under the filtered (sampling) and the raw distribution."""
+    seq, counts, done, out, steps, accepted = state
+    b, width = node.shape
+    rows, k = jnp.arange(b), jnp.arange(width)[None, :]
+    emitted = jnp.where(k < n[:, None], jnp.pad(path, ((0, 0), (0, 1))), final[:, None])
+
+    def logprob(z):
+        at_node = jnp.take_along_axis(jax.nn.log_softmax(z), node[:, :, None], 1)
+        return jnp.take_along_axis(at_node, emitted[:, :, None], 2)[..., 0]
+
+    sample_lp, raw_lp = logprob(filtered), logprob(logits)
+    # How many of the n + 1 tokens count: up to the first stop token and within max_tokens.
+    stops = is_stop(emitted.reshape(-1), _repeat(arrays, width), eos_id).reshape(b, width)
+    stops &= k <= n[:, None]
+    first_stop = jnp.where(stops.any(-1), jnp.argmax(stops, -1) + 1, width + 1)
+    room = arrays.max_tokens - out.lengths
+    keep = jnp.where(done, 0, jnp.minimum(jnp.minimum(n + 1, first_stop), room))
+    slot = out.lengths[:, None] + k
+    kept = k < keep[:, None]
+    out = GenerationResult(
+        out.tokens.at[rows[:, None], slot].set(jnp.where(kept, emitted, pad_id), mode="drop"),
+        out.lengths + keep,
+        out.sample_logprobs.at[rows[:, None], slot].set(
+            jnp.where(kept, sample_lp, 0.0), mode="drop"
+        ),
+        out.raw_logprobs.at[rows[:, None], slot].set(jnp.where(kept, raw_lp, 0.0), mode="drop"),
+    )
+    seq = seq.at[rows[:, None], length[:, None] + k].set(emitted, mode="drop")
+    if counts is not None:
+        counts = counts + jnp.einsum(
+            "bk,bkv->bv",
+            kept.astype(jnp.int32),
+            jax.nn.one_hot(emitted, counts.shape[-1], dtype=jnp.int32),
+        )
+    steps += ~done
+    accepted += jnp.where(done, 0, n)
+    done = done | (first_stop <= keep) | (out.lengths >= arrays.max_tokens)
+    return Emission(seq, counts, done, out, steps, accepted)
+
+
 @functools.partial(
     jax.jit,
     static_argnames=(
@@ -255,19 +359,12 @@ def _speculative(
             run_prefill(draft_params, draft_config, before_root, max_len).cache,
             jnp.repeat(jnp.arange(b), branches),
         )
-    seq = jnp.zeros((b, max_len), jnp.int32).at[:, :p].set(prompts.tokens)
-    prompt_counts = count_tokens(prompts.tokens, v, prompts.real) if track_counts else None
-    counts = jnp.zeros((b, v), jnp.int32) if track_counts else None
+    init, prompt_counts = start_emission(
+        prompts, v, max_len, max_new + gamma + 1, track_counts=track_counts, pad_id=pad_id
+    )
     tree = draft_tree(branches, gamma)
     on_path = tree.ancestors.astype(jnp.int32)  # node n's path from the root, root excluded below
     on_path = on_path.at[:, 0].set(0)
-    width = max_new + gamma + 1
-    out = GenerationResult(
-        jnp.full((b, width), pad_id, jnp.int32),
-        jnp.zeros((b,), jnp.int32),
-        jnp.zeros((b, width)),
-        jnp.zeros((b, width)),
-    )
     rows = jnp.arange(b)
     zeros = jnp.zeros((b,), jnp.int32)
 
@@ -304,19 +401,9 @@ def _speculative(
             drafts, q, draft_cache = drafted
         block = jnp.concatenate([root[:, None], drafts.reshape(b, -1)], axis=1)
         logits, _, cache = extend_logits(params, config, cache, block, prompts.start, write, tree)
-        node_counts = None
-        if counts is not None:
-            node_counts = counts[:, None] + jnp.einsum(
-                "tu,buv->btv", on_path, jax.nn.one_hot(block, v, dtype=jnp.int32)
-            )
-        flat = filtered_logits(
-            logits.reshape(b * nodes, v),
-            _repeat(arrays, nodes),
-            None if counts is None else node_counts.reshape(b * nodes, v),
-            prompt_counts=None if prompt_counts is None else _repeat(prompt_counts, nodes),
-            eos_id=eos_id,
+        filtered = node_distributions(
+            logits, block, on_path, arrays, counts, prompt_counts, eos_id=eos_id
         )
-        filtered = flat.reshape(b, nodes, v)
         verdict = verify(
             jax.nn.softmax(filtered, axis=-1),
             drafts,
@@ -326,44 +413,20 @@ def _speculative(
         n = verdict.accepted
         # Emitted: n drafts along the chosen chain, then the correction/bonus token.
         k = jnp.arange(gamma + 1)[None, :]
-        chain = _pick(drafts, verdict.branch)
-        emitted = jnp.where(
-            k < n[:, None], jnp.pad(chain, ((0, 0), (0, 1))), verdict.final[:, None]
-        )
         node = jnp.where(k == 0, 0, 1 + verdict.branch[:, None] * gamma + k - 1)
-        sample_lp = jnp.take_along_axis(
-            jnp.take_along_axis(jax.nn.log_softmax(filtered), node[:, :, None], 1),
-            emitted[:, :, None],
-            2,
-        )[..., 0]
-        raw_lp = jnp.take_along_axis(
-            jnp.take_along_axis(jax.nn.log_softmax(logits), node[:, :, None], 1),
-            emitted[:, :, None],
-            2,
-        )[..., 0]
-        # How many of the n + 1 tokens count: up to the first stop token and within max_tokens.
-        stops = is_stop(emitted.reshape(-1), _repeat(arrays, gamma + 1), eos_id).reshape(
-            b, gamma + 1
+        emit = record_round(
+            Emission(seq, counts, done, out, steps, accepted),
+            _pick(drafts, verdict.branch),
+            verdict.final,
+            node,
+            n,
+            logits,
+            filtered,
+            arrays,
+            length,
+            eos_id=eos_id,
+            pad_id=pad_id,
         )
-        stops &= k <= n[:, None]
-        first_stop = jnp.where(stops.any(-1), jnp.argmax(stops, -1) + 1, gamma + 2)
-        room = arrays.max_tokens - out.lengths
-        keep = jnp.where(done, 0, jnp.minimum(jnp.minimum(n + 1, first_stop), room))
-        slot = out.lengths[:, None] + k
-        kept = k < keep[:, None]
-        out = GenerationResult(
-            out.tokens.at[rows[:, None], slot].set(jnp.where(kept, emitted, pad_id), mode="drop"),
-            out.lengths + keep,
-            out.sample_logprobs.at[rows[:, None], slot].set(
-                jnp.where(kept, sample_lp, 0.0), mode="drop"
-            ),
-            out.raw_logprobs.at[rows[:, None], slot].set(jnp.where(kept, raw_lp, 0.0), mode="drop"),
-        )
-        seq = seq.at[rows[:, None], length[:, None] + k].set(emitted, mode="drop")
-        if counts is not None:
-            counts = counts + jnp.einsum(
-                "bk,bkv->bv", kept.astype(jnp.int32), jax.nn.one_hot(emitted, v, dtype=jnp.int32)
-            )
         if branches > 1:
             src = length[:, None] + verdict.branch[:, None] * gamma + jnp.arange(gamma)[None, :]
             cache = move_slots(cache, src, length[:, None] + jnp.arange(gamma)[None, :])
@@ -371,15 +434,10 @@ def _speculative(
                 draft_cache = reorder_rows(
                     draft_cache, jnp.repeat(rows * branches + verdict.branch, branches)
                 )
-        steps += ~done
-        accepted += jnp.where(done, 0, n)
-        done = done | (first_stop <= keep) | (out.lengths >= arrays.max_tokens)
-        return cache, draft_cache, seq, counts, done, out, steps, accepted
+        return (cache, draft_cache, *emit)
 
-    init = (cache, draft_cache, seq, counts, jnp.zeros((b,), bool), out, zeros, zeros)
-    _, _, _, _, _, out, steps, accepted = jax.lax.while_loop(cond, body, init)
-    out = GenerationResult(*(a[:, :max_new] if a.ndim == 2 else a for a in out[:4]))
-    return SpeculativeResult(out, steps, steps * gamma, accepted)
+    final = Emission(*jax.lax.while_loop(cond, body, (cache, draft_cache, *init))[2:])
+    return speculative_result(final, max_new, gamma)
 
 
 def speculative_generate(
