@@ -179,16 +179,30 @@ class BlockManager:
                 self._cached[parent] = block
                 self._hash_of[block] = parent
 
+    def truncate(self, seq_id, num_tokens: int) -> None:
+        """Drops ``seq_id``'s blocks past those holding its first ``num_tokens`` positions: the
+        rollback of speculative positions reserved for drafts that were rejected."""
+        blocks = self._seqs[seq_id]
+        keep = self.blocks_for(num_tokens)
+        if keep < len(blocks.hashes):
+            raise ValueError(f"truncating to {num_tokens} tokens would drop computed blocks")
+        for block in reversed(blocks.table[keep:]):
+            self._release(block)
+        del blocks.table[keep:]
+
+    def _release(self, block: int) -> None:
+        self._refcount[block] -= 1
+        if self._refcount[block] == 0:
+            if block in self._hash_of:
+                self._evictable[block] = None
+            else:
+                self._free.append(block)
+
     def free(self, seq_id) -> None:
         """Drops ``seq_id``'s references; its cached blocks stay revivable until evicted."""
         # Tail first, so the least shareable blocks are the first evicted.
         for block in reversed(self._seqs.pop(seq_id).table):
-            self._refcount[block] -= 1
-            if self._refcount[block] == 0:
-                if block in self._hash_of:
-                    self._evictable[block] = None
-                else:
-                    self._free.append(block)
+            self._release(block)
 
     def _take(self) -> int:
         """An unreferenced block, evicting the least recently freed cached one if need be."""

@@ -12,42 +12,38 @@ engine_loop.EngineLoop`, so concurrent chats are batched continuously.
    therefore names an offered tool and has schema-valid arguments.  Only a call cut off by the
    token limit fails (``finish_reason == "length"``).
 
-The engine has no per-request logit masks yet, so phase 2 runs through ``inference.decoding.generate``
-outside the batch (prompt lengths padded to powers of two, so it compiles a handful of times).
+Phase 2 is one more request in the engine's batch, carrying the constraint as its per-request
+logit mask; its prompt is the turn so far, whose blocks the prefix cache already holds.
 ``tool_choice`` follows the OpenAI API: ``auto``, ``none``, ``required`` or one named function
 (the last two skip phase 1).
 
 Tools are described to the model in the system message by ``data.chat.with_tools``, the rendering
 the text environments use for their tasks, so a model post-trained there sees here the prompt it
-learned on.
+learned on.  A tokenizer carrying a Hugging Face chat template (an imported instruct model) is
+served plain chat through that template (``data.chat_template``), its turns ending at the
+tokenizer's EOS; tools need this project's template for now.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
 import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-import numpy as np
-
-from agentic_jax.data.chat import Message, ToolCall, ToolSpec, render_ids, with_tools
+from agentic_jax.data.chat import TOOL_FORMAT, Message, ToolCall, ToolSpec
+from agentic_jax.data.chat_template import BuiltinChatTemplate, ChatTemplate, chat_template
 from agentic_jax.data.tokenizer import IM_END, TOOL_CALL, TOOL_CALL_END, Tokenizer
-from agentic_jax.inference.decoding.constrained import regex_constraint, schema_regex, token_bytes
-from agentic_jax.inference.decoding.generate import generate
-from agentic_jax.inference.decoding.prompts import PromptBatch
-from agentic_jax.inference.decoding.sampling import SamplingParams, seed_key
+from agentic_jax.data.tool_formats import ToolCallFormat, chat_tool_format, tool_call_format
+from agentic_jax.inference.decoding.constrained import regex_constraint, token_bytes
+from agentic_jax.inference.decoding.sampling import SamplingParams
 from agentic_jax.inference.errors import RequestError
 from agentic_jax.inference.serving.engine import Engine, EngineConfig
 from agentic_jax.inference.serving.engine_loop import EngineLoop
 from agentic_jax.models.export import load_checkpoint
 
-# Shapes are padded so that phase 2 compiles rarely: constraints to at least this many states,
-# prompts (left-padded) to a power of two of at least this many tokens.
-CONSTRAINT_STATES = 256
-MIN_CALL_PROMPT = 256
+CONSTRAINT_STATES = 256  # tables padded to at least this many states (fewer distinct shapes)
 CACHED_CONSTRAINTS = 32  # tool sets whose automata are kept (a server sees many)
 MAX_CONSTRAINT_STATES = 8192  # a larger tool-call automaton is refused (its tables are [S, V])
 
@@ -155,27 +151,66 @@ class ChatModel:
         *,
         max_tool_call_tokens: int = 256,
         whitespace_pattern: str = "[ ]?",
+        template: ChatTemplate | None = None,
+        tool_format: ToolCallFormat | str | None = None,
     ):
-        missing = [t for t in (IM_END, TOOL_CALL, TOOL_CALL_END) if t not in tokenizer.special_ids]
-        if missing:
-            raise ValueError(f"the tokenizer lacks the chat tokens {missing}")
+        # ``data.chat_template.chat_template`` (gin) picks the tokenizer's own Hugging Face
+        # template when it carries one, else this project's.
+        self.template = chat_template(tokenizer) if template is None else template
         self.params, self.config, self.tokenizer = params, config, tokenizer
-        self.ids = {t: tokenizer.token_id(t) for t in (IM_END, TOOL_CALL, TOOL_CALL_END)}
+        self._builtin = isinstance(self.template, BuiltinChatTemplate)
+        if self._builtin:
+            chat_tokens = (IM_END, TOOL_CALL, TOOL_CALL_END)
+            missing = [t for t in chat_tokens if t not in tokenizer.special_ids]
+            if missing:
+                raise ValueError(f"the tokenizer lacks the chat tokens {missing}")
+            end_of_turn = tokenizer.token_id(IM_END)
+        else:  # a Hugging Face template: turns end at the tokenizer's EOS
+            if tokenizer.eos_id is None:
+                raise ValueError("chat through the tokenizer's template needs its EOS token")
+            end_of_turn = tokenizer.eos_id
+        self.tool_format, self._no_tools = self._pick_tool_format(tool_format)
+        # A call's markers that are tokens of their own: the opening one is written as that
+        # token, the closing one ends a constrained call (else the end of the turn does).
+        markers = (self.tool_format.open, self.tool_format.close) if self.tool_format else ("", "")
+        self._open_id, self._close_id = (tokenizer.added_ids.get(m) if m else None for m in markers)
+        self._call_end_id = end_of_turn if self._close_id is None else self._close_id
+        # This project's template stops free text at the call's opening and constrains the call
+        # (one per turn); a Hugging Face model's turn runs to its end and is parsed.
+        stops = (tokenizer.eos_id, self._open_id if self._builtin else None)
+        self._stop_ids = tuple(i for i in stops if i is not None) or (end_of_turn,)
         self.engine = Engine(
             params,
             config,
             engine_config or EngineConfig(),
-            eos_id=self.ids[IM_END],
+            eos_id=end_of_turn,
             tokenizer=tokenizer,
         )
         self.loop = EngineLoop(self.engine).start()
         self.max_tool_call_tokens = max_tool_call_tokens
         self.whitespace_pattern = whitespace_pattern
-        self.pad_id = tokenizer.pad_id or 0
-        self._stop_ids = tuple(i for i in (tokenizer.eos_id, self.ids[TOOL_CALL]) if i is not None)
         self._constraints: dict[str, object] = {}
         self._constraint_lock = threading.Lock()
-        self._keys = itertools.count()
+
+    def _pick_tool_format(self, tool_format) -> tuple[ToolCallFormat | None, str]:
+        """(the format of this model's tool calls, or ``None`` and why tools are refused): the
+        argument, else ``data.tool_formats.chat_tool_format`` (gin) of the template."""
+        if isinstance(tool_format, str):
+            tool_format = tool_call_format(tool_format)
+        if tool_format is None:
+            source = getattr(self.template, "source", None)
+            if isinstance(source, Mapping):  # named templates: the one rendering tools
+                source = source.get("tool_use", source["default"])
+            try:
+                tool_format = chat_tool_format(None if self._builtin else source)
+            except ValueError as e:
+                return None, f"this model's tool calls have no known format: {e}"
+        if self._builtin and tool_format.name != TOOL_FORMAT.name:
+            raise ValueError(
+                f"this project's chat template writes tool calls as {TOOL_FORMAT.name!r}, "
+                f"not {tool_format.name!r}"
+            )
+        return tool_format, ""
 
     @classmethod
     def from_checkpoint(
@@ -244,15 +279,11 @@ class ChatModel:
     # ----------------------------------------------------------------------------- chat
     def prompt_ids(self, messages: Sequence[Message], specs: Sequence[ToolSpec] = ()) -> list[int]:
         try:  # the template rejects reserved tokens in content, unknown roles, misplaced calls
-            rendered = render_ids(
-                with_tools(messages, specs),
-                self.tokenizer,
-                add_generation_prompt=True,
-                add_bos=self.tokenizer.bos_id is not None,
+            return self.template.encode(
+                messages, self.tokenizer, list(specs) or None, add_generation_prompt=True
             )
         except ValueError as e:
             raise RequestError(str(e)) from None
-        return rendered.ids.tolist()
 
     def chat(
         self,
@@ -267,6 +298,11 @@ class ChatModel:
         """The next assistant turn; ``on_text`` receives its text as it is generated
         (``strict_max_tokens`` as in :meth:`complete`)."""
         specs = _chosen_tools(list(specs), tool_choice)
+        if specs and not self.ids:
+            raise RequestError(
+                "tool calls are served with this project's chat template only; this model's "
+                "own template serves plain chat"
+            )
         prompt = self.prompt_ids(messages, specs)
         self._check_length(prompt, params, strict_max_tokens)
         if specs and tool_choice != "auto":  # a call is required: it opens right away
@@ -285,24 +321,10 @@ class ChatModel:
         key = json.dumps([[s.name, s.parameters] for s in specs], sort_keys=True)
         with self._constraint_lock:
             if key not in self._constraints:
-                alternatives = []
-                for s in specs:
-                    schema = {
-                        "type": "object",
-                        "properties": {"name": {"const": s.name}, "arguments": dict(s.parameters)},
-                        "required": ["name", "arguments"],
-                        "additionalProperties": False,
-                    }
-                    if "$defs" in s.parameters:  # references resolve against the root
-                        schema["$defs"] = s.parameters["$defs"]
-                    try:  # the schema is the caller's: whatever it breaks is its error
-                        alternatives.append(schema_regex(schema, self.whitespace_pattern))
-                    except Exception as e:
-                        raise RequestError(
-                            f"the parameters of tool {s.name!r} are not a "
-                            f"supported JSON schema: {e}"
-                        ) from None
-                regex = "\n(?:" + "|".join(f"(?:{r})" for r in alternatives) + ")\n"
+                try:  # the schemas are the caller's: whatever they break is its error
+                    regex = TOOL_FORMAT.body_regex(specs, self.whitespace_pattern)
+                except ValueError as e:
+                    raise RequestError(str(e)) from None
                 tokens = token_bytes(self.tokenizer, self.config.vocab_size)
                 try:
                     constraint = regex_constraint(
@@ -329,28 +351,21 @@ class ChatModel:
         max_new = min(self.max_tool_call_tokens, self.engine.max_model_len - len(ids))
         if max_new <= 0:
             return None, 0
-        width = max(MIN_CALL_PROMPT, 1 << (len(ids) - 1).bit_length())
         sampling = SamplingParams(
             temperature=params.temperature,
             top_p=params.top_p,
             top_k=params.top_k,
             max_tokens=max_new,
             seed=params.seed,
+            stop_token_ids=(self.ids[TOOL_CALL_END],),
         )
-        key = seed_key(params.seed if params.seed is not None else next(self._keys))
-        result = generate(
-            self.params,
-            self.config,
-            PromptBatch.from_lists([ids], length=width, pad_id=self.pad_id),
-            sampling=sampling,
-            key=key,
-            eos_id=self.ids[TOOL_CALL_END],
-            pad_id=self.pad_id,
-            constraint=self._constraint(specs),
-        )
-        n = int(result.lengths[0])
-        tokens = np.asarray(result.tokens[0, :n]).tolist()
+        constraint = self._constraint(specs)
+        with contextlib.closing(self.loop.submit(ids, sampling, constraint=constraint)) as events:
+            tokens = [event.token for event in events]
+        n = len(tokens)
         if not tokens or tokens[-1] != self.ids[TOOL_CALL_END]:
             return None, n
-        call = json.loads(self.tokenizer.decode(tokens[:-1]))
-        return ToolCall(call["name"], call["arguments"]), n
+        (call,) = TOOL_FORMAT.parse(
+            TOOL_CALL + self.tokenizer.decode(tokens[:-1]) + TOOL_CALL_END
+        ).calls
+        return call, n

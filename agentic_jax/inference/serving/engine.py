@@ -13,10 +13,16 @@ powers of two), so they compile a handful of times; the host does the bookkeepin
 as vLLM does.  Serve many callers by driving :meth:`Engine.step` and routing its events;
 :meth:`Engine.generate` and :meth:`Engine.stream` drive it for one caller.
 
+A request may carry a token constraint (a regex or JSON schema's automaton, walked on the host
+and applied as a per-row logit mask) and a way to speculate (``prompt_lookup``, ``draft``,
+``medusa`` or ``eagle``); both run inside the shared batch (``speculation.py``).
+
 Sampling is per sequence and independent of batching: row keys are the request's own (its seed,
 or the engine seed folded with the request's arrival number) with the count of generated tokens
 folded in, and penalty counts are kept per slot.  A request therefore produces the same tokens
-alone, in any batch, and after being preempted and recomputed.
+alone, in any batch, and after being preempted and recomputed (a speculating request's greedy
+tokens too; its sampled tokens have the same distribution, but where its rounds start depends on
+the room the block pool leaves for drafts).
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_jax.data.tokenizer import Tokenizer
+from agentic_jax.inference.decoding.constrained import TokenConstraint
+from agentic_jax.inference.decoding.draft_heads import EagleHead, MedusaHeads, eagle_config
 from agentic_jax.inference.decoding.prompts import check_token_ids
 from agentic_jax.inference.decoding.sampling import (
     SamplingArrays,
@@ -51,10 +59,26 @@ from agentic_jax.inference.serving.paged_cache import (
     PagedKVCache,
     copy_blocks,
     decode_attention_fn,
-    paged_forward,
+    paged_hidden,
 )
 from agentic_jax.inference.serving.scheduler import Scheduler, Sequence
+from agentic_jax.inference.serving.speculation import (
+    SPECULATION,
+    Heads,
+    HeadState,
+    HostConstraint,
+    RowSampling,
+    SpeculationStats,
+    draft_step,
+    eagle_step,
+    follow_heads,
+    lookup_drafts,
+    medusa_drafts,
+    mirror,
+    verify_step,
+)
 from agentic_jax.models.config import TransformerConfig
+from agentic_jax.models.transformer import logits_from_hidden
 
 BATCHING = ("continuous", "static")
 _GENERATED_ID = re.compile(r"req-\d+")  # the ids add_request gives requests without one
@@ -69,7 +93,9 @@ class EngineConfig:
     fewer blocks trade preemptions for memory.  ``max_model_len`` (prompt plus output) defaults
     to the model's ``max_seq_len``.  ``watermark`` is the fraction of blocks that admission leaves
     free for running sequences to grow into.  ``decode_attention``: auto | pallas | reference (see
-    ``paged_cache.decode_attention_fn``).
+    ``paged_cache.decode_attention_fn``).  ``speculation_tokens``: the most draft tokens a
+    speculating request proposes per step; ``max_ngram``: the longest n-gram prompt lookup
+    matches.
     """
 
     num_slots: int = 8
@@ -82,9 +108,12 @@ class EngineConfig:
     decode_attention: str = "auto"
     min_prefill_len: int = 16
     seed: int = 0
+    speculation_tokens: int = 4
+    max_ngram: int = 3
 
     def __post_init__(self):
-        for name in ("num_slots", "block_size", "num_blocks", "max_model_len", "min_prefill_len"):
+        names = ("num_slots", "block_size", "num_blocks", "max_model_len", "min_prefill_len")
+        for name in (*names, "speculation_tokens", "max_ngram"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"EngineConfig.{name} must be positive, got {value}")
@@ -97,11 +126,16 @@ class EngineConfig:
 @dataclasses.dataclass(frozen=True)
 class Request:
     """A prompt (token ids) and how to sample its continuation.  ``request_id`` must differ from
-    every request in flight; ids ``req-<n>`` are reserved for those the engine generates."""
+    every request in flight; ids ``req-<n>`` are reserved for those the engine generates.
+    ``constraint`` masks every token to those its automaton allows; ``speculation``: ``none``,
+    ``prompt_lookup``, ``draft`` (an engine with a draft model), ``medusa`` or ``eagle`` (an
+    engine with that head)."""
 
     prompt: SequenceT[int]
     params: SamplingParams = SamplingParams()
     request_id: str | None = None
+    constraint: TokenConstraint | None = None
+    speculation: str = "none"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,12 +184,16 @@ _IDLE = SamplingParams(temperature=0.0)
 
 @functools.partial(
     jax.jit,
-    static_argnames=("config", "decode_attention", "eos_id"),
-    donate_argnames=("cache", "gen_counts", "prompt_counts"),
+    static_argnames=("config", "draft_config", "decode_attention", "eos_id"),
+    donate_argnames=("cache", "draft_cache", "head_state", "gen_counts", "prompt_counts"),
 )
 def _prefill_step(
     params,
     cache,
+    draft_params,
+    draft_cache,
+    heads,
+    head_state,
     gen_counts,
     prompt_counts,
     tokens,
@@ -166,14 +204,21 @@ def _prefill_step(
     slot,
     prompt_row,
     gen_row,
+    allowed,
     *,
     config,
+    draft_config,
     decode_attention,
     eos_id,
 ):
     """One sequence's uncached tokens ``[1, T]``; sets its slot's penalty counts."""
-    logits, cache = paged_forward(
+    hidden, cache = paged_hidden(
         params, config, cache, tokens, batch, decode_attention=decode_attention
+    )
+    logits = logits_from_hidden(params, config, hidden[:, -1:])[:, 0]
+    draft_cache = mirror(draft_params, draft_config, draft_cache, tokens, batch, decode_attention)
+    head_state = follow_heads(
+        heads, params, config, head_state, tokens, batch, hidden, decode_attention, slot=slot
     )
     s = sample(
         logits,
@@ -182,43 +227,76 @@ def _prefill_step(
         gen_row[None],
         step=steps,
         prompt_counts=prompt_row[None],
+        allowed=allowed,
         eos_id=eos_id,
     )
     gen_counts = gen_counts.at[slot].set(add_tokens(gen_row[None], s.tokens)[0])
-    return s, cache, gen_counts, prompt_counts.at[slot].set(prompt_row)
+    prompt_counts = prompt_counts.at[slot].set(prompt_row)
+    return s, cache, draft_cache, head_state, gen_counts, prompt_counts
 
 
 @functools.partial(
     jax.jit,
-    static_argnames=("config", "decode_attention", "eos_id"),
-    donate_argnames=("cache", "gen_counts"),
+    static_argnames=("config", "draft_config", "decode_attention", "eos_id"),
+    donate_argnames=("cache", "draft_cache", "head_state", "gen_counts"),
 )
 def _decode_step(
     params,
     cache,
+    draft_params,
+    draft_cache,
+    heads,
+    head_state,
     gen_counts,
     prompt_counts,
     tokens,
     batch,
-    arrays,
-    keys,
-    steps,
+    rows: RowSampling,
+    allowed,
     *,
     config,
+    draft_config,
     decode_attention,
     eos_id,
 ):
-    """One token for every slot ``[num_slots, 1]`` (idle slots have length 0)."""
-    logits, cache = paged_forward(
+    """One token for every slot ``[num_slots, 1]`` (idle slots have length 0), each within its
+    row's mask ``allowed[num_slots, V]``."""
+    hidden, cache = paged_hidden(
         params, config, cache, tokens, batch, decode_attention=decode_attention
     )
-    s = sample(
-        logits, keys, arrays, gen_counts, step=steps, prompt_counts=prompt_counts, eos_id=eos_id
+    logits = logits_from_hidden(params, config, hidden)[:, 0]
+    draft_cache = mirror(draft_params, draft_config, draft_cache, tokens, batch, decode_attention)
+    head_state = follow_heads(
+        heads, params, config, head_state, tokens, batch, hidden, decode_attention
     )
-    return s, cache, add_tokens(gen_counts, s.tokens, batch.lengths > 0)
+    s = sample(
+        logits,
+        rows.keys,
+        rows.arrays,
+        gen_counts,
+        step=rows.steps,
+        prompt_counts=prompt_counts,
+        allowed=allowed,
+        eos_id=eos_id,
+    )
+    gen_counts = add_tokens(gen_counts, s.tokens, batch.lengths > 0)
+    return s, cache, draft_cache, head_state, gen_counts
 
 
 _copy_blocks = jax.jit(copy_blocks, donate_argnums=0)
+
+
+def _fixed_drafts(seqs: list[Sequence], found: np.ndarray, drafts, proposed) -> None:
+    """Deterministic proposals ``found[S, >= lookahead]`` into ``drafts``/``proposed``, each row's
+    cut before the first token its automaton refuses."""
+    for seq in seqs:
+        tokens = found[seq.slot, : seq.lookahead]
+        n = (
+            len(tokens)
+            if seq.constraint is None
+            else seq.constraint.allowed_prefix(seq.state, tokens)
+        )
+        drafts[seq.slot, :n], proposed[seq.slot] = tokens[:n], n
 
 
 def _hit_stop_string(tokenizer, output: list[int], stop_strings: tuple[str, ...]) -> bool:
@@ -239,7 +317,30 @@ class Engine:
         *,
         eos_id: int | None = None,
         tokenizer=None,
+        draft_params=None,
+        draft_config: TransformerConfig | None = None,
+        medusa: MedusaHeads | None = None,
+        eagle: EagleHead | None = None,
     ):
+        """``draft_params``/``draft_config``: the draft model of ``speculation="draft"``
+        requests (it must share the target's vocabulary); ``medusa``/``eagle``: the draft heads
+        of ``speculation="medusa"``/``"eagle"`` requests, trained on this target
+        (``decoding.draft_heads``)."""
+        for name, head, kind in (("medusa", medusa, MedusaHeads), ("eagle", eagle, EagleHead)):
+            if head is not None and not isinstance(head, kind):
+                raise ValueError(f"{name} must be a {kind.__name__}, got {type(head).__name__}")
+        if medusa is not None and medusa.w.shape[-1] != config.d_model:
+            raise ValueError(
+                f"Medusa heads of width {medusa.w.shape[-1]} != d_model {config.d_model}"
+            )
+        self.heads = Heads(medusa, eagle)
+        if (draft_params is None) != (draft_config is None):
+            raise ValueError("pass both draft_params and draft_config, or neither")
+        if draft_config is not None and draft_config.vocab_size != config.vocab_size:
+            raise ValueError(
+                f"draft vocab {draft_config.vocab_size} != target vocab {config.vocab_size}"
+            )
+        self.draft_params, self.draft_config = draft_params, draft_config
         ec = engine_config or EngineConfig()
         self.params, self.config, self.engine_config = params, config, ec
         self.tokenizer = tokenizer
@@ -259,6 +360,8 @@ class Engine:
             "eos_id": self.eos_id,
             "decode_attention": decode_attention_fn(ec.decode_attention),
         }
+        self._host_constraints: dict[int, tuple[TokenConstraint, HostConstraint]] = {}
+        self._zero_q = None  # the draft distributions of a step without draft-model rows
         self._base_key = jax.random.key(ec.seed)
         self._arrivals = itertools.count()
         self.step_count = 0
@@ -277,6 +380,21 @@ class Engine:
             static=ec.batching == "static",
         )
         self.cache = PagedKVCache.create(self.config, self.num_blocks, ec.block_size)
+        self.draft_cache = None
+        if self.draft_config is not None:
+            self.draft_cache = PagedKVCache.create(
+                self.draft_config, self.num_blocks, ec.block_size
+            )
+        self._head_state = None
+        if self.heads != Heads():
+            eagle_cache = None
+            if self.heads.eagle is not None:
+                eagle_cache = PagedKVCache.create(
+                    eagle_config(self.config), self.num_blocks, ec.block_size
+                )
+            features = jnp.zeros((ec.num_slots, self.config.d_model), self.config.compute_dtype)
+            self._head_state = HeadState(features, eagle_cache)
+        self._speculation_stats = {m: SpeculationStats() for m in SPECULATION}
         counts = (ec.num_slots, self.config.vocab_size)
         self._gen_counts = jnp.zeros(counts, jnp.int32)  # generated tokens, per slot
         self._prompt_counts = jnp.zeros(counts, jnp.int32)
@@ -318,7 +436,38 @@ class Engine:
             )
         if request.params.stop_strings and self.tokenizer is None:
             raise ValueError("stop_strings need an Engine with a tokenizer")
+        if request.speculation not in SPECULATION:
+            raise RequestError(
+                f"speculation={request.speculation!r}; expected one of {SPECULATION}"
+            )
+        if request.speculation == "draft" and self.draft_config is None:
+            raise RequestError("speculation='draft' needs an Engine with a draft model")
+        if (
+            request.speculation in Heads._fields
+            and getattr(self.heads, request.speculation) is None
+        ):
+            raise RequestError(f"speculation={request.speculation!r} needs an Engine with its head")
+        c = request.constraint
+        if c is not None and c.allowed.shape[-1] != self.config.vocab_size:
+            raise RequestError(
+                f"the constraint's tables cover {c.allowed.shape[-1]} tokens; the model has "
+                f"{self.config.vocab_size}"
+            )
         return prompt
+
+    def _host_constraint(self, constraint: TokenConstraint | None) -> HostConstraint | None:
+        """The constraint's host tables, kept for the few constraints a server reuses."""
+        if constraint is None:
+            return None
+        kept = self._host_constraints.get(id(constraint))
+        if kept is None or kept[0] is not constraint:
+            if len(self._host_constraints) >= 32:
+                del self._host_constraints[next(iter(self._host_constraints))]  # the oldest
+            kept = self._host_constraints[id(constraint)] = (
+                constraint,
+                HostConstraint(constraint),
+            )
+        return kept[1]
 
     def _queue(self, request: Request, prompt: tuple[int, ...]) -> str:
         arrival = next(self._arrivals)
@@ -331,7 +480,11 @@ class Engine:
             key,
             arrival_step=self.step_count,
             arrival_time=time.perf_counter(),
+            speculation=request.speculation,
+            constraint=self._host_constraint(request.constraint),
         )
+        if seq.constraint is not None:
+            seq.state = seq.constraint.initial
         self.scheduler.add(seq)
         return request_id
 
@@ -350,11 +503,14 @@ class Engine:
 
     @property
     def stats(self) -> dict:
+        """Counters; ``speculation`` holds, per method, the decoding rows run (target
+        forwards), drafts proposed and accepted, and accepted drafts per target forward."""
         return {
             "steps": self.step_count,
             "preemptions": self.scheduler.num_preemptions,
             "prefix_hit_rate": self.blocks.hit_rate,
             "free_blocks": self.blocks.num_free_blocks,
+            "speculation": {m: s.report() for m, s in self._speculation_stats.items()},
         }
 
     # ----------------------------------------------------------------------------- stepping
@@ -366,6 +522,8 @@ class Engine:
         batched decode failed, or the device cache was lost: the state is unknown, and the caller
         should fail everything in flight and :meth:`reset`.
         """
+        for seq in self.scheduler.running:
+            seq.lookahead = self._lookahead(seq)
         plan = self.scheduler.schedule(self.step_count)
         self._copy([c for seq in plan.decodes for c in plan.copies[seq.request_id]])
         sampled = []
@@ -378,8 +536,13 @@ class Engine:
         self.step_count += 1
         events = []
         for seq, token, logprob, sample_logprob in sampled:
+            if self._sequences.get(seq.request_id) is not seq:
+                continue  # finished by an earlier token of this step, or failed
             with self._isolated(seq):
                 events.append(self._append(seq, token, logprob, sample_logprob))
+        for seq in plan.decodes:
+            if seq.lookahead and self._sequences.get(seq.request_id) is seq:
+                self.blocks.truncate(seq.request_id, seq.num_computed)  # drop rejected drafts
         return events
 
     def take_failures(self) -> list[tuple[str, Exception]]:
@@ -394,7 +557,8 @@ class Engine:
         try:
             yield
         except Exception as e:
-            donated = (self.cache, self._gen_counts, self._prompt_counts)
+            donated = (self.cache, self.draft_cache, self._head_state, self._gen_counts)
+            donated += (self._prompt_counts,)
             if any(x.is_deleted() for x in jax.tree.leaves(donated)):
                 raise  # given to a call that failed: every sequence's state is gone
             if self._sequences.pop(seq.request_id, None) is not None:
@@ -452,6 +616,11 @@ class Engine:
         dst = np.full(self.engine_config.num_slots, self.blocks.num_blocks, np.int32)
         src[: len(copies)], dst[: len(copies)] = zip(*copies)
         self.cache = _copy_blocks(self.cache, src, dst)
+        if self.draft_cache is not None:
+            self.draft_cache = _copy_blocks(self.draft_cache, src, dst)
+        if self._head_state is not None and self._head_state.eagle_cache is not None:
+            eagle_cache = _copy_blocks(self._head_state.eagle_cache, src, dst)
+            self._head_state = self._head_state._replace(eagle_cache=eagle_cache)
 
     def _table(self, seq: Sequence) -> np.ndarray:
         table = np.zeros(self.max_blocks, np.int32)
@@ -481,20 +650,21 @@ class Engine:
         slots = row(self._padding_slot, self._slots(table, positions))
         batch = PagedBatch(row(0, positions), slots, table[None], np.asarray([end], np.int32))
         v = self.config.vocab_size
-        s, self.cache, self._gen_counts, self._prompt_counts = _prefill_step(
-            self.params,
-            self.cache,
-            self._gen_counts,
-            self._prompt_counts,
-            row(0, tokens[start:]),
-            batch,
-            SamplingArrays.from_params([_device_params(seq.params)]),
-            seq.key[None],
-            np.asarray([len(seq.output)], np.int32),
-            seq.slot,
-            np.bincount(seq.prompt, minlength=v).astype(np.int32),
-            np.bincount(np.asarray(seq.output, np.int64), minlength=v).astype(np.int32),
-            **self._static,
+        s, self.cache, self.draft_cache, self._head_state, self._gen_counts, self._prompt_counts = (
+            _prefill_step(
+                *self._device_state(),
+                row(0, tokens[start:]),
+                batch,
+                SamplingArrays.from_params([_device_params(seq.params)]),
+                seq.key[None],
+                np.asarray([len(seq.output)], np.int32),
+                seq.slot,
+                np.bincount(seq.prompt, minlength=v).astype(np.int32),
+                np.bincount(np.asarray(seq.output, np.int64), minlength=v).astype(np.int32),
+                self._allowed(seq)[None],
+                draft_config=self.draft_config,
+                **self._static,
+            )
         )
         return int(s.tokens[0]), float(s.raw_logprobs[0]), float(s.sample_logprobs[0])
 
@@ -508,34 +678,248 @@ class Engine:
             self._decode_arrays = ids, arrays
         return self._decode_arrays[1]
 
-    def _decode(self, seqs: list[Sequence]) -> list[tuple[Sequence, int, float]]:
-        s_count = self.engine_config.num_slots
-        by_slot: list[Sequence | None] = [None] * s_count
-        tokens, positions, lengths, steps = (np.zeros(s_count, np.int32) for _ in range(4))
-        slots = np.full(s_count, self._padding_slot, np.int32)
-        tables = np.zeros((s_count, self.max_blocks), np.int32)
-        keys = np.zeros((s_count, *seqs[0].key.shape), seqs[0].key.dtype)
-        for seq in seqs:
-            i, pos = seq.slot, seq.num_computed
-            by_slot[i] = seq
-            tables[i] = self._table(seq)
-            tokens[i], positions[i], lengths[i] = seq.output[-1], pos, pos + 1
-            slots[i] = self._slots(tables[i], np.asarray(pos))
-            steps[i], keys[i] = len(seq.output), seq.key
-        s, self.cache, self._gen_counts = _decode_step(
+    def _device_state(self) -> tuple:
+        """What every forward step takes first: both models, their pages, the draft heads and
+        their state, the penalty counts."""
+        return (
             self.params,
             self.cache,
+            self.draft_params,
+            self.draft_cache,
+            self.heads,
+            self._head_state,
             self._gen_counts,
             self._prompt_counts,
+        )
+
+    def _allowed(self, seq: Sequence) -> np.ndarray:
+        """``[V]``: the tokens ``seq`` may emit next (all of them without a constraint)."""
+        if seq.constraint is None:
+            return np.ones(self.config.vocab_size, bool)
+        return seq.constraint.allowed[seq.state]
+
+    def _lookahead(self, seq: Sequence) -> int:
+        """Draft positions ``seq`` asks to reserve this step: none unless it speculates, and
+        never more than it may still emit after the next token."""
+        if seq.speculation == "none":
+            return 0
+        room = min(seq.params.max_tokens - len(seq.output), self.max_model_len - len(seq.tokens))
+        most = self.engine_config.speculation_tokens
+        if seq.speculation == "medusa":  # one draft per head
+            most = min(most, self.heads.medusa.w.shape[0])
+        return max(0, min(most, room - 1))
+
+    def _rows(self, seqs: list[Sequence]) -> tuple[np.ndarray, RowSampling]:
+        """The decode batch's block tables ``[S, max_blocks]`` and sampling inputs."""
+        s_count = self.engine_config.num_slots
+        by_slot: list[Sequence | None] = [None] * s_count
+        tables = np.zeros((s_count, self.max_blocks), np.int32)
+        steps = np.zeros(s_count, np.int32)
+        keys = np.zeros((s_count, *seqs[0].key.shape), seqs[0].key.dtype)
+        for seq in seqs:
+            by_slot[seq.slot] = seq
+            tables[seq.slot] = self._table(seq)
+            steps[seq.slot], keys[seq.slot] = len(seq.output), seq.key
+        return tables, RowSampling(self._sampling_arrays(by_slot), keys, steps)
+
+    def _decode(self, seqs: list[Sequence]) -> list[tuple[Sequence, int, float, float]]:
+        if any(seq.lookahead for seq in seqs):
+            return self._speculate(seqs)
+        tables, rows = self._rows(seqs)
+        s_count, v = self.engine_config.num_slots, self.config.vocab_size
+        tokens, positions, lengths = (np.zeros(s_count, np.int32) for _ in range(3))
+        slots = np.full(s_count, self._padding_slot, np.int32)
+        allowed = np.ones((s_count, v), bool)
+        for seq in seqs:
+            i, pos = seq.slot, seq.num_computed
+            tokens[i], positions[i], lengths[i] = seq.output[-1], pos, pos + 1
+            slots[i] = self._slots(tables[i], np.asarray(pos))
+            allowed[i] = self._allowed(seq)
+        s, self.cache, self.draft_cache, self._head_state, self._gen_counts = _decode_step(
+            *self._device_state(),
             tokens[:, None],
             PagedBatch(positions[:, None], slots[:, None], tables, lengths),
-            self._sampling_arrays(by_slot),
-            keys,
-            steps,
+            rows,
+            allowed,
+            draft_config=self.draft_config,
             **self._static,
         )
+        for seq in seqs:
+            self._speculation_stats[seq.speculation].forwards += 1
         out = [np.asarray(x) for x in (s.tokens, s.raw_logprobs, s.sample_logprobs)]
         return [(seq, *(x[seq.slot].item() for x in out)) for seq in seqs]
+
+    def _propose(self, seqs: list[Sequence], tables, rows: RowSampling):
+        """Every speculating row's drafts: ``(drafts[S, k], proposed[S], draft_q, sampled[S])``
+        (``draft_q[S, k, V]``: the draft model's distributions on rows where ``sampled``)."""
+        s_count, k = self.engine_config.num_slots, self.engine_config.speculation_tokens
+        drafts, proposed = np.zeros((s_count, k), np.int32), np.zeros(s_count, np.int32)
+        lookup = [s for s in seqs if s.lookahead and s.speculation == "prompt_lookup"]
+        if lookup:
+            history = np.zeros((s_count, self.max_model_len), np.int32)
+            length = np.ones(s_count, np.int32)
+            for seq in lookup:
+                history[seq.slot, : len(seq.tokens)], length[seq.slot] = seq.tokens, len(seq.tokens)
+            found = np.asarray(
+                lookup_drafts(
+                    history,
+                    np.zeros(s_count, np.int32),
+                    length,
+                    max_ngram=self.engine_config.max_ngram,
+                    gamma=k,
+                    branches=1,
+                )
+            )[:, 0]
+            _fixed_drafts(lookup, found, drafts, proposed)
+        medusa = [s for s in seqs if s.lookahead and s.speculation == "medusa"]
+        if medusa:
+            features = self._head_state.features
+            found = medusa_drafts(self.heads.medusa, self.params, features, config=self.config)
+            _fixed_drafts(medusa, np.asarray(found), drafts, proposed)
+        eagle = [s for s in seqs if s.lookahead and s.speculation == "eagle"]
+        if eagle:
+            self._eagle_drafts(eagle, tables, drafts, proposed)
+        sampled = np.zeros(s_count, bool)
+        by_model = [s for s in seqs if s.lookahead and s.speculation == "draft"]
+        if not by_model:
+            return drafts, proposed, self._no_draft_q(), sampled
+        for seq in by_model:
+            sampled[seq.slot] = True
+        q = self._model_drafts(by_model, tables, rows, drafts, proposed)
+        return drafts, proposed, q, sampled
+
+    def _no_draft_q(self):
+        k, v = self.engine_config.speculation_tokens, self.config.vocab_size
+        if self._zero_q is None:
+            self._zero_q = jnp.zeros((self.engine_config.num_slots, k, v), jnp.float32)
+        return self._zero_q
+
+    def _model_drafts(self, seqs, tables, rows: RowSampling, drafts, proposed):
+        """The draft model's tokens for ``seqs`` (into ``drafts``/``proposed``), one batched step
+        per depth over the draft's pages; returns their distributions ``[S, k, V]``."""
+        counts, qs = self._gen_counts, []
+
+        def step(depth, tokens, batch, allowed):
+            nonlocal counts
+            token, q, self.draft_cache, counts = draft_step(
+                self.draft_params,
+                self.draft_cache,
+                counts,
+                self._prompt_counts,
+                tokens,
+                batch,
+                rows,
+                depth,
+                allowed,
+                config=self.draft_config,
+                decode_attention=self._static["decode_attention"],
+                eos_id=self.eos_id,
+            )
+            qs.append(q)
+            return token
+
+        self._chain_drafts(seqs, tables, drafts, proposed, step)
+        q = jnp.stack(qs, axis=1)
+        return jnp.pad(q, ((0, 0), (0, self.engine_config.speculation_tokens - len(qs)), (0, 0)))
+
+    def _eagle_drafts(self, seqs, tables, drafts, proposed) -> None:
+        """EAGLE's tokens for ``seqs``: one batched step per depth over the layer's pages, from
+        each root and its kept feature, then each draft and the feature predicted before it."""
+        features = self._head_state.features
+
+        def step(depth, tokens, batch, allowed):
+            nonlocal features
+            token, features, eagle_cache = eagle_step(
+                self.heads.eagle,
+                self.params,
+                self._head_state.eagle_cache,
+                tokens,
+                features,
+                batch,
+                allowed,
+                config=self.config,
+                decode_attention=self._static["decode_attention"],
+            )
+            self._head_state = self._head_state._replace(eagle_cache=eagle_cache)
+            return token
+
+        self._chain_drafts(seqs, tables, drafts, proposed, step)
+
+    def _chain_drafts(self, seqs, tables, drafts, proposed, step) -> None:
+        """Autoregressive drafts for ``seqs`` into ``drafts``/``proposed``: ``step(depth,
+        tokens[S, 1], batch, allowed[S, V])`` gives each row's next token from its last (the root
+        at depth 0), within its automaton's mask."""
+        s_count, v = self.engine_config.num_slots, self.config.vocab_size
+        states = {s.slot: s.state for s in seqs}
+        for depth in range(self.engine_config.speculation_tokens):
+            tokens, positions, lengths = (np.zeros(s_count, np.int32) for _ in range(3))
+            slots = np.full(s_count, self._padding_slot, np.int32)
+            allowed = np.ones((s_count, v), bool)
+            for seq in seqs:
+                if depth >= seq.lookahead:
+                    continue
+                i, pos = seq.slot, seq.num_computed + depth
+                tokens[i] = seq.output[-1] if depth == 0 else drafts[i, depth - 1]
+                positions[i], lengths[i] = pos, pos + 1
+                slots[i] = self._slots(tables[i], np.asarray(pos))
+                if seq.constraint is not None:
+                    allowed[i] = seq.constraint.allowed[states[i]]
+            if not lengths.any():
+                break
+            batch = PagedBatch(positions[:, None], slots[:, None], tables, lengths)
+            token = np.asarray(step(depth, tokens[:, None], batch, allowed))
+            for seq in seqs:
+                i = seq.slot
+                if depth < seq.lookahead:
+                    drafts[i, depth], proposed[i] = token[i], depth + 1
+                    if seq.constraint is not None:
+                        states[i] = int(seq.constraint.next_state[states[i], token[i]])
+
+    def _speculate(self, seqs: list[Sequence]) -> list[tuple[Sequence, int, float, float]]:
+        """One verification step over every decoding row (``speculation.verify_step``)."""
+        tables, rows = self._rows(seqs)
+        drafts, proposed, draft_q, sampled = self._propose(seqs, tables, rows)
+        s_count, v = self.engine_config.num_slots, self.config.vocab_size
+        t = self.engine_config.speculation_tokens + 1
+        tokens, positions = np.zeros((s_count, t), np.int32), np.zeros((s_count, t), np.int32)
+        slots = np.full((s_count, t), self._padding_slot, np.int32)
+        lengths = np.zeros(s_count, np.int32)
+        allowed = np.ones((s_count, t, v), bool)
+        for seq in seqs:  # left-padded: the root, then the row's drafts, end each row
+            i, n, pos = seq.slot, proposed[seq.slot], seq.num_computed
+            block = np.concatenate([[seq.output[-1]], drafts[i, :n]])
+            where = np.arange(pos, pos + n + 1)
+            tokens[i, t - n - 1 :], positions[i, t - n - 1 :] = block, where
+            slots[i, t - n - 1 :] = self._slots(tables[i], where)
+            lengths[i] = pos + n + 1
+            if seq.constraint is not None:
+                allowed[i] = seq.constraint.masks(seq.state, drafts[i, :n], t)
+        out, self.cache, self.draft_cache, self._head_state, self._gen_counts = verify_step(
+            *self._device_state(),
+            tokens,
+            PagedBatch(positions, slots, tables, lengths),
+            rows,
+            proposed,
+            drafts,
+            draft_q,
+            sampled,
+            allowed,
+            draft_config=self.draft_config,
+            **self._static,
+        )
+        emitted, accepted, sample_lp, raw_lp = (np.asarray(x) for x in out)
+        events = []
+        for seq in seqs:
+            i = seq.slot
+            stats = self._speculation_stats[seq.speculation]
+            stats.forwards += 1
+            stats.proposed += int(proposed[i])
+            stats.accepted += int(accepted[i])
+            events += [
+                (seq, int(emitted[i, j]), float(raw_lp[i, j]), float(sample_lp[i, j]))
+                for j in range(accepted[i] + 1)
+            ]
+        return events
 
     def _finish_reason(self, seq: Sequence) -> str | None:
         token, p = seq.output[-1], seq.params
@@ -553,6 +937,8 @@ class Engine:
         seq.num_computed = len(seq.prompt) + len(seq.output)
         self.blocks.commit(seq.request_id, seq.tokens, seq.num_computed)
         seq.output.append(token)
+        if seq.constraint is not None:
+            seq.state = int(seq.constraint.next_state[seq.state, token])
         seq.logprobs.append(logprob)
         seq.sample_logprobs.append(sample_logprob)
         now = time.perf_counter()

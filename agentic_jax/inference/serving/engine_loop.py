@@ -59,12 +59,13 @@ class EngineLoop:
         if self._thread is not None and self._thread.is_alive():
             self._thread.join(timeout=10)
 
-    def submit(self, prompt: Sequence[int], params: SamplingParams) -> RequestEvents:
-        """Queues a request; iterate the result for its token events (errors are raised), and
+    def submit(self, prompt: Sequence[int], params: SamplingParams, **options) -> RequestEvents:
+        """Queues a request (``options``: the rest of :class:`Request`'s fields, a constraint or
+        a way to speculate); iterate the result for its token events (errors are raised), and
         ``close()`` it to abort the request before its last event."""
         self._revive()
         outbox: queue.SimpleQueue = queue.SimpleQueue()
-        request = Request(list(prompt), params, f"chat-{next(self._ids)}")
+        request = Request(list(prompt), params, f"chat-{next(self._ids)}", **options)
         self._inbox.put((request, outbox))
         return RequestEvents(self, request.request_id, outbox)
 

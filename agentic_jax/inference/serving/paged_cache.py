@@ -161,6 +161,28 @@ def paged_attend(config: TransformerConfig, batch: PagedBatch, decode_attention:
     return attend
 
 
+def paged_hidden(
+    params,
+    config: TransformerConfig,
+    cache: PagedKVCache | PagedLatentCache,
+    tokens,
+    batch: PagedBatch,
+    *,
+    decode_attention: Callable = paged_attention_reference,
+):
+    """Runs ``tokens[B, T]`` through the model against the cache; returns their final-norm
+    hidden states ``[B, T, D]`` (what draft heads read) and the cache with their K/V written."""
+    h, pages = hidden_states(
+        params,
+        config,
+        tokens,
+        positions=batch.positions,
+        attend=paged_attend(config, batch, decode_attention),
+        layer_state=tuple(cache),
+    )
+    return h, type(cache)(*pages)
+
+
 def paged_forward(
     params,
     config: TransformerConfig,
@@ -170,14 +192,7 @@ def paged_forward(
     *,
     decode_attention: Callable = paged_attention_reference,
 ):
-    """Runs ``tokens[B, T]`` through the model against the cache; returns the float32 logits
-    ``[B, V]`` of each row's last token and the cache with the tokens' K/V written."""
-    h, pages = hidden_states(
-        params,
-        config,
-        tokens,
-        positions=batch.positions,
-        attend=paged_attend(config, batch, decode_attention),
-        layer_state=tuple(cache),
-    )
-    return logits_from_hidden(params, config, h[:, -1:])[:, 0], type(cache)(*pages)
+    """:func:`paged_hidden`, returning the float32 logits ``[B, V]`` of each row's last token
+    and the cache with the tokens' K/V written."""
+    h, cache = paged_hidden(params, config, cache, tokens, batch, decode_attention=decode_attention)
+    return logits_from_hidden(params, config, h[:, -1:])[:, 0], cache

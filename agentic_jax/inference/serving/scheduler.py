@@ -4,11 +4,13 @@ Orca (Yu et al. 2022) schedules per *iteration* rather than per batch: a finishe
 leaves, and a waiting one takes its slot, at the very next step, so short requests never wait for
 the longest one in their batch.  The policy here is vLLM's:
 
-* Every running sequence decodes one token per step.  If the block pool cannot hold its next
-  token, the most recently admitted running sequence is **preempted by recompute**: its blocks are
-  freed and it goes back to the front of the queue, to be prefilled again (prompt plus what it has
-  generated) when memory frees up.  Recompute beats swapping to host memory for short contexts and
-  needs no second memory tier; with prefix caching the recompute is often a cache hit.
+* Every running sequence decodes one token per step (a speculating one reserves its
+  ``lookahead`` draft positions too, or none if the pool cannot hold them).  If the block pool
+  cannot hold its next token, the most recently admitted running sequence is **preempted by
+  recompute**: its blocks are freed and it goes back to the front of the queue, to be prefilled
+  again (prompt plus what it has generated) when memory frees up.  Recompute beats swapping to
+  host memory for short contexts and needs no second memory tier; with prefix caching the
+  recompute is often a cache hit.
 * Waiting sequences are admitted strictly first-come first-served while a slot is free and the
   pool can hold the sequence's prompt (keeping ``watermark_blocks`` spare for the running ones to
   grow).  A sequence that does not fit blocks those behind it, so a large request cannot be
@@ -55,6 +57,10 @@ class Sequence:
     first_token_time: float | None = None
     preemptions: int = 0
     finish_reason: str | None = None
+    speculation: str = "none"  # how its tokens are proposed (the engine's SPECULATION)
+    constraint: object | None = None  # the engine's host tables of its token automaton
+    state: int = 0  # the automaton's state after every output token
+    lookahead: int = 0  # draft positions to reserve beyond the next token (0: no room)
 
     @property
     def tokens(self) -> list[int]:
@@ -128,9 +134,11 @@ class Scheduler:
             if seq.slot is None:  # preempted for an earlier sequence of this loop
                 continue
             pos = seq.num_computed
+            end = pos + 1 + seq.lookahead
+            if self.blocks.blocks_to_write(seq.request_id, pos, end) > self.blocks.num_free_blocks:
+                seq.lookahead, end = 0, pos + 1  # no room to speculate: one token, as any other
             while (
-                self.blocks.blocks_to_write(seq.request_id, pos, pos + 1)
-                > self.blocks.num_free_blocks
+                self.blocks.blocks_to_write(seq.request_id, pos, end) > self.blocks.num_free_blocks
             ):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -138,7 +146,7 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                copies[seq.request_id] = self.blocks.prepare_write(seq.request_id, pos, pos + 1)
+                copies[seq.request_id] = self.blocks.prepare_write(seq.request_id, pos, end)
                 decodes.append(seq)
         prefills = []
         if not preempted and not (self.static and self.running):
