@@ -12,7 +12,13 @@ import pytest
 from hf_oracle import TINY, hf_logits, hf_model, load_hf_model, our_logits, random_params
 from safetensors.numpy import load_file, save_file
 
-from agentic_jax.data.chat_template import chat_template
+from agentic_jax.data.chat import ToolSpec, render, with_tools
+from agentic_jax.data.chat_template import (
+    BUILTIN_JINJA,
+    BuiltinChatTemplate,
+    JinjaChatTemplate,
+    chat_template,
+)
 from agentic_jax.data.documents import write_documents
 from agentic_jax.data.tokenizer import Tokenizer, load_tokenizer, train_tokenizer
 from agentic_jax.models import TransformerConfig
@@ -250,6 +256,44 @@ def test_transformers_renders_a_tokenizers_own_chat_template_as_we_do(tokenizer,
     back = load_tokenizer(tmp_path)
     assert back.chat_template == QWEN_STYLE and back.fingerprint == ours.fingerprint
     assert back.named_tokens == ours.named_tokens
+
+
+def test_transformers_renders_the_builtin_template_of_our_tokenizer_as_we_do(tokenizer, tmp_path):
+    """The project's tokenizer has no template of its own: the export carries ``BUILTIN_JINJA``,
+    which transformers renders to ``data.chat``'s text, with the assistant mask of its
+    ``{% generation %}`` blocks; loaded back, the tokenizer trains with the Python renderer."""
+    transformers = pytest.importorskip("transformers")
+    assert tokenizer.chat_template is None
+    _export(tmp_path, tokenizer)
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    conversation = [*CONVERSATION, {"role": "assistant", "content": 'It is "5".\nDone ✓'}]
+    specs = [ToolSpec.from_openai(t) for t in TOOLS]
+    for prompt in (False, True):
+        expected = render(with_tools(conversation, specs), add_generation_prompt=prompt)
+        rendered = hf_tokenizer.apply_chat_template(
+            conversation, tools=TOOLS, add_generation_prompt=prompt, tokenize=False
+        )
+        assert rendered == expected
+        out = hf_tokenizer.apply_chat_template(
+            conversation,
+            tools=TOOLS,
+            add_generation_prompt=prompt,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+        )
+        ours = JinjaChatTemplate(BUILTIN_JINJA).render_ids(
+            conversation, tokenizer, tools=TOOLS, add_generation_prompt=prompt
+        )
+        assert list(out["input_ids"]) == ours.ids.tolist() == tokenizer.encode(expected)
+        assert list(out["assistant_masks"]) == ours.assistant_mask.tolist()
+        trained = tokenizer.decode([i for i, m in zip(ours.ids, ours.assistant_mask) if m])
+        assert trained == (
+            '<tool_call>\n{"name": "calc", "arguments": {"x": 1}}\n</tool_call><|im_end|>'
+            'It is "5".\nDone ✓<|im_end|>'
+        )
+    back = load_tokenizer(tmp_path)
+    assert back.chat_template == BUILTIN_JINJA
+    assert isinstance(chat_template(back), BuiltinChatTemplate)
 
 
 def test_sampling_defaults_are_checked_before_anything_is_written(tokenizer, tmp_path):

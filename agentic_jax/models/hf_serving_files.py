@@ -4,8 +4,9 @@ template) and ``generation_config.json`` (the special-token ids and the sampling
 
 ``transformers``' ``AutoTokenizer`` and vLLM read the first two, ``generate`` and vLLM's default
 sampling read the third.  The chat template is the tokenizer's own (one loaded with a Hugging Face
-``tokenizer_config.json`` carries it); a tokenizer without one (the project's own, whose built-in
-template ``data.chat`` renders in Python) is written without ``chat_template``.
+``tokenizer_config.json`` carries it); a tokenizer without one that has this project's special
+tokens (the project's own) gets the built-in template as Jinja (``chat_template.BUILTIN_JINJA``,
+which transformers renders to the text ``data.chat`` renders), any other none.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agentic_jax.data.tokenizer import IM_END, Tokenizer
+from agentic_jax.data.chat_template import BUILTIN_JINJA
+from agentic_jax.data.tokenizer import IM_END, SPECIAL_TOKENS, Tokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -36,8 +38,9 @@ SAMPLING_FIELDS = (
 def tokenizer_config(tokenizer: Tokenizer, max_length: int) -> dict:
     """``tokenizer_config.json``: the named special tokens, every added token (the
     ``added_tokens_decoder``, with its flags) and the chat template (a string, or
-    transformers' list of named templates).  ``add_bos_token`` is left to the ``tokenizer.json``'s
-    post-processor, which both transformers and ``load_tokenizer`` read it from."""
+    transformers' list of named templates; the built-in one for this project's tokenizer).
+    ``add_bos_token`` is left to the ``tokenizer.json``'s post-processor, which both
+    transformers and ``load_tokenizer`` read it from."""
     added = {
         str(i): {
             "content": t.content,
@@ -50,6 +53,8 @@ def tokenizer_config(tokenizer: Tokenizer, max_length: int) -> dict:
         for i, t in sorted(tokenizer.backend.get_added_tokens_decoder().items())
     }
     template = tokenizer.chat_template
+    if template is None and set(SPECIAL_TOKENS) <= set(tokenizer.special_ids):
+        template = BUILTIN_JINJA  # the template this project renders the tokenizer's chats with
     if isinstance(template, Mapping):
         template = [{"name": name, "template": source} for name, source in template.items()]
     config = {

@@ -7,7 +7,8 @@ tokens the preference is about: the assistant's), and a ``weight [P]`` (a pair's
 batch loss).  Every row is right-padded to the same ``L`` (the env's ``max_length``), so one
 compiled program serves every batch; held-out sets go through it in padded chunks
 (`evaluate_loss`, `map_rows`).  `Progress` is what the pair trainers checkpoint: the train state
-and how far they have read.
+and how far they have read.  KTO's unpaired batch (`unpaired_rows`) has the same layout with
+``completion`` / ``mismatched`` rows and a ``desirable [N]`` label in place of the pair's sides.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from agentic_jax.data.chat import render_ids, with_tools
-from agentic_jax.data.datasets import Preference, read_preferences
+from agentic_jax.data.chat import Message, render_ids, with_tools
+from agentic_jax.data.datasets import Preference, Unpaired, read_preferences, read_unpaired
 from agentic_jax.data.tokenizer import Tokenizer
 from agentic_jax.envs.text import demonstration_batch
 from agentic_jax.post_training.tasks import TaskSpec
@@ -42,33 +43,78 @@ def task_pairs(spec: TaskSpec, tokenizer: Tokenizer, split: str = "train") -> di
     }
 
 
+def completion_row(
+    prompt: Sequence[Message], completion: Sequence[Message], tokenizer: Tokenizer, length: int
+) -> tuple[np.ndarray, np.ndarray, str | None]:
+    """``(ids [length], mask [length], problem)`` of ``prompt`` continued by ``completion``: the
+    mask covers the completion's assistant tokens only (not those of a multi-turn prompt);
+    ``problem`` says why the row cannot train (too long, nothing to learn), else None."""
+    ids, mask = np.zeros(length, np.int32), np.zeros(length, np.int32)
+    start = len(render_ids(prompt, tokenizer).ids)
+    rendered = render_ids([*prompt, *completion], tokenizer)
+    if len(rendered.ids) > length:
+        return ids, mask, f"takes {len(rendered.ids)} tokens with its prompt > {length}"
+    ids[: len(rendered.ids)] = rendered.ids
+    mask[: len(rendered.ids)] = np.where(
+        np.arange(len(rendered.ids)) < start, 0, rendered.assistant_mask
+    )
+    return ids, mask, None if mask.any() else "has no assistant turn to learn from"
+
+
 def record_pairs(
     records: Sequence[Preference], tokenizer: Tokenizer, length: int
 ) -> dict[str, np.ndarray]:
     """One pair per record (``data.datasets.read_preferences``): its prompt, with its tools in
-    the system message, continued by ``chosen`` and by ``rejected``, rows of ``length`` tokens;
-    the masks cover the completions' assistant tokens only (not those of a multi-turn prompt)."""
+    the system message, continued by ``chosen`` and by ``rejected``, rows of ``length`` tokens
+    (`completion_row`)."""
     batch = {
         key: np.zeros((len(records), length), np.int32)
         for key in ("chosen", "chosen_mask", "rejected", "rejected_mask")
     }
     for row, record in enumerate(records):
         prompt = with_tools(record.prompt, record.tools)
-        start = len(render_ids(prompt, tokenizer).ids)
         for side in ("chosen", "rejected"):
-            rendered = render_ids([*prompt, *getattr(record, side)], tokenizer)
-            if len(rendered.ids) > length:
-                raise record.source.error(
-                    side, f"prompt and {side} take {len(rendered.ids)} tokens > {length}"
-                )
-            mask = np.where(np.arange(len(rendered.ids)) < start, 0, rendered.assistant_mask)
-            if not mask.any():
-                raise record.source.error(side, "has no assistant turn to learn from")
-            batch[side][row, : len(mask)], batch[f"{side}_mask"][row, : len(mask)] = (
-                rendered.ids,
-                mask,
-            )
+            ids, mask, problem = completion_row(prompt, getattr(record, side), tokenizer, length)
+            if problem:
+                raise record.source.error(side, problem)
+            batch[side][row], batch[f"{side}_mask"][row] = ids, mask
     return {**batch, "weight": np.ones(len(records), np.float32)}
+
+
+def unpaired_rows(
+    records: Sequence[Unpaired], tokenizer: Tokenizer, length: int
+) -> dict[str, np.ndarray]:
+    """KTO's batch (``data.datasets.read_unpaired``): per record its ``completion`` row (prompt
+    and completion, `completion_row`), ``desirable [N]`` (1.0 or 0.0), and a ``mismatched`` row
+    (its prompt continued by the previous record's completion, TRL's shift) from which the
+    trainer estimates KTO's reference point KL(π ‖ π_ref); rows of ``length`` tokens."""
+    if len(records) < 2:
+        raise ValueError(
+            f"KTO estimates its reference point from mismatched prompts and completions: "
+            f"{records[0].source.path if records else 'the file'} needs >= 2 records"
+        )
+    batch = {
+        key: np.zeros((len(records), length), np.int32)
+        for key in ("completion", "completion_mask", "mismatched", "mismatched_mask")
+    }
+    for row, record in enumerate(records):
+        prompt = with_tools(record.prompt, record.tools)
+        ids, mask, problem = completion_row(prompt, record.completion, tokenizer, length)
+        if problem:
+            raise record.source.error("completion", problem)
+        batch["completion"][row], batch["completion_mask"][row] = ids, mask
+        other = records[row - 1].completion
+        ids, mask, problem = completion_row(prompt, other, tokenizer, length)
+        if problem:
+            raise record.source.error(
+                "prompt", f"with the previous record's completion (KTO's KL row) {problem}"
+            )
+        batch["mismatched"][row], batch["mismatched_mask"][row] = ids, mask
+    return {
+        **batch,
+        "desirable": np.asarray([r.desirable for r in records], np.float32),
+        "weight": np.ones(len(records), np.float32),
+    }
 
 
 def pair_splits(
@@ -76,16 +122,22 @@ def pair_splits(
     tokenizer: Tokenizer,
     pairs_file: str | None = None,
     heldout_file: str | None = None,
+    *,
+    unpaired: bool = False,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray] | None]:
     """``(train, heldout)`` pair batches of ``spec.max_length`` tokens: the pairs of the
     preference files (JSONL or Parquet in TRL's formats) when ``pairs_file`` is given (held out:
-    ``heldout_file``'s, or None), else :func:`task_pairs` of both splits."""
+    ``heldout_file``'s, or None), else :func:`task_pairs` of both splits.  ``unpaired``: the
+    files hold KTO's labelled completions instead, read into :func:`unpaired_rows`."""
     if pairs_file is None:
+        if unpaired:
+            raise ValueError("KTO trains on labelled completions: set unpaired_file")
         if heldout_file is not None:
             raise ValueError("heldout_pairs_file is set without pairs_file")
         return task_pairs(spec, tokenizer, "train"), task_pairs(spec, tokenizer, "heldout")
+    read, rows = (read_unpaired, unpaired_rows) if unpaired else (read_preferences, record_pairs)
     train, heldout = (
-        record_pairs(read_preferences(path), tokenizer, spec.max_length) if path else None
+        rows(read(path), tokenizer, spec.max_length) if path else None
         for path in (pairs_file, heldout_file)
     )
     return train, heldout

@@ -11,6 +11,10 @@ IPO, SimPO, ORPO, KTO-pair and the rest, each with its formula in ``rl/preferenc
   seeded order every epoch.  The reference model (``init_from``'s, frozen) gives its log-probs
   once for the whole set (``precompute_reference``) or batch by batch; reference-free losses
   (simpo, orpo, cpo, alphapo) need none.
+* **KTO** (Ethayarajh et al. 2024, arXiv:2402.01306): ``loss_type="kto"`` trains on a file of
+  unpaired completions each labelled desirable or not (``unpaired_file``) with `UnpairedObjective`
+  through the same loop and update: the batch's KL reference point comes from each prompt
+  continued by the previous record's completion (``pairs.unpaired_rows``).
 * **Online** (online DPO; Guo et al. 2024, "Direct Language Model Alignment from Online AI
   Feedback", arXiv:2402.04792; Xu et al. 2023, iterative/self-rewarding DPO): each step samples
   ``samples_per_prompt`` episodes of each prompt with the current policy in the task's
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import gin
 import jax
@@ -64,7 +68,14 @@ from agentic_jax.post_training.reward import RewardModel, load_reward_model
 from agentic_jax.post_training.rollout import collect
 from agentic_jax.post_training.runner import TrainerRun
 from agentic_jax.post_training.tasks import TaskSpec
-from agentic_jax.rl import REFERENCE_FREE_LOSSES, preference_loss, preference_metrics
+from agentic_jax.rl import (
+    KTO_LOSSES,
+    REFERENCE_FREE_LOSSES,
+    kto_loss,
+    kto_reference_point,
+    preference_loss,
+    preference_metrics,
+)
 from agentic_jax.training.optim import make_optimizer, make_schedule
 from agentic_jax.training.update import FullFinetune, make_update, router_metrics
 
@@ -88,11 +99,15 @@ class PairObjective:
     beta: float = 0.1
     label_smoothing: float = 0.0
     options: tuple[tuple[str, Any], ...] = ()
+    rows: ClassVar = ("chosen", "rejected")  # the batch's two row sets, as `completion_logps` reads
+    labels: ClassVar = ()  # further per-row batch entries the loss reads
+    stat_names: ClassVar = STAT_NAMES
 
     def __post_init__(self):
         object.__setattr__(self, "options", tuple(sorted(dict(self.options).items())))
         pair = jax.ShapeDtypeStruct((2,), jnp.float32)
-        jax.eval_shape(self, *[pair] * 6)  # raises on a bad setting, before any work (nothing runs)
+        # raises on a bad setting, before any work (nothing runs)
+        jax.eval_shape(self, *[pair] * (6 + len(self.labels)))
 
     @property
     def needs_reference(self) -> bool:
@@ -137,29 +152,90 @@ class PairObjective:
         return losses, stats
 
 
+@dataclasses.dataclass(frozen=True)
+class UnpairedObjective(PairObjective):
+    """KTO (Ethayarajh et al. 2024, arXiv:2402.01306) on an unpaired batch (`pairs.unpaired_rows`):
+    ``rl.kto_loss`` of each labelled completion, ``λ_D·(1 − σ(β(ρ − z₀)))`` if desirable, else
+    ``λ_U·(1 − σ(β(z₀ − ρ)))`` with ``ρ = log π(y|x) − log π_ref(y|x)``; the reference point
+    ``z₀ = sg(max(0, mean(log π − log π_ref)))`` is the batch's estimate of KL(π ‖ π_ref) from its
+    mismatched rows (``rl.kto_reference_point``).  ``options``: ``desirable_weight`` (λ_D),
+    ``undesirable_weight`` (λ_U).  ``loss_type`` ``apo_zero_unpaired`` (APO-zero) needs no z₀."""
+
+    loss_type: str = "kto"
+    rows: ClassVar = ("completion", "mismatched")
+    labels: ClassVar = ("desirable",)
+    stat_names: ClassVar = {
+        "margin": "rewards/margins",  # ±β(ρ − z₀), + for desirable rows
+        "correct": "rewards/accuracies",  # the sign agrees with the label
+        "kl": "kl",  # z₀
+        "logp": "logps/completion",
+    }
+
+    @property
+    def needs_reference(self) -> bool:
+        return True
+
+    def __call__(self, logps, kl_logps, ref_logps, ref_kl_logps, lengths, kl_lengths, desirable):
+        """``(losses [B], stats)`` from summed completion log-probs ``[B]`` of the labelled and the
+        mismatched rows and the labels ``desirable [B]``; ``stats`` keyed as ``stat_names``."""
+        del lengths, kl_lengths
+        if self.label_smoothing:
+            raise ValueError(f"loss_type={self.loss_type!r} has no label_smoothing")
+        z0 = kto_reference_point(kl_logps, ref_kl_logps)
+        losses = kto_loss(
+            logps,
+            ref_logps,
+            desirable,
+            loss_type=self.loss_type,
+            beta=self.beta,
+            reference_point=z0,
+            **dict(self.options),
+        )
+        sign = 2.0 * jnp.asarray(desirable, jnp.float32) - 1.0
+        margin = jax.lax.stop_gradient(sign * self.beta * (logps - ref_logps - z0))
+        stats = {
+            "margin": margin,
+            "correct": (margin > 0).astype(jnp.float32),
+            "kl": jnp.broadcast_to(z0, logps.shape),
+            "logp": jax.lax.stop_gradient(logps),
+        }
+        return losses, stats
+
+
+def objective_for(
+    loss_type: str, beta: float, label_smoothing: float, options: dict | None
+) -> PairObjective:
+    """The objective of ``loss_type``: `UnpairedObjective` for KTO's losses, else `PairObjective`."""
+    kind = UnpairedObjective if loss_type in KTO_LOSSES else PairObjective
+    return kind(loss_type, beta, label_smoothing, tuple((options or {}).items()))
+
+
 def completion_logps(
-    params, config: TransformerConfig, batch
+    params, config: TransformerConfig, batch, rows: tuple[str, str] = PairObjective.rows
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """``(chosen, rejected, chosen_lengths, rejected_lengths)`` of a pair batch, one forward pass."""
-    tokens = jnp.concatenate([batch["chosen"], batch["rejected"]])
-    mask = jnp.concatenate([batch["chosen_mask"], batch["rejected_mask"]])
+    """``(first, second, first_lengths, second_lengths)``, summed log-probs and lengths of the
+    batch's two row sets ``rows`` (a pair's chosen and rejected), one forward pass."""
+    tokens = jnp.concatenate([batch[rows[0]], batch[rows[1]]])
+    mask = jnp.concatenate([batch[f"{rows[0]}_mask"], batch[f"{rows[1]}_mask"]])
     logps, lengths = sequence_logprobs(params, config, tokens, mask)
     return (*jnp.split(logps, 2), *jnp.split(lengths, 2))
 
 
 def pair_loss(config: TransformerConfig, objective: PairObjective):
-    """``loss(params, batch, key) -> (Σ w·loss, Σ w, weighted stat sums)`` over a pair batch with
-    ``weight``s and, for reference-based losses, ``ref_chosen`` / ``ref_rejected``."""
+    """``loss(params, batch, key) -> (Σ w·loss, Σ w, weighted stat sums)`` over a pair batch
+    (the objective's ``rows`` and ``labels``) with ``weight``s and, for reference-based losses,
+    ``ref_<row>`` of both rows (``ref_chosen`` / ``ref_rejected``)."""
 
     def loss(params, batch, key):
         del key
-        chosen, rejected, chosen_lengths, rejected_lengths = completion_logps(params, config, batch)
+        first, second, *lengths = completion_logps(params, config, batch, objective.rows)
         refs = (
-            (batch["ref_chosen"], batch["ref_rejected"])
+            tuple(batch[f"ref_{row}"] for row in objective.rows)
             if objective.needs_reference
             else (None, None)
         )
-        losses, stats = objective(chosen, rejected, *refs, chosen_lengths, rejected_lengths)
+        labels = [batch[label] for label in objective.labels]
+        losses, stats = objective(first, second, *refs, *lengths, *labels)
         weight = batch["weight"]
         return (
             jnp.sum(weight * losses),
@@ -170,12 +246,12 @@ def pair_loss(config: TransformerConfig, objective: PairObjective):
     return loss
 
 
-def describe(loss, count, sums, prefix: str = "") -> dict[str, float]:
-    """Logged means (``loss`` and the ``STAT_NAMES``) from a loss's count and stat sums."""
+def describe(loss, count, sums, prefix: str = "", names=STAT_NAMES) -> dict[str, float]:
+    """Logged means (``loss`` and the stats ``names``) from a loss's count and stat sums."""
     count = max(float(count), 1e-9)
     return {
         f"{prefix}loss": float(loss),
-        **{f"{prefix}{name}": float(sums[key]) / count for key, name in STAT_NAMES.items()},
+        **{f"{prefix}{name}": float(sums[key]) / count for key, name in names.items()},
     }
 
 
@@ -238,6 +314,8 @@ def train_preference(
     tasks: TaskSpec = TaskSpec(),
     pairs_file: str | None = None,
     heldout_pairs_file: str | None = None,
+    unpaired_file: str | None = None,
+    heldout_unpaired_file: str | None = None,
     loss_type: str = "sigmoid",
     beta: float = 0.1,
     label_smoothing: float = 0.0,
@@ -261,14 +339,30 @@ def train_preference(
 
     See the module docstring.  ``pairs_file`` (held out: ``heldout_pairs_file``) replaces the
     tasks' offline pairs with a file's (JSONL or Parquet in TRL's preference formats, see
-    ``data.datasets``).  ``loss_options`` holds further ``rl.preference_loss`` arguments;
+    ``data.datasets``).  ``loss_type`` ``kto`` (or ``apo_zero_unpaired``) trains instead on
+    ``unpaired_file``'s labelled completions (TRL's KTO format; held out:
+    ``heldout_unpaired_file``) with `UnpairedObjective`, the batch's reference point estimated
+    from each prompt continued by the previous record's completion.  ``loss_options`` holds
+    further ``rl.preference_loss`` (or ``rl.kto_loss``: ``desirable_weight``, ...) arguments;
     ``online`` samples ``samples_per_prompt`` episodes per prompt at ``temperature`` and ranks
     them by the verifier or by ``reward_model``; ``precompute_reference`` applies offline.
     ``eval_every`` > 0 evaluates the loss and implicit-reward accuracy on the held-out pairs
     every that many steps and at the end.  Resumes from the latest checkpoint in ``workdir``.
     Returns the final metrics.
     """
-    objective = PairObjective(loss_type, beta, label_smoothing, tuple((loss_options or {}).items()))
+    objective = objective_for(loss_type, beta, label_smoothing, loss_options)
+    unpaired = isinstance(objective, UnpairedObjective)
+    if unpaired and (online or pairs_file or heldout_pairs_file):
+        raise ValueError(
+            f"loss_type={loss_type!r} trains offline on unpaired_file's labelled completions; "
+            "drop online, pairs_file and heldout_pairs_file"
+        )
+    if not unpaired and (unpaired_file or heldout_unpaired_file):
+        raise ValueError(
+            f"unpaired_file holds KTO's labelled completions: set loss_type to one of {KTO_LOSSES}"
+        )
+    if unpaired:
+        pairs_file, heldout_pairs_file = unpaired_file, heldout_unpaired_file
     if online and samples_per_prompt < 2:
         raise ValueError(
             f"online training ranks samples_per_prompt >= 2 samples, got {samples_per_prompt}"
@@ -278,7 +372,10 @@ def train_preference(
     if online and pairs_file is not None:
         raise ValueError("pairs_file holds offline pairs; set online=False or drop pairs_file")
     if eval_every and pairs_file is not None and heldout_pairs_file is None:
-        raise ValueError("eval_every > 0 evaluates held-out pairs: set heldout_pairs_file")
+        raise ValueError(
+            "eval_every > 0 evaluates held-out pairs: set "
+            + ("heldout_unpaired_file" if unpaired else "heldout_pairs_file")
+        )
     config, base, tokenizer = load_checkpoint(init_from)
     context = tasks.context_length if online else tasks.max_length
     if config.max_seq_len < context:
@@ -294,14 +391,16 @@ def train_preference(
         )
 
     reference = jax.jit(
-        lambda params, batch: jnp.stack(completion_logps(params, config, batch)[:2], axis=1)
+        lambda params, batch: jnp.stack(
+            completion_logps(params, config, batch, objective.rows)[:2], axis=1
+        )
     )
 
     def with_reference(batch):
         if not objective.needs_reference:
             return batch
         logps = np.asarray(map_rows(lambda chunk: reference(base, chunk), batch, prompts_per_step))
-        return {**batch, "ref_chosen": logps[:, 0], "ref_rejected": logps[:, 1]}
+        return {**batch, **{f"ref_{row}": logps[:, i] for i, row in enumerate(objective.rows)}}
 
     if online:
         env = tasks.env(tokenizer, "train")
@@ -309,7 +408,9 @@ def train_preference(
         sampling = SamplingParams(temperature=temperature)
         heldout = task_pairs(tasks, tokenizer, "heldout") if eval_every else None
     else:
-        train, heldout = pair_splits(tasks, tokenizer, pairs_file, heldout_pairs_file)
+        train, heldout = pair_splits(
+            tasks, tokenizer, pairs_file, heldout_pairs_file, unpaired=unpaired
+        )
         size = len(train["weight"])
         if precompute_reference:
             train = with_reference(train)
@@ -373,7 +474,9 @@ def train_preference(
                 metrics = jax.device_get(metrics)
                 last.update(
                     {
-                        **describe(metrics["loss"], metrics["count"], metrics),
+                        **describe(
+                            metrics["loss"], metrics["count"], metrics, names=objective.stat_names
+                        ),
                         "grad_norm": float(metrics["grad_norm"]),
                         "lr": float(schedule(state.step - 1)),
                         "training_seconds": time.perf_counter() - train_start,
@@ -385,7 +488,7 @@ def train_preference(
                 held = evaluate_loss(
                     evaluate, finetune.model_params(state.params, frozen), heldout, prompts_per_step
                 )
-                last.update(describe(*held, prefix="eval_"))
+                last.update(describe(*held, prefix="eval_", names=objective.stat_names))
                 bar.write(
                     f"step {step}: held-out loss {last['eval_loss']:.4f}, "
                     f"accuracy {last['eval_rewards/accuracies']:.3f}"

@@ -24,6 +24,7 @@ from agentic_jax.envs.text import (
     Generator,
     MultiHop,
     MultiSessionRecall,
+    PromptFile,
     TextEnv,
     TurnRewards,
     task_env,
@@ -34,6 +35,7 @@ gin.external_configurable(Countdown, module="agentic_jax.envs.text")
 gin.external_configurable(MultiHop, module="agentic_jax.envs.text")
 gin.external_configurable(CorpusQA, module="agentic_jax.envs.text")
 gin.external_configurable(MultiSessionRecall, module="agentic_jax.envs.text")
+gin.external_configurable(PromptFile, module="agentic_jax.envs.text")
 gin.external_configurable(TurnRewards, module="agentic_jax.envs.text")
 gin.external_configurable(Coding, module="agentic_jax.envs.coding")
 

@@ -31,6 +31,7 @@ from agentic_jax.envs.text.env import (
 )
 from agentic_jax.envs.text.generators import Arithmetic, Countdown, Generator, MultiHop, task_env
 from agentic_jax.envs.text.memory import MemoryEnv, MultiSessionRecall, Recall, Remember
+from agentic_jax.envs.text.prompt_file import VERIFIERS, PromptFile
 from agentic_jax.envs.text.rewards import (
     ByFamily,
     CountdownAnswer,
@@ -63,6 +64,7 @@ from agentic_jax.envs.text.tools import (
 from agentic_jax.envs.text.vocab import Vocab, detokenize, encode_int
 
 __all__ = [
+    "VERIFIERS",
     "Arithmetic",
     "ByFamily",
     "Calculator",
@@ -78,6 +80,7 @@ __all__ = [
     "MultiSessionRecall",
     "NumericCloseness",
     "PassageIndex",
+    "PromptFile",
     "Recall",
     "Remember",
     "Reward",
