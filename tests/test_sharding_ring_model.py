@@ -10,7 +10,7 @@ from tiny_models import packed_batch, tiny_mla
 
 from agentic_jax.models import TransformerConfig, forward, init_params
 from agentic_jax.training.loss import cross_entropy
-from agentic_jax.training.qk_clip import hidden_states_with_max_logits, qk_clip
+from agentic_jax.training.qk_clip import hidden_states_with_max_logits
 from sharding import DEFAULT_RULES, activate, make_mesh
 
 # T = 16 splits into 2 x 4 zig-zag chunks of 2 positions on sequence=4; B = 4 rows on data=2.
@@ -76,11 +76,12 @@ def test_ring_without_a_mesh_is_plain_attention():
     )
 
 
-def test_qk_clip_logits_under_the_ring_mesh_equal_one_devices():
+@pytest.mark.parametrize("config", [CFG, MLA], ids=["gqa", "mla"])
+def test_qk_clip_logits_under_the_ring_mesh_equal_one_devices(config):
     """QK-Clip's per-head maxima come from a recording ``attend`` hook, which the ring leaves
     to the partitioner: on the data x sequence mesh they are the one-device maxima."""
-    params = init_params(CFG, jax.random.key(2))
-    batch = packed_batch(np.random.default_rng(2), B, T, CFG.vocab_size)
+    params = init_params(config, jax.random.key(2))
+    batch = packed_batch(np.random.default_rng(2), B, T, config.vocab_size)
 
     def max_logits(config):
         return hidden_states_with_max_logits(
@@ -88,9 +89,7 @@ def test_qk_clip_logits_under_the_ring_mesh_equal_one_devices():
             segment_ids=batch["segment_ids"],
         )[1]  # fmt: skip
 
-    want = jax.jit(max_logits, static_argnums=0)(CFG)
+    want = jax.jit(max_logits, static_argnums=0)(config)
     with activate(make_mesh({"data": 2, "sequence": 4}), DEFAULT_RULES):
-        got = jax.jit(max_logits, static_argnums=0)(CFG.replace(attention_impl="ring"))
+        got = jax.jit(max_logits, static_argnums=0)(config.replace(attention_impl="ring"))
     np.testing.assert_allclose(got, want, rtol=1e-5)
-    with pytest.raises(ValueError, match="mla"):
-        qk_clip(init_params(MLA, jax.random.key(0)), want, 1.0)

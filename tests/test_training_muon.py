@@ -7,9 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from decoding_oracle import assert_generate_matches_forward, prompts
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tiny_models import tiny_mla
 
 from agentic_jax.models import TransformerConfig, hidden_states, init_params
 from agentic_jax.models.attention import max_attention_logits
+from agentic_jax.models.rope import apply_rope, rope_tables
+from agentic_jax.models.transformer import embed_tokens
 from agentic_jax.training import TrainState, make_optimizer, make_schedule, make_train_step
 from agentic_jax.training.optim import MUON_MATRICES, muon_dimension_numbers, muon_labels
 from agentic_jax.training.qk_clip import hidden_states_with_max_logits, qk_clip
@@ -29,6 +35,16 @@ CFG = TransformerConfig(
     qkv_bias=True,
     tie_embeddings=False,
 )
+# Multi-head latent attention (Kimi K2's), its values wide enough for a rectangular ``o``; and
+# with one query projection and YaRN's ``mscale_all_dim``, which MLA's softmax scale includes.
+MLA = tiny_mla(CFG.replace(qkv_bias=False)).replace(v_head_dim=16)
+MLA_YARN = MLA.replace(
+    q_lora_rank=None,
+    rope_scaling=dict(
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=16, mscale=0.707,
+        mscale_all_dim=1.0,
+    ),
+)  # fmt: skip
 # Newton-Schulz with Jordan's quintic coefficients (3.4445, -4.775, 2.0315) and 5 steps maps
 # every singular value into about [0.68, 1.13] (measured here; Jordan 2024 calls it roughly
 # uniform around 1), keeping the singular vectors exactly.
@@ -64,8 +80,15 @@ def test_partition_puts_hidden_matrices_on_muon_and_the_rest_on_adamw():
     assert dims["embed"] is None and dims["layers"]["attn"]["q_bias"] is None
 
 
-def test_muon_orthogonalises_each_layers_matrix_and_adamw_takes_the_rest():
-    params = init_params(CFG, jax.random.key(0))
+def test_partition_puts_mla_projections_on_muon():
+    labels = muon_labels(init_params(MLA, jax.random.key(0)))["layers"]["attn"]
+    muon = {k for k, v in labels.items() if v == "muon"}
+    assert muon == {"q_a", "q_b", "kv_a", "k_up", "v_up", "o"}  # not the two norms
+
+
+@pytest.mark.parametrize("config", [CFG, MLA], ids=["gqa", "mla"])
+def test_muon_orthogonalises_each_layers_matrix_and_adamw_takes_the_rest(config):
+    params = init_params(config, jax.random.key(0))
     opt = make_optimizer(
         optax.constant_schedule(1.0), kind="muon", weight_decay=0.0, clip_norm=None
     )
@@ -73,10 +96,12 @@ def test_muon_orthogonalises_each_layers_matrix_and_adamw_takes_the_rest():
     updates, _ = jax.jit(opt.update)(grads, opt.init(params), params)
     for name, inputs in MUON_MATRICES.items():
         _, group, leaf = name.split("/")
+        if leaf not in params["layers"][group]:
+            continue
         u = _layer_matrices(updates["layers"][group][leaf], inputs)
         g = _layer_matrices(grads["layers"][group][leaf], inputs)
         rms_scale = 0.2 * math.sqrt(max(u.shape[1:]))  # consistent-RMS scaling (Liu et al. 2025)
-        for layer in range(CFG.n_layers):
+        for layer in range(config.n_layers):
             o = -u[layer] / rms_scale
             left, _, right = np.linalg.svd(g[layer], full_matrices=False)
             core = left.T @ o @ right.T  # diagonal iff o shares the gradient's singular vectors
@@ -87,8 +112,9 @@ def test_muon_orthogonalises_each_layers_matrix_and_adamw_takes_the_rest():
     # Adam's first step is -lr * g / |g|: the sign of the gradient.
     for leaf in ("embed", "lm_head", "final_norm"):
         np.testing.assert_allclose(updates[leaf], -np.sign(grads[leaf]), atol=1e-4)
+    vector = "kv_a_norm" if config.mla else "q_bias"
     np.testing.assert_allclose(
-        updates["layers"]["attn"]["q_bias"], -np.sign(grads["layers"]["attn"]["q_bias"]), atol=1e-4
+        updates["layers"]["attn"][vector], -np.sign(grads["layers"]["attn"][vector]), atol=1e-4
     )
 
 
@@ -135,10 +161,17 @@ def test_max_attention_logits_equal_a_brute_force_maximum():
 
 def _sharp_params(config, seed=0):
     """Random parameters with queries and keys large enough for logits of a few units, and
-    non-zero biases (QK-Clip must scale them with their weights)."""
+    non-zero biases (QK-Clip must scale them with their weights).  Under MLA the shared rotary
+    key (``kv_a``'s last columns; the latent is normalised) is made large too."""
     params = init_params(config, jax.random.key(seed))
     attn = params["layers"]["attn"]
     gain = jnp.linspace(5.0, 40.0, config.n_heads)  # heads of very different sharpness
+    if config.mla:
+        q = "q_b" if config.q_lora_rank else "q"
+        attn[q] = attn[q] * gain[None, None, :, None]
+        attn["k_up"] = attn["k_up"] * 20.0
+        attn["kv_a"] = attn["kv_a"] * 20.0
+        return params
     attn["q"] = attn["q"] * gain[None, None, :, None]
     attn["k"] = attn["k"] * 20.0
     for name in ("q_bias", "k_bias"):
@@ -146,9 +179,53 @@ def _sharp_params(config, seed=0):
     return params
 
 
-@pytest.mark.parametrize("kv_heads", [4, 2])
-def test_qk_clip_rescales_exactly_the_heads_over_the_threshold(kv_heads):
-    config = CFG.replace(n_kv_heads=kv_heads)
+CLIP_CONFIGS = [CFG.replace(n_kv_heads=4), CFG.replace(n_kv_heads=2), MLA, MLA_YARN]
+CLIP_IDS = ["mha", "gqa", "mla", "mla_yarn"]
+# The projections QK-Clip may scale; every other attention parameter must come back unchanged.
+CLIPPED = {"q", "k", "q_bias", "k_bias", "q_b", "k_up"}
+
+
+def _mla_layer0_max_logits(params, config, tokens):
+    """``[n_heads]``: layer 0's largest causal logit per head of an MLA model, computed by hand
+    in float64 (the model's own RoPE tables), with DeepSeek's softmax scale
+    ``yarn_mscale(factor, mscale_all_dim)² / sqrt(d_nope + d_rope)``."""
+    a = {k: np.asarray(v[0], np.float64) for k, v in params["layers"]["attn"].items()}
+    eps, r, d_nope = config.norm_eps, config.kv_lora_rank, config.qk_nope_head_dim
+
+    def rms(x, w):
+        return x / np.sqrt(np.mean(x**2, -1, keepdims=True) + eps) * w
+
+    x = np.asarray(embed_tokens(params, config, tokens), np.float64)
+    h = rms(x, np.asarray(params["layers"]["attn_norm"][0], np.float64))
+    q_in = rms(h @ a["q_a"], a["q_a_norm"]) if "q_a" in a else h
+    q = np.einsum("btd,dnh->btnh", q_in, a["q_b"] if "q_b" in a else a["q"])
+    kv = h @ a["kv_a"]
+    k_nope = np.einsum("btr,rnh->btnh", rms(kv[..., :r], a["kv_a_norm"]), a["k_up"])
+    cos, sin = rope_tables(config, jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape))
+    q_rope = np.asarray(apply_rope(jnp.asarray(q[..., d_nope:], jnp.float32), cos, sin))
+    k_rope = np.asarray(apply_rope(jnp.asarray(kv[:, :, None, r:], jnp.float32), cos, sin))[:, :, 0]
+    logits = np.einsum("btnh,bsnh->bnts", q[..., :d_nope], k_nope) + np.einsum(
+        "btnh,bsh->bnts", q_rope, k_rope
+    )
+    scaling = config.rope_scaling or {}
+    factor = (
+        0.1 * scaling.get("mscale_all_dim", 0.0) * math.log(scaling.get("factor", 1)) + 1
+    ) ** 2
+    logits *= factor / math.sqrt(config.qk_head_dim)
+    causal = np.tril(np.ones((tokens.shape[1],) * 2, bool))
+    return np.where(causal, logits, -np.inf).max(axis=(0, 2, 3))
+
+
+@pytest.mark.parametrize("config", [MLA, MLA_YARN], ids=["mla", "mla_yarn"])
+def test_mla_max_logits_are_the_true_pre_softmax_logits(config):
+    params = _sharp_params(config)
+    tokens = _tokens()
+    _, got, _ = hidden_states_with_max_logits(params, config, tokens)
+    np.testing.assert_allclose(got[0], _mla_layer0_max_logits(params, config, tokens), rtol=1e-4)
+
+
+@pytest.mark.parametrize("config", CLIP_CONFIGS, ids=CLIP_IDS)
+def test_qk_clip_rescales_exactly_the_heads_over_the_threshold(config):
     params = _sharp_params(config)
     tokens = _tokens()
     hidden, before, _ = hidden_states_with_max_logits(params, config, tokens)
@@ -163,27 +240,62 @@ def test_qk_clip_rescales_exactly_the_heads_over_the_threshold(kv_heads):
     np.testing.assert_allclose(after[0][over[0]], tau, rtol=1e-4)
     np.testing.assert_allclose(after[0][~over[0]], before[0][~over[0]], rtol=1e-5)
     assert np.all(np.asarray(after)[over] <= tau * 1.05)
-    if kv_heads == config.n_heads:  # one key per head: Kimi's sqrt(gamma) on each, others equal
-        gamma = np.where(over, tau / np.asarray(before), 1.0)
-        for name in ("q", "k"):
-            np.testing.assert_allclose(
-                clipped["layers"]["attn"][name],
-                params["layers"]["attn"][name] * np.sqrt(gamma)[:, None, :, None],
-                rtol=1e-6,
-            )
-            untouched = ~over
-            np.testing.assert_array_equal(
-                np.moveaxis(np.asarray(clipped["layers"]["attn"][name]), 2, 1)[untouched],
-                np.moveaxis(np.asarray(params["layers"]["attn"][name]), 2, 1)[untouched],
-            )
-    for name in ("v", "o"):
-        np.testing.assert_array_equal(
-            clipped["layers"]["attn"][name], params["layers"]["attn"][name]
+    old, new = params["layers"]["attn"], clipped["layers"]["attn"]
+    gamma = np.where(over, tau / np.asarray(before), 1.0)[:, None, :, None]
+    if config.mla:  # Kimi's rule: sqrt(gamma) on q^C and k^C, gamma on q^R, k^R (kv_a) untouched
+        q = "q_b" if config.q_lora_rank else "q"
+        d_nope = config.qk_nope_head_dim
+        want_q = np.concatenate(
+            [old[q][..., :d_nope] * np.sqrt(gamma), old[q][..., d_nope:] * gamma], axis=-1
         )
+        expected = {q: want_q, "k_up": old["k_up"] * np.sqrt(gamma)}
+    elif config.n_kv_heads == config.n_heads:  # one key per head: sqrt(gamma) on each
+        expected = {name: old[name] * np.sqrt(gamma) for name in ("q", "k")}
+    else:
+        expected = {}
+    for name, want in expected.items():
+        np.testing.assert_allclose(new[name], want, rtol=1e-6, err_msg=name)
+    for name in expected:  # heads under tau: bit for bit
+        np.testing.assert_array_equal(
+            np.moveaxis(np.asarray(new[name]), 2, 1)[~over],
+            np.moveaxis(np.asarray(old[name]), 2, 1)[~over],
+        )
+    for name in set(old) - CLIPPED:
+        np.testing.assert_array_equal(new[name], old[name], err_msg=name)
 
 
-def test_train_step_with_qk_clip_caps_the_next_steps_logits():
-    config = CFG.replace(n_layers=1)
+def test_qk_clip_refuses_logits_of_another_shape():
+    params = init_params(MLA, jax.random.key(0))
+    with pytest.raises(ValueError, match=r"\[n_layers, n_heads\] = \(2, 4\)"):
+        qk_clip(params, jnp.ones((2, 3)), 1.0)
+
+
+@settings(max_examples=12, deadline=None)
+@given(fraction=st.floats(0.05, 1.2), seed=st.integers(0, 3))
+def test_qk_clip_caps_every_mla_head_at_tau_on_the_same_batch(fraction, seed):
+    """With one layer nothing upstream of the logits moves: after the clip every head's largest
+    logit on the same batch is exactly ``min(S_h, tau)``."""
+    config = MLA.replace(n_layers=1)
+    params = _sharp_params(config, seed)
+    tokens = _tokens(seed=seed)
+    measure = jax.jit(lambda p: hidden_states_with_max_logits(p, config, tokens)[1])
+    before = measure(params)
+    tau = fraction * float(before.max())
+    after = measure(qk_clip(params, before, tau))
+    np.testing.assert_allclose(after, np.minimum(before, tau), rtol=1e-5)
+
+
+def test_absorbed_decoding_equals_the_training_path_after_qk_clip():
+    params = _sharp_params(MLA)
+    tokens = _tokens()
+    _, before, _ = hidden_states_with_max_logits(params, MLA, tokens)
+    clipped = qk_clip(params, before, float(np.median(before)))
+    assert_generate_matches_forward(clipped, MLA, prompts(MLA))
+
+
+@pytest.mark.parametrize("config", [CFG, MLA], ids=["gqa", "mla"])
+def test_train_step_with_qk_clip_caps_the_next_steps_logits(config):
+    config = config.replace(n_layers=1)
     params = _sharp_params(config)
     sched = make_schedule(1e-3, 10, kind="constant", warmup_steps=0)
     opt = make_optimizer(sched, kind="muon")

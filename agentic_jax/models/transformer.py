@@ -610,6 +610,7 @@ def hidden_states(
     key=None,
     return_aux: bool = False,
     dropless: bool | None = None,
+    absorbed: bool | None = None,
 ):
     """Final-norm hidden states ``[B, T, D]`` (the LM head's input).
 
@@ -624,7 +625,8 @@ def hidden_states(
     whether MoE layers drop tokens over capacity: by default decoders (``attend`` given) never
     do, so a token's output does not depend on the batch it shares, and training does.  Under
     multi-head latent attention an ``attend`` hook gets the absorbed form, whose keys and values
-    are each token's latent (what a KV cache stores; see :func:`_mla_attention`).
+    are each token's latent (what a KV cache stores; see :func:`_mla_attention`); ``absorbed``
+    overrides that (``False``: the training path's per-head keys, for a hook that measures).
 
     With ``attention_impl="ring"`` on a mesh whose ``sequence`` axis has n > 1 devices, the
     layers run on the sequence in zig-zag order (``sharding.ring_attention.to_zigzag``: device i
@@ -658,7 +660,7 @@ def hidden_states(
         layer_state,
         key=key,
         dropless=stateful if dropless is None else dropless,
-        absorbed=stateful,
+        absorbed=stateful if absorbed is None else absorbed,
     )
     h = final_norm(params, config, x)
     if ring > 1:

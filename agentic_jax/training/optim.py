@@ -120,12 +120,18 @@ def weight_decay_mask(params, exclude: tuple[str, ...] = DEFAULT_NO_DECAY):
 
 # The hidden matrices Muon owns, each with how many axes after the leading layer axis are its
 # input (contracted) axes: the rest are its output axes.  ``q``: [L, D, N, H] is a D x (N H)
-# matrix per layer, ``o``: [L, N, H, D] an (N H) x D one.
+# matrix per layer, ``o``: [L, N, H, D] an (N H) x D one.  Multi-head latent attention's
+# projections are Muon's too, as in Kimi K2 (an MLA model trained by MuonClip).
 MUON_MATRICES = {
     "layers/attn/q": 1,
     "layers/attn/k": 1,
     "layers/attn/v": 1,
     "layers/attn/o": 2,
+    "layers/attn/q_a": 1,
+    "layers/attn/q_b": 1,
+    "layers/attn/kv_a": 1,
+    "layers/attn/k_up": 1,
+    "layers/attn/v_up": 1,
     "layers/mlp/gate": 1,
     "layers/mlp/up": 1,
     "layers/mlp/down": 1,
