@@ -465,7 +465,7 @@ def test_chat_model_chats_through_a_hugging_face_template(loaded):
         )
         reply = model.chat(messages, params=SamplingParams(temperature=0.0, max_tokens=3))
         assert reply.prompt_tokens == len(prompt) and 0 < reply.completion_tokens <= 3
-        with pytest.raises(RequestError, match="plain chat"):
-            model.chat(messages, [ToolSpec.from_openai(TOOLS[0])])
+        with pytest.raises(RequestError, match="tool_choice names 'clock'"):
+            model.chat(messages, [ToolSpec.from_openai(TOOLS[0])], tool_choice={"name": "clock"})
     finally:
         model.close()

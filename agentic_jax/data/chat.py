@@ -111,9 +111,11 @@ MessageLike = Message | Mapping[str, Any]
 
 
 def as_tool_call(call: ToolCall | Mapping[str, Any]) -> ToolCall:
-    """A ``ToolCall`` from itself or a dict with name and arguments (a mapping or JSON text)."""
+    """A ``ToolCall`` from itself or a dict with name and arguments (a mapping or JSON text),
+    bare or under ``function`` as the OpenAI API nests them."""
     if isinstance(call, ToolCall):
         return call
+    call = call.get("function", call)
     arguments = call.get("arguments", {})
     return ToolCall(call["name"], dict(arguments) if isinstance(arguments, Mapping) else arguments)
 

@@ -19,7 +19,8 @@ ids with the assistant mask SFT trains on.  Two kinds:
 * :class:`BuiltinChatTemplate`: ``data.chat``'s ChatML-style template with this project's special
   tokens and tool-call format.  It stays a Python renderer: its ids are tokenized span by span
   (a header never merges with the assistant text after it), which rendering text and then
-  tokenizing it, as a Jinja template does, cannot promise.
+  tokenizing it, as a Jinja template does, cannot promise.  :data:`BUILTIN_JINJA` is the same
+  template in Jinja, the ``chat_template`` an export writes for transformers and vLLM.
 
 :func:`chat_template` picks one: the tokenizer's own Hugging Face template if it carries one,
 else the built-in template; gin can name either, or a template of the tokenizer by its name.
@@ -130,6 +131,80 @@ class BuiltinChatTemplate:
 def _no_extra(extra: Mapping) -> None:
     if extra:
         raise ValueError(f"the built-in chat template has no variables; got {sorted(extra)}")
+
+
+# ``data.chat``'s template as Jinja, for the ``tokenizer_config.json`` of an export: transformers'
+# ``apply_chat_template`` renders it to the text ``BuiltinChatTemplate.render`` writes, for
+# OpenAI-style messages (tool calls as ``{"type": "function", "function": {..}}`` or as
+# ``{"name": .., "arguments": ..}``; arguments as a mapping, or as JSON text written as it is,
+# as ``json.dumps`` writes it when it is the OpenAI API's) and tools.  Its ids can differ from
+# ``BuiltinChatTemplate.render_ids``: a tokenizer given the whole text may merge across a span
+# boundary (a header's newline with the assistant text after it) that the Python renderer
+# tokenizes apart, so training keeps the Python renderer and ``chat_template`` maps this source
+# back to it.  ``{% generation %}`` marks the spans ``render_ids``' mask trains on (assistant
+# content, tool calls, ``<|im_end|>``) for ``return_assistant_tokens_mask``.
+BUILTIN_JINJA = r"""{%- set reserved = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>",
+                   "<tool_call>", "</tool_call>", "<tool_result>", "</tool_result>"] %}
+{%- if tools %}
+    {%- set ns = namespace(section="# Tools") %}
+    {%- for tool in tools %}
+        {%- set fn = tool.function if tool.function is defined else tool %}
+        {%- set spec = {"name": fn.name,
+                        "description": fn.description if fn.description is defined else "",
+                        "parameters": fn.parameters or {"type": "object", "properties": {}}} %}
+        {%- set ns.section = ns.section ~ "\n" ~ spec | tojson(sort_keys=true) | replace("<", "\\u003c") %}
+    {%- endfor %}
+    {%- if messages and messages[0].role == "system" %}
+        {%- set system = {"role": "system",
+                          "content": (messages[0].content or "") ~ "\n\n" ~ ns.section} %}
+        {%- set messages = [system] + messages[1:] %}
+    {%- else %}
+        {%- set messages = [{"role": "system", "content": ns.section}] + messages %}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role not in ["system", "user", "assistant", "tool"] %}
+        {{- raise_exception("unknown role " ~ message.role ~ "; expected system, user, assistant or tool") }}
+    {%- endif %}
+    {%- if message.tool_calls and message.role != "assistant" %}
+        {{- raise_exception("only assistant messages carry tool calls, not " ~ message.role) }}
+    {%- endif %}
+    {%- set content = message.content or "" %}
+    {%- if content is not string %}
+        {{- raise_exception("message content must be text") }}
+    {%- endif %}
+    {%- for token in reserved %}
+        {%- if token in content %}
+            {{- raise_exception(message.role ~ " message contains the reserved token " ~ token) }}
+        {%- endif %}
+    {%- endfor %}
+    {{- "<|im_start|>" ~ message.role ~ "\n" }}
+    {%- if message.role == "tool" %}
+        {{- "<tool_result>\n" ~ content ~ "\n</tool_result><|im_end|>\n" }}
+    {%- elif message.role == "assistant" %}
+        {%- generation %}
+            {{- content }}
+            {%- for call in message.tool_calls or [] %}
+                {%- set fn = call.function if call.function is defined else call %}
+                {%- set arguments = fn.arguments if fn.arguments is defined else {} %}
+                {%- if arguments is string %}
+                    {%- set body = '{"name": ' ~ fn.name | tojson ~ ', "arguments": ' ~ arguments ~ "}" %}
+                {%- else %}
+                    {%- set body = {"name": fn.name, "arguments": arguments} | tojson %}
+                {%- endif %}
+                {{- "<tool_call>\n" ~ body | replace("<", "\\u003c") ~ "\n</tool_call>" }}
+            {%- endfor %}
+            {{- "<|im_end|>" }}
+        {%- endgeneration %}
+        {{- "\n" }}
+    {%- else %}
+        {{- content ~ "<|im_end|>\n" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- "<|im_start|>assistant\n" }}
+{%- endif %}
+"""
 
 
 # ------------------------------------------------------------------ the transformers environment
@@ -382,10 +457,13 @@ def chat_template(tokenizer: Tokenizer, template: str = "auto") -> ChatTemplate:
     """The chat template to use with ``tokenizer``.
 
     ``template``: ``"auto"`` (the tokenizer's own Hugging Face template if it carries one, else
-    the built-in one), ``"builtin"``, ``"tokenizer"`` (its own; an error if it has none), the name
+    the built-in one, also when its own is :data:`BUILTIN_JINJA`, as an export's is),
+    ``"builtin"``, ``"tokenizer"`` (its own; an error if it has none), the name
     of one of the tokenizer's named templates, or a Jinja source (anything containing ``{``).
     """
-    if template == "builtin" or (template == "auto" and tokenizer.chat_template is None):
+    if template == "builtin" or (
+        template == "auto" and tokenizer.chat_template in (None, BUILTIN_JINJA)
+    ):
         return BuiltinChatTemplate()
     if template in ("auto", "tokenizer"):
         return tokenizer_template(tokenizer)

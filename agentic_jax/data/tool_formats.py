@@ -186,15 +186,24 @@ class ToolCallFormat(abc.ABC):
         ``specs`` (Mistral: a list of them)."""
 
     def call_regex(
-        self, specs: Sequence[ToolSchema], whitespace_pattern: str | None = "[ ]?"
+        self,
+        specs: Sequence[ToolSchema],
+        whitespace_pattern: str | None = "[ ]?",
+        *,
+        open_token: bool = False,
+        close_token: bool = False,
     ) -> str:
         """The regex of ``open + body + close``: the text ``render("", [call])`` writes for any
         valid call to ``specs`` (Mistral: ``render("", calls)`` for one call or more).
+        ``open_token`` / ``close_token``: that marker is a token of its own, written outside the
+        regex (the prompt ends with it, or it is the end token), so the regex leaves it out.
 
         Several blocks are not one regex: ``outlines-core`` 0.2's index has no transitions out
         of a state that completes a match, so ``call(; call)*`` would stop after one call."""
         return (
-            _literal(self.open) + self.body_regex(specs, whitespace_pattern) + _literal(self.close)
+            ("" if open_token else _literal(self.open))
+            + self.body_regex(specs, whitespace_pattern)
+            + ("" if close_token else _literal(self.close))
         )
 
 
@@ -486,3 +495,16 @@ def format_for_model(
         f"no known tool-call format for model_type {model_type!r} and its chat template; "
         f"choose one of {tuple(FORMATS)} with tool_call_format(name)"
     )
+
+
+@gin.configurable
+def chat_tool_format(chat_template: str | None, name: str = "auto") -> ToolCallFormat:
+    """The format of the tool calls in chats through ``chat_template`` (a Hugging Face
+    template's source; ``None``: this project's template): the one called ``name``, or with
+    ``"auto"`` this project's for its own template and :func:`format_for_model` of the source
+    for a Hugging Face one (``ValueError`` if that finds none)."""
+    if name != "auto":
+        return tool_call_format(name)
+    if chat_template is None:
+        return FORMATS["agentic_jax"]
+    return format_for_model(chat_template=chat_template)

@@ -19,9 +19,17 @@ logit mask; its prompt is the turn so far, whose blocks the prefix cache already
 
 Tools are described to the model in the system message by ``data.chat.with_tools``, the rendering
 the text environments use for their tasks, so a model post-trained there sees here the prompt it
-learned on.  A tokenizer carrying a Hugging Face chat template (an imported instruct model) is
-served plain chat through that template (``data.chat_template``), its turns ending at the
-tokenizer's EOS; tools need this project's template for now.
+learned on.
+
+**A Hugging Face instruct model** (a tokenizer carrying its chat template) chats through that
+template (``data.chat_template``), the tools given to it as OpenAI function dicts and tool results
+as ``tool`` messages; its turns end at the tokenizer's EOS.  Its calls are in its family's format
+(``data.tool_formats``: ``tool_format``, else ``chat_tool_format`` by gin, which reads the
+template).  Under ``auto`` the turn runs to its end and the format parses it: several calls per
+turn, and a turn with a malformed call is returned as its text (``on_text`` gets the text once,
+at the end, since a call cannot be told from content before it is read).  A required call is
+constrained by the format's ``call_regex``: its opening marker, where it is a token of its own,
+starts the turn; the call ends at its closing token, or else at the end of the turn.
 """
 
 from __future__ import annotations
@@ -298,39 +306,67 @@ class ChatModel:
         """The next assistant turn; ``on_text`` receives its text as it is generated
         (``strict_max_tokens`` as in :meth:`complete`)."""
         specs = _chosen_tools(list(specs), tool_choice)
-        if specs and not self.ids:
-            raise RequestError(
-                "tool calls are served with this project's chat template only; this model's "
-                "own template serves plain chat"
-            )
+        if specs and self.tool_format is None:
+            raise RequestError(self._no_tools)
         prompt = self.prompt_ids(messages, specs)
         self._check_length(prompt, params, strict_max_tokens)
-        if specs and tool_choice != "auto":  # a call is required: it opens right away
-            tokens, text, finish = [self.ids[TOOL_CALL]], "", "stop"
+        forced = bool(specs) and tool_choice != "auto"
+        if forced:  # a call is required: it opens right away
+            tokens, text, finish = [self._open_id] if self._open_id is not None else [], "", "stop"
         else:
             phase1 = dataclasses.replace(params, stop_token_ids=self._stop_ids)
+            if specs and not self._builtin:  # the whole turn, then read by the format
+                return self._parsed_turn(prompt, self._stream(prompt, phase1, None), on_text)
             tokens, text, finish = self._stream(prompt, phase1, on_text)
-        if not (specs and tokens and tokens[-1] == self.ids[TOOL_CALL]):
+        if not (forced or (specs and tokens and tokens[-1] == self._open_id)):
             return Generation(text, (), finish, len(prompt), len(tokens))
-        call, used = self._tool_call(prompt + tokens, specs, params)
-        if call is None:
+        calls, used = self._tool_call(prompt + tokens, specs, params)
+        if not calls:
             return Generation(text, (), "length", len(prompt), len(tokens) + used)
-        return Generation(text, (call,), "tool_calls", len(prompt), len(tokens) + used)
+        return Generation(text, calls, "tool_calls", len(prompt), len(tokens) + used)
+
+    def _parsed_turn(
+        self,
+        prompt: Sequence[int],
+        streamed: tuple[list[int], str, str],
+        on_text: Callable[[str], None] | None,
+    ) -> Generation:
+        """A free-running turn offered tools, read by the format: its content and calls when
+        every call in it is well-formed, else its text as it is (a malformed call is the
+        model's text, not an error).  ``on_text`` gets that text once, at the end."""
+        tokens, text, finish = streamed
+        body = tokens[:-1] if tokens and tokens[-1] == self.engine.eos_id else tokens
+        content, calls, errors = self.tool_format.parse(self.tokenizer.decode(body))
+        if calls and not errors and finish == "stop":
+            text, finish = content, "tool_calls"
+        else:
+            calls = ()
+        if text and on_text is not None:
+            on_text(text)
+        return Generation(text, calls, finish, len(prompt), len(tokens))
 
     def _constraint(self, specs: Sequence[ToolSpec]):
         key = json.dumps([[s.name, s.parameters] for s in specs], sort_keys=True)
         with self._constraint_lock:
             if key not in self._constraints:
                 try:  # the schemas are the caller's: whatever they break is its error
-                    regex = TOOL_FORMAT.body_regex(specs, self.whitespace_pattern)
+                    regex = self.tool_format.call_regex(
+                        specs,
+                        self.whitespace_pattern,
+                        open_token=self._open_id is not None,
+                        close_token=self._close_id is not None,
+                    )
                 except ValueError as e:
                     raise RequestError(str(e)) from None
                 tokens = token_bytes(self.tokenizer, self.config.vocab_size)
+                for marker in (self._open_id, self._close_id):  # never inside a call's JSON
+                    if marker is not None:
+                        tokens[marker] = None
                 try:
                     constraint = regex_constraint(
                         regex,
                         tokens,
-                        self.ids[TOOL_CALL_END],
+                        self._call_end_id,
                         num_states=CONSTRAINT_STATES,
                         max_states=MAX_CONSTRAINT_STATES,
                     )
@@ -345,27 +381,28 @@ class ChatModel:
 
     def _tool_call(
         self, ids: list[int], specs: Sequence[ToolSpec], params: SamplingParams
-    ) -> tuple[ToolCall | None, int]:
-        """Phase 2: the call's JSON after ``<tool_call>`` under the tools' constraint; (call or
-        ``None`` if cut off, tokens used)."""
+    ) -> tuple[tuple[ToolCall, ...], int]:
+        """Phase 2: the call after its opening (a token of its own, or text the constraint
+        writes) under the tools' constraint, to its closing token or the end of the turn;
+        (calls, none if cut off; tokens used)."""
         max_new = min(self.max_tool_call_tokens, self.engine.max_model_len - len(ids))
         if max_new <= 0:
-            return None, 0
+            return (), 0
         sampling = SamplingParams(
             temperature=params.temperature,
             top_p=params.top_p,
             top_k=params.top_k,
             max_tokens=max_new,
             seed=params.seed,
-            stop_token_ids=(self.ids[TOOL_CALL_END],),
+            stop_token_ids=(self._call_end_id,),
         )
         constraint = self._constraint(specs)
         with contextlib.closing(self.loop.submit(ids, sampling, constraint=constraint)) as events:
             tokens = [event.token for event in events]
         n = len(tokens)
-        if not tokens or tokens[-1] != self.ids[TOOL_CALL_END]:
-            return None, n
-        (call,) = TOOL_FORMAT.parse(
-            TOOL_CALL + self.tokenizer.decode(tokens[:-1]) + TOOL_CALL_END
-        ).calls
-        return call, n
+        if not tokens or tokens[-1] != self._call_end_id:
+            return (), n
+        fmt = self.tool_format
+        opening = fmt.open if self._open_id is not None else ""
+        closing = fmt.close if self._close_id is not None else ""
+        return fmt.parse(opening + self.tokenizer.decode(tokens[:-1]) + closing).calls, n
