@@ -269,7 +269,10 @@ def test_transformers_renders_the_builtin_template_of_our_tokenizer_as_we_do(tok
     conversation = [*CONVERSATION, {"role": "assistant", "content": 'It is "5".\nDone ✓'}]
     specs = [ToolSpec.from_openai(t) for t in TOOLS]
     for prompt in (False, True):
-        expected = render(with_tools(conversation, specs), add_generation_prompt=prompt)
+        # BOS first, as the training ids start (``render_ids``), then ``data.chat``'s text.
+        expected = tokenizer.named_tokens["bos_token"] + render(
+            with_tools(conversation, specs), add_generation_prompt=prompt
+        )
         rendered = hf_tokenizer.apply_chat_template(
             conversation, tools=TOOLS, add_generation_prompt=prompt, tokenize=False
         )
@@ -281,7 +284,7 @@ def test_transformers_renders_the_builtin_template_of_our_tokenizer_as_we_do(tok
             return_dict=True,
             return_assistant_tokens_mask=True,
         )
-        ours = JinjaChatTemplate(BUILTIN_JINJA).render_ids(
+        ours = JinjaChatTemplate(BUILTIN_JINJA, tokenizer.named_tokens).render_ids(
             conversation, tokenizer, tools=TOOLS, add_generation_prompt=prompt
         )
         assert list(out["input_ids"]) == ours.ids.tolist() == tokenizer.encode(expected)

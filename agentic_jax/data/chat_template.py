@@ -141,10 +141,12 @@ def _no_extra(extra: Mapping) -> None:
 # ``BuiltinChatTemplate.render_ids``: a tokenizer given the whole text may merge across a span
 # boundary (a header's newline with the assistant text after it) that the Python renderer
 # tokenizes apart, so training keeps the Python renderer and ``chat_template`` maps this source
-# back to it.  ``{% generation %}`` marks the spans ``render_ids``' mask trains on (assistant
+# back to it.  The text starts with the tokenizer's ``bos_token`` when it has one, as
+# ``render_ids`` starts the training ids with BOS.  ``{% generation %}`` marks the spans ``render_ids``' mask trains on (assistant
 # content, tool calls, ``<|im_end|>``) for ``return_assistant_tokens_mask``.
 BUILTIN_JINJA = r"""{%- set reserved = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>",
                    "<tool_call>", "</tool_call>", "<tool_result>", "</tool_result>"] %}
+{%- if bos_token is defined and bos_token %}{{- bos_token }}{%- endif %}
 {%- if tools %}
     {%- set ns = namespace(section="# Tools") %}
     {%- for tool in tools %}
