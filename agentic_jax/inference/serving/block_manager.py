@@ -16,6 +16,10 @@ sequences share blocks:
   the other sequence's cache, so the writer first gets a private copy (a ``(src, dst)`` pair the
   engine copies on the device).  With prefix caching this happens when a whole prompt is cached:
   its last token still has to run to produce logits, and its K/V lands in a shared block.
+* **Eviction** (StreamingLLM's attention sinks plus a recent window).  A sequence allocated with
+  ``cache=False`` neither reads nor names cached blocks (its K/V past the sinks and the window is
+  not the plain prefix's), and may give back blocks in the middle of its table (:meth:`evict`),
+  which then holds ``EVICTED`` there.
 
 Everything here is plain Python on the host: it decides, the device only copies and writes.
 """
@@ -30,6 +34,7 @@ from collections.abc import Sequence
 import numpy as np
 
 ROOT_HASH = b""
+EVICTED = -1  # a block-table entry whose block went back to the pool
 
 
 def chain_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
@@ -41,6 +46,7 @@ def chain_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
 class _Blocks:
     table: list[int]
     hashes: list[bytes]  # names of the table's leading full, computed blocks
+    cache: bool = True  # whether its full blocks enter (and come from) the prefix cache
 
 
 class BlockManager:
@@ -84,10 +90,10 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def _match(self, tokens: Sequence[int]) -> tuple[list[bytes], list[int]]:
+    def _match(self, tokens: Sequence[int], cache: bool) -> tuple[list[bytes], list[int]]:
         """Hashes and blocks of the longest chain of cached full blocks starting ``tokens``."""
         hashes, blocks, parent = [], [], ROOT_HASH
-        if not self.enable_prefix_caching:
+        if not (self.enable_prefix_caching and cache):
             return hashes, blocks
         for start in range(0, len(tokens) - self.block_size + 1, self.block_size):
             parent = chain_hash(parent, tokens[start : start + self.block_size])
@@ -102,11 +108,12 @@ class BlockManager:
         # The last token always runs, however much is cached: its logits give the next token.
         return min(len(hits) * self.block_size, len(tokens) - 1)
 
-    def admission_cost(self, tokens: Sequence[int]) -> int:
-        """Free blocks that ``allocate(tokens)``, then ``prepare_write`` of the rest, consume."""
+    def admission_cost(self, tokens: Sequence[int], *, cache: bool = True) -> int:
+        """Free blocks that ``allocate(tokens, cache=cache)``, then ``prepare_write`` of the rest,
+        consume."""
         if not tokens:
             raise ValueError("a sequence needs at least one token")
-        _, hits = self._match(tokens)
+        _, hits = self._match(tokens, cache)
         revived = sum(self._refcount[b] == 0 for b in hits)
         fresh = self.blocks_for(len(tokens)) - len(hits)
         cow = int(
@@ -115,21 +122,22 @@ class BlockManager:
         )
         return revived + fresh + cow
 
-    def allocate(self, seq_id, tokens: Sequence[int]) -> int:
+    def allocate(self, seq_id, tokens: Sequence[int], *, cache: bool = True) -> int:
         """Starts ``seq_id`` on the cached prefix of ``tokens``; returns how many tokens it covers.
+        ``cache=False``: outside the prefix cache, starting from nothing.
 
         The caller then ``prepare_write``\\ s the remaining positions and computes them.
         """
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id!r} already holds blocks")
-        if self.admission_cost(tokens) > self.num_free_blocks:
+        if self.admission_cost(tokens, cache=cache) > self.num_free_blocks:
             raise MemoryError(f"not enough free blocks for {len(tokens)} tokens")
-        hashes, hits = self._match(tokens)
+        hashes, hits = self._match(tokens, cache)
         for block in hits:
             if self._refcount[block] == 0:
                 del self._evictable[block]
             self._refcount[block] += 1
-        self._seqs[seq_id] = _Blocks(list(hits), hashes)
+        self._seqs[seq_id] = _Blocks(list(hits), hashes, cache)
         cached = self._cached_tokens(tokens, hits)
         self.queried_tokens += len(tokens)
         self.hit_tokens += cached
@@ -167,6 +175,8 @@ class BlockManager:
         """Records that the K/V of ``tokens[:num_computed]`` are in ``seq_id``'s blocks, naming (and
         caching) every block that is now full."""
         blocks = self._seqs[seq_id]
+        if not blocks.cache:
+            return
         parent = blocks.hashes[-1] if blocks.hashes else ROOT_HASH
         for j in range(len(blocks.hashes), num_computed // self.block_size):
             parent = chain_hash(parent, tokens[j * self.block_size : (j + 1) * self.block_size])
@@ -190,7 +200,20 @@ class BlockManager:
             self._release(block)
         del blocks.table[keep:]
 
+    def evict(self, seq_id, first: int, last: int) -> None:
+        """Gives back ``seq_id``'s blocks ``[first, last)`` of its table (those still held), which
+        no query of it reads again: StreamingLLM's eviction between the sinks and the window."""
+        blocks = self._seqs[seq_id]
+        if blocks.cache:
+            raise ValueError(f"sequence {seq_id!r} is in the prefix cache: its blocks stay")
+        for j in range(first, min(last, len(blocks.table))):
+            if blocks.table[j] != EVICTED:
+                self._release(blocks.table[j])
+                blocks.table[j] = EVICTED
+
     def _release(self, block: int) -> None:
+        if block == EVICTED:
+            return
         self._refcount[block] -= 1
         if self._refcount[block] == 0:
             if block in self._hash_of:

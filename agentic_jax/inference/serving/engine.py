@@ -17,6 +17,16 @@ A request may carry a token constraint (a regex or JSON schema's automaton, walk
 and applied as a per-row logit mask) and a way to speculate (``prompt_lookup``, ``draft``,
 ``medusa`` or ``eagle``); both run inside the shared batch (``speculation.py``).
 
+A request may also stream (``Request.streaming``, a ``decoding.streaming.StreamingCache``):
+StreamingLLM's policy (Xiao et al. 2023) of attention sinks plus a recent window, exactly as
+``generate(..., streaming=...)`` applies it (keys at their absolute positions, each query masked
+to the first ``sink_tokens`` keys and the last ``window``).  Its blocks that hold neither sinks
+nor any key of the window are given back to the pool as it generates, so it holds at most
+``ceil(S / block_size) + ceil(W / block_size) + 1`` blocks once past its prompt (a prefill, and
+the recompute after a preemption, first take blocks for every token).  Its length is still
+capped by ``max_model_len``; it stays outside the prefix cache, cannot speculate, and any batch
+holding it attends densely over the gathered pages (``paged_cache``).
+
 Sampling is per sequence and independent of batching: row keys are the request's own (its seed,
 or the engine seed folded with the request's arrival number) with the count of generated tokens
 folded in, and penalty counts are kept per slot.  A request therefore produces the same tokens
@@ -52,8 +62,9 @@ from agentic_jax.inference.decoding.sampling import (
     add_tokens,
     sample,
 )
+from agentic_jax.inference.decoding.streaming import StreamingCache
 from agentic_jax.inference.errors import RequestError
-from agentic_jax.inference.serving.block_manager import BlockManager
+from agentic_jax.inference.serving.block_manager import EVICTED, BlockManager
 from agentic_jax.inference.serving.paged_cache import (
     PagedBatch,
     PagedKVCache,
@@ -129,13 +140,15 @@ class Request:
     every request in flight; ids ``req-<n>`` are reserved for those the engine generates.
     ``constraint`` masks every token to those its automaton allows; ``speculation``: ``none``,
     ``prompt_lookup``, ``draft`` (an engine with a draft model), ``medusa`` or ``eagle`` (an
-    engine with that head)."""
+    engine with that head).  ``streaming``: keep only attention sinks and a recent window of
+    the KV cache (see the module docstring)."""
 
     prompt: SequenceT[int]
     params: SamplingParams = SamplingParams()
     request_id: str | None = None
     constraint: TokenConstraint | None = None
     speculation: str = "none"
+    streaming: StreamingCache | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -447,6 +460,17 @@ class Engine:
             and getattr(self.heads, request.speculation) is None
         ):
             raise RequestError(f"speculation={request.speculation!r} needs an Engine with its head")
+        if request.streaming is not None:
+            if not isinstance(request.streaming, StreamingCache):
+                raise RequestError(
+                    "streaming must be a StreamingCache(sink_tokens=..., window=...) or None, "
+                    f"got {type(request.streaming).__name__}"
+                )
+            if request.speculation != "none":
+                raise RequestError(
+                    f"a streaming request cannot speculate (speculation={request.speculation!r}): "
+                    "drafts and their rollback keep no sinks-and-window policy"
+                )
         c = request.constraint
         if c is not None and c.allowed.shape[-1] != self.config.vocab_size:
             raise RequestError(
@@ -482,6 +506,7 @@ class Engine:
             arrival_time=time.perf_counter(),
             speculation=request.speculation,
             constraint=self._host_constraint(request.constraint),
+            streaming=request.streaming,
         )
         if seq.constraint is not None:
             seq.state = seq.constraint.initial
@@ -626,7 +651,25 @@ class Engine:
         table = np.zeros(self.max_blocks, np.int32)
         blocks = self.blocks.block_table(seq.request_id)
         table[: len(blocks)] = blocks
-        return table
+        return np.where(table == EVICTED, 0, table)  # evicted keys are masked: any block will do
+
+    def _streaming(self, rows: list[tuple[int, Sequence]], size: int) -> dict:
+        """:class:`PagedBatch`'s StreamingLLM fields for ``size`` rows holding ``seq`` at row
+        ``i`` for each ``(i, seq)`` of ``rows``: none unless one of them streams."""
+        if all(seq.streaming is None for _, seq in rows):
+            return {}
+        sinks, window = np.zeros(size, np.int32), np.full(size, 2**30, np.int32)
+        for i, seq in rows:
+            if seq.streaming is not None:
+                sinks[i], window[i] = seq.streaming.sink_tokens, seq.streaming.window
+        return {"sink_tokens": sinks, "stream_window": window}
+
+    def _evict(self, seq: Sequence) -> None:
+        """Gives back ``seq``'s blocks that no later query reads: past its sink blocks and wholly
+        before the window of its next position ``num_computed`` (``(j + 1) bs <= n - W + 1``)."""
+        bs, policy = self.engine_config.block_size, seq.streaming
+        last = (seq.num_computed - policy.window + 1) // bs
+        self.blocks.evict(seq.request_id, -(-policy.sink_tokens // bs), last)
 
     def _slots(self, table: np.ndarray, positions: np.ndarray) -> np.ndarray:
         bs = self.engine_config.block_size
@@ -648,7 +691,13 @@ class Engine:
             return np.concatenate([np.full(t - n, fill, np.int32), values])[None]
 
         slots = row(self._padding_slot, self._slots(table, positions))
-        batch = PagedBatch(row(0, positions), slots, table[None], np.asarray([end], np.int32))
+        batch = PagedBatch(
+            row(0, positions),
+            slots,
+            table[None],
+            np.asarray([end], np.int32),
+            **self._streaming([(0, seq)], 1),
+        )
         v = self.config.vocab_size
         s, self.cache, self.draft_cache, self._head_state, self._gen_counts, self._prompt_counts = (
             _prefill_step(
@@ -738,7 +787,13 @@ class Engine:
         s, self.cache, self.draft_cache, self._head_state, self._gen_counts = _decode_step(
             *self._device_state(),
             tokens[:, None],
-            PagedBatch(positions[:, None], slots[:, None], tables, lengths),
+            PagedBatch(
+                positions[:, None],
+                slots[:, None],
+                tables,
+                lengths,
+                **self._streaming([(seq.slot, seq) for seq in seqs], s_count),
+            ),
             rows,
             allowed,
             draft_config=self.draft_config,
@@ -897,7 +952,13 @@ class Engine:
         out, self.cache, self.draft_cache, self._head_state, self._gen_counts = verify_step(
             *self._device_state(),
             tokens,
-            PagedBatch(positions, slots, tables, lengths),
+            PagedBatch(
+                positions,
+                slots,
+                tables,
+                lengths,
+                **self._streaming([(seq.slot, seq) for seq in seqs], s_count),
+            ),
             rows,
             proposed,
             drafts,
@@ -936,6 +997,8 @@ class Engine:
     ) -> StepOutput:
         seq.num_computed = len(seq.prompt) + len(seq.output)
         self.blocks.commit(seq.request_id, seq.tokens, seq.num_computed)
+        if seq.streaming is not None:
+            self._evict(seq)
         seq.output.append(token)
         if seq.constraint is not None:
             seq.state = int(seq.constraint.next_state[seq.state, token])

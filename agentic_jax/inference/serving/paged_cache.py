@@ -14,7 +14,9 @@ into its pages, then attends:
   key segment ids hide the rotated-in padding.  Rows are left-padded, so the last query is the
   row's last token in both cases.
 
-Padding tokens get an out-of-range slot and their writes are dropped.
+Padding tokens get an out-of-range slot and their writes are dropped.  A batch with StreamingLLM
+rows (attention sinks plus a recent window) attends densely over the gathered pages with that
+mask written out, for every ``T``.
 
 A multi-head latent attention model pages one array instead of two (:class:`PagedLatentCache`,
 ``[n_layers, num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim]``): each token's latent
@@ -30,6 +32,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from agentic_jax.inference.decoding.kv_cache import masked_attention
 from agentic_jax.models.attention import attention
 from agentic_jax.models.config import TransformerConfig
 from agentic_jax.models.transformer import hidden_states, logits_from_hidden
@@ -98,6 +101,11 @@ class PagedBatch(NamedTuple):
     slot_mapping: jax.Array  # int32 [B, T] flat K/V slot; >= num_blocks * block_size on padding
     block_tables: jax.Array  # int32 [B, max_blocks]
     lengths: jax.Array  # int32 [B] cached tokens after the step (0: an idle row)
+    # StreamingLLM rows (``serving/engine.py``): key ``k`` stays visible to query ``q`` only while
+    # ``k < sink_tokens`` or ``q - k < stream_window``; int32 [B] (0 and 2^30 on other rows).
+    # None: no row streams, and decoding keeps the fast paths.
+    sink_tokens: jax.Array | None = None
+    stream_window: jax.Array | None = None
 
 
 def copy_blocks(cache, src, dst):
@@ -125,13 +133,34 @@ def _right_aligned_context(pages, block_tables, lengths):
     return context, jnp.arange(s)[None, :] >= shift
 
 
+def _streaming_attention(config: TransformerConfig, batch: PagedBatch, q, k_pages, v_pages, window):
+    """Dense attention over each row's gathered pages with the StreamingLLM mask written out:
+    key ``k`` is seen by query ``q`` iff ``k <= q``, ``k < sinks or q - k < W`` (the row's
+    policy, as ``decoding.streaming``) and ``q - k < window`` in a windowed layer.  Positions
+    the engine has evicted read whatever their table entry points at; the mask hides them."""
+    k_ctx, valid = _right_aligned_context(k_pages, batch.block_tables, batch.lengths)
+    v_ctx, _ = _right_aligned_context(v_pages, batch.block_tables, batch.lengths)
+    s = k_ctx.shape[1]
+    k_pos = (jnp.arange(s)[None, :] - s + batch.lengths[:, None])[:, None, :]
+    q_pos = batch.positions[:, :, None]
+    resident = (k_pos < batch.sink_tokens[:, None, None]) | (
+        q_pos - k_pos < batch.stream_window[:, None, None]
+    )
+    seen = valid[:, None, :] & (k_pos <= q_pos) & resident
+    if window is not None:
+        seen &= q_pos - k_pos < window
+    return masked_attention(q, k_ctx, v_ctx, seen, config.attn_logit_softcap)
+
+
 def paged_attend(config: TransformerConfig, batch: PagedBatch, decode_attention: Callable):
     """The ``attend`` hook of :func:`models.transformer.hidden_states` over one layer's pages."""
 
     def attend(q, k, v, pages, window):
         pages = tuple(_write(p, x, batch.slot_mapping) for p, x in zip(pages, (k, v)))
         k_pages, v_pages = pages[0], pages[-1]  # a latent cache's one array is both
-        if q.shape[1] == 1:
+        if batch.sink_tokens is not None:
+            o = _streaming_attention(config, batch, q, k_pages, v_pages, window)
+        elif q.shape[1] == 1:
             o = decode_attention(
                 q[:, 0],
                 k_pages,

@@ -61,6 +61,7 @@ class Sequence:
     constraint: object | None = None  # the engine's host tables of its token automaton
     state: int = 0  # the automaton's state after every output token
     lookahead: int = 0  # draft positions to reserve beyond the next token (0: no room)
+    streaming: object | None = None  # a decoding.streaming.StreamingCache: outside the prefix cache
 
     @property
     def tokens(self) -> list[int]:
@@ -161,10 +162,14 @@ class Scheduler:
             # The watermark keeps room for running sequences to grow, but never blocks a
             # sequence from an idle engine (it would wait forever).
             spare = self.watermark_blocks if self.running else 0
-            if self.blocks.admission_cost(tokens) > self.blocks.num_free_blocks - spare:
+            cache = seq.streaming is None
+            if (
+                self.blocks.admission_cost(tokens, cache=cache)
+                > self.blocks.num_free_blocks - spare
+            ):
                 break
             self.waiting.popleft()
-            seq.num_computed = self.blocks.allocate(seq.request_id, tokens)
+            seq.num_computed = self.blocks.allocate(seq.request_id, tokens, cache=cache)
             copies[seq.request_id] = self.blocks.prepare_write(
                 seq.request_id, seq.num_computed, len(tokens)
             )
