@@ -5,7 +5,8 @@ pipeline ``@post_training``, or one stage of it (``@train_sft``, ``@train_rl``,
 ``@train_preference``, ``@train_reward_model``, ``@train_rft``), or a retrieval model
 (``@train_encoder``, ``@train_reranker``, ``@train_ra_rft`` after
 ``@measure_demonstration_utilities``), or memory's sleep-time consolidation
-(``@consolidation_job``), or speculative decoding's draft heads (``@train_draft_heads``).
+(``@consolidation_job``), or speculative decoding's draft heads (``@train_draft_heads``), or
+post-training compression of a trained model (``@compress_model``: quantised or 2:4-pruned).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ import agentic_jax.memory
 import agentic_jax.models.config
 import agentic_jax.models.lora
 import agentic_jax.models.quantization
+import agentic_jax.post_training.compress
 import agentic_jax.post_training.demonstration_utility
 import agentic_jax.post_training.draft_heads
 import agentic_jax.post_training.pipeline

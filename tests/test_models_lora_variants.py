@@ -9,10 +9,11 @@ import optax
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_models_lora import UNTIED as CFG
 from tiny_models import task_model_dir
 
 from agentic_jax.envs.text import Arithmetic
-from agentic_jax.models import TransformerConfig, forward, init_params
+from agentic_jax.models import forward, init_params
 from agentic_jax.models.export import load_checkpoint
 from agentic_jax.models.lora import (
     PROJECTIONS,
@@ -30,18 +31,6 @@ from agentic_jax.training import make_update
 from agentic_jax.training.metrics import read_metrics
 from agentic_jax.training.state import TrainState
 
-CFG = TransformerConfig(
-    vocab_size=61,
-    d_model=16,
-    n_layers=2,
-    n_heads=4,
-    n_kv_heads=2,
-    head_dim=4,
-    d_ff=24,
-    max_seq_len=32,
-    tie_embeddings=False,
-    scan_layers=False,  # eager, op by op: no compile per hypothesis example
-)
 TOKENS = jnp.asarray(np.random.default_rng(1).integers(0, CFG.vocab_size, (2, 10)), jnp.int32)
 DORA = LoraConfig(rank=3, alpha=6.0, variant="dora")
 _forward = jax.jit(forward, static_argnums=1)

@@ -56,6 +56,7 @@ from agentic_jax.data.chat import (
     with_tools,
 )
 from agentic_jax.data.tokenizer import Tokenizer
+from agentic_jax.data.tool_formats import ToolCallFormat, chat_tool_format
 
 ToolLike = ToolSpec | Mapping[str, Any]
 Span = tuple[int, int]
@@ -142,8 +143,9 @@ def _no_extra(extra: Mapping) -> None:
 # boundary (a header's newline with the assistant text after it) that the Python renderer
 # tokenizes apart, so training keeps the Python renderer and ``chat_template`` maps this source
 # back to it.  The text starts with the tokenizer's ``bos_token`` when it has one, as
-# ``render_ids`` starts the training ids with BOS.  ``{% generation %}`` marks the spans ``render_ids``' mask trains on (assistant
-# content, tool calls, ``<|im_end|>``) for ``return_assistant_tokens_mask``.
+# ``render_ids`` starts the training ids with BOS.  ``{% generation %}`` marks the spans
+# ``render_ids``' mask trains on (assistant content, tool calls, ``<|im_end|>``) for
+# ``return_assistant_tokens_mask``.
 BUILTIN_JINJA = r"""{%- set reserved = ["<|pad|>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>",
                    "<tool_call>", "</tool_call>", "<tool_result>", "</tool_result>"] %}
 {%- if bos_token is defined and bos_token %}{{- bos_token }}{%- endif %}
@@ -452,6 +454,18 @@ def tokenizer_template(tokenizer: Tokenizer, name: str | None = None) -> JinjaCh
             raise ValueError(f"the tokenizer has no chat template {name!r}; it has {available}")
         source = source[name]
     return JinjaChatTemplate(source, dict(tokenizer.named_tokens))
+
+
+def template_tool_format(template: ChatTemplate) -> ToolCallFormat:
+    """The tool-call format of ``template``'s chats (``tool_formats.chat_tool_format``, gin): this
+    project's for its own template, else what the Hugging Face source (with named templates, the
+    one rendering tools) mentions; ``ValueError`` if it mentions none."""
+    source = (
+        None if isinstance(template, BuiltinChatTemplate) else getattr(template, "source", None)
+    )
+    if isinstance(source, Mapping):
+        source = source.get("tool_use", source["default"])
+    return chat_tool_format(source)
 
 
 @gin.configurable("chat_template")

@@ -3,7 +3,9 @@
 A native model directory holds ``config.json`` (every :class:`TransformerConfig` field, so compute
 dtype, attention implementation and the like survive, which a HF config cannot carry) and
 ``params/``, an orbax ``StandardCheckpointer`` checkpoint (the format training checkpoints use,
-which restores straight into jax arrays).  ``config.json`` is written after the parameters, so its
+which restores straight into jax arrays); a compressed model's ``quantization.json`` records how
+each quantised weight was made (``quantization.quantization_spec``), so that its codes and scales
+restore into ``QuantizedWeight`` nodes.  ``config.json`` is written after the parameters, so its
 presence marks a complete save.  A model without its tokenizer cannot be used, so the converters
 copy the tokenizer files along with the weights.
 """
@@ -15,17 +17,27 @@ import json
 import shutil
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from agentic_jax.data.tokenizer import Tokenizer, load_tokenizer
 from agentic_jax.models.config import TransformerConfig
 from agentic_jax.models.hf import check_params, load_hf_checkpoint, save_hf_checkpoint
+from agentic_jax.models.quantization import is_quantized, quantization_spec, quantized_shapes
 from agentic_jax.models.transformer import param_shapes
 
 CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
-# ``tokenizer.json`` and the files naming its special tokens (``load_tokenizer`` reads the config).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+QUANTIZATION_FILE = "quantization.json"
+# ``tokenizer.json``, the files naming its special tokens (``load_tokenizer`` reads the config)
+# and transformers 5's ``chat_template.jinja`` (an imported model's chat template).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
 
 
 def config_to_dict(config: TransformerConfig) -> dict:
@@ -46,24 +58,48 @@ def config_from_dict(fields: dict) -> TransformerConfig:
 
 
 def save_model(path, config: TransformerConfig, params) -> Path:
-    """Writes ``path/params`` (orbax) then ``path/config.json``; fails if ``path/params`` exists."""
-    check_params(config, params)
+    """Writes ``path/params`` (orbax), ``path/quantization.json`` if some weights are
+    :class:`~agentic_jax.models.quantization.QuantizedWeight` (their codes, scales and zero
+    points are arrays of ``params``), then ``path/config.json``; fails if ``path/params`` exists."""
+    check_params(config, _float_shapes(params))
     path = Path(path).absolute()  # orbax wants absolute paths
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(path / PARAMS_DIR, params)
+    spec = quantization_spec(params)
+    if spec:
+        (path / QUANTIZATION_FILE).write_text(json.dumps(spec, indent=2))
     (path / CONFIG_FILE).write_text(json.dumps(config_to_dict(config), indent=2))
     return path
 
 
+def _float_shapes(params):
+    """``params`` with each quantised weight seen as the float weight it stands for (its shape)."""
+    return jax.tree.map(
+        lambda w: jax.ShapeDtypeStruct(w.shape, jnp.float32) if is_quantized(w) else w,
+        params,
+        is_leaf=is_quantized,
+    )
+
+
+def quantization_file(path) -> Path | None:
+    """``quantization.json`` of the saved model ``path`` if its weights are quantised."""
+    spec = Path(path) / QUANTIZATION_FILE
+    return spec if spec.is_file() else None
+
+
 def load_model(path) -> tuple[TransformerConfig, dict]:
-    """(config, params) saved by :func:`save_model`, parameters in ``config.param_dtype``."""
+    """(config, params) saved by :func:`save_model`, parameters in ``config.param_dtype`` (a
+    quantised model's weights as the ``QuantizedWeight`` nodes it saved)."""
     path = Path(path).absolute()
     for required in (path / CONFIG_FILE, path / PARAMS_DIR):
         if not required.exists():
             raise FileNotFoundError(f"{required} not found; is {path} a model saved by save_model?")
     config = config_from_dict(json.loads((path / CONFIG_FILE).read_text()))
+    target, spec = param_shapes(config), quantization_file(path)
+    if spec is not None:
+        target = quantized_shapes(target, json.loads(spec.read_text()))
     with ocp.StandardCheckpointer() as checkpointer:
-        params = checkpointer.restore(path / PARAMS_DIR, param_shapes(config))
+        params = checkpointer.restore(path / PARAMS_DIR, target)
     return config, params
 
 
@@ -96,6 +132,11 @@ def native_to_hf(
     the model directory or, as training writes ``workdir/model`` beside ``workdir/tokenizer.json``,
     from its parent; ``save_hf_checkpoint`` then writes them with the chat template and the
     generation config, and the HF config names the tokenizer's BOS/EOS/PAD ids."""
+    if quantization_file(native_dir) is not None:
+        raise ValueError(
+            f"{native_dir} holds quantised weights (quantization.json); Hugging Face export "
+            "takes a float model: export the model it was compressed from"
+        )
     config, params = load_model(native_dir)
     src = tokenizer_dir(native_dir, Path(native_dir).absolute().parent)
     save_hf_checkpoint(

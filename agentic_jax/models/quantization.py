@@ -30,6 +30,7 @@ quantised parameters as they are.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import gin
@@ -38,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_jax.models.config import TransformerConfig
-from sharding.partition import is_logical_axes
+from sharding.partition import is_logical_axes, path_str
 
 FORMATS = ("int8", "int4", "nf4")
 BITS = {"int8": 8, "int4": 4, "nf4": 4}
@@ -329,3 +330,34 @@ def _meta(w: QuantizedWeight) -> dict:
 def param_bytes(params) -> int:
     """Bytes the parameter tree holds (codes, scales and zero points of quantised weights)."""
     return sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(params))
+
+
+def quantization_spec(params) -> dict[str, dict]:
+    """``{"layers/attn/q": {"fmt", "group_size", "symmetric", "n_lead", "n_in"}}``: the
+    :func:`quantize` arguments of each quantised weight of ``params`` (what a saved model records
+    beside its arrays, so that :func:`quantized_shapes` can rebuild the tree to restore into)."""
+    return {
+        path_str(path): dict(
+            fmt=w.fmt,
+            group_size=w.group_size,
+            symmetric=w.zeros is None,
+            n_lead=len(w.lead_shape),
+            n_in=len(w.in_shape),
+        )
+        for path, w in jax.tree_util.tree_leaves_with_path(params, is_leaf=is_quantized)
+        if is_quantized(w)
+    }
+
+
+def quantized_shapes(shapes, spec: dict[str, dict]):
+    """The ``ShapeDtypeStruct`` tree of float parameters ``shapes`` with the weights named in
+    ``spec`` (:func:`quantization_spec`) quantised as it says."""
+    unknown = set(spec) - {path_str(p) for p, _ in jax.tree_util.tree_leaves_with_path(shapes)}
+    if unknown:
+        raise ValueError(f"quantised weights {sorted(unknown)} are not parameters of the model")
+
+    def convert(path, s):
+        options = spec.get(path_str(path))
+        return s if options is None else jax.eval_shape(functools.partial(quantize, **options), s)
+
+    return jax.tree_util.tree_map_with_path(convert, shapes)

@@ -27,6 +27,7 @@ import numpy as np
 import optax
 
 from agentic_jax.models import moe
+from agentic_jax.models.quantization import is_quantized
 from agentic_jax.rl.types import LossOutput, combine_outputs
 from agentic_jax.training.loss_scale import DynamicLossScale, keep_if_finite
 from agentic_jax.training.state import TrainState
@@ -37,7 +38,15 @@ class FullFinetune:
     """Trains every parameter: the trainable tree *is* the model's parameters; no frozen base."""
 
     def init(self, params, key=None):
+        """``params`` themselves; a compressed model's quantised weights cannot take gradient
+        steps, so those fail here (train LoRA adapters over them instead: QLoRA)."""
         del key
+        if any(is_quantized(w) for w in jax.tree.leaves(params, is_leaf=is_quantized)):
+            raise ValueError(
+                "full fine-tuning cannot train a compressed model's quantised weights; train "
+                "LoRA adapters over them (QLoRA: finetune = @LoRA()), or start from the float "
+                "model it was compressed from"
+            )
         return params
 
     def model_params(self, trainable, base=None, key=None):

@@ -1,0 +1,91 @@
+"""bench/efficiency.py at a tiny size: every row is reported, every compared method spends the
+same token budget, and every speculative method reproduces greedy decoding (not which is fastest:
+that is the bench's to measure)."""
+
+import json
+import math
+import pathlib
+import sys
+
+from tiny_models import CORPUS, make_model_dir
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root: bench/
+from bench import efficiency as bench
+
+TINY = {
+    "--prompt_len": 8,
+    "--new_tokens": 4,
+    "--repeats": 1,
+    "--quant_batch": 2,
+    "--group_size": 16,
+    "--nf4_block": 16,
+    "--ppl_rows": 2,
+    "--ppl_len": 32,
+    "--calibration_rows": 2,
+    "--spec_batch": 2,
+    "--draft_d_model": 16,
+    "--draft_steps": 2,
+    "--head_steps": 2,
+    "--train_steps": 2,
+    "--train_batch": 2,
+    "--train_seq_len": 32,
+}
+
+
+def test_every_row_is_reported_within_one_budget(tmp_path, capsys):
+    make_model_dir(tmp_path / "model", max_seq_len=64)
+    out, png = tmp_path / "out", tmp_path / "efficiency.png"
+    argv = ["--init_from", str(tmp_path / "model"), "--out", str(out), "--plot", str(png)]
+    argv += ["--files", CORPUS, *(str(x) for kv in TINY.items() for x in kv)]
+    results = bench.main(argv)
+
+    quant = results["compression"]
+    assert list(quant) == [
+        "float32",
+        "bfloat16",
+        "int8",
+        "int4",
+        "int4_awq",
+        "nf4",
+        "2:4_magnitude",
+        "2:4_wanda",
+    ]
+    assert {r["generated_tokens"] for r in quant.values()} == {2 * 4}
+    assert quant["float32"]["greedy_agreement"] == 1.0 and quant["float32"]["perplexity_delta"] == 0
+    # Parameter bytes (the float32 embedding dominates a model this small; NF4 pads its
+    # double-quantised scales to blocks of 256): 2:4 keeps dense float32 storage.
+    bytes_ = {name: r["param_bytes"] for name, r in quant.items()}
+    assert bytes_["int4"] == bytes_["int4_awq"] < bytes_["int8"] < bytes_["float32"]
+    assert bytes_["nf4"] < bytes_["float32"] == bytes_["2:4_magnitude"] == bytes_["2:4_wanda"]
+    assert bytes_["bfloat16"] * 2 == bytes_["float32"]
+    for r in quant.values():
+        assert math.isfinite(r["perplexity"]) and r["tokens_per_s"] > 0
+        assert 0 <= r["greedy_agreement"] <= 1
+
+    rows = results["speculation"]["rows"]
+    methods = [
+        "plain decoding",
+        "draft model, chain of 4",
+        "draft model, tree 2x4",
+        "Medusa, tree",
+        "EAGLE, tree",
+    ]
+    assert [(r["batch"], r["method"]) for r in rows] == [(b, m) for b in (1, 2) for m in methods]
+    for r in rows:  # the same budget for every method, and each exact under greedy decoding
+        assert r["generated_tokens"] == r["batch"] * 4
+        assert r["same_as_greedy"]
+        assert 1 <= r["tokens_per_forward"] <= 5  # the root plus at most 4 accepted drafts
+    assert results["speculation"]["setup"]["head_steps"] == 2
+
+    train = results["fp8"]
+    assert list(train) == ["float32", "fp8"]
+    assert train["float32"]["tokens"] == train["fp8"]["tokens"] == 2 * 2 * 32
+    assert all(len(r["losses"]) == 2 and math.isfinite(r["heldout_loss"]) for r in train.values())
+
+    report = capsys.readouterr().out
+    for name in [*quant, *methods, "fp8"]:
+        assert f"| {name} |" in report
+    assert "simulated" in report  # a CPU has no FP8 matrix unit
+    assert json.loads((out / "results.json").read_text())["compression"].keys() == quant.keys()
+    assert (out / "report.md").read_text().strip() in report
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
