@@ -28,7 +28,7 @@ from agentic_jax.data.tokenizer import IM_END, load_tokenizer
 from agentic_jax.post_training.pairs import pair_splits, record_pairs
 from agentic_jax.post_training.preference import train_preference
 from agentic_jax.post_training.reward import train_reward_model
-from agentic_jax.post_training.sft import chat_examples, read_chats
+from agentic_jax.post_training.sft import chat_examples
 from agentic_jax.post_training.tasks import TaskSpec
 
 WEATHER = {
@@ -288,8 +288,9 @@ def test_pair_masks_cover_the_completion_only(tmp_path, model_dir):
 
 def test_sft_and_reward_data_and_a_dpo_step_take_the_files(tmp_path, model_dir):
     tokenizer = load_tokenizer(model_dir / "tokenizer.json")
-    chats = read_chats(write(tmp_path / "chats.jsonl", [SHAREGPT, LEGACY]))
-    assert chats[0] == chats[1] and chats[0][0].content.startswith("Be terse.\n\n# Tools")
+    chats = read_conversations(write(tmp_path / "chats.jsonl", [SHAREGPT, LEGACY]))
+    assert chats[0] == chats[1]
+    assert chats[0].rendered_messages()[0].content.startswith("Be terse.\n\n# Tools")
     (example, _) = chat_examples(chats, tokenizer, seq_len=300)
     trained = example["targets"][example["loss_mask"] == 1].tolist()
     assert tokenizer.decode(trained).endswith("3 °C." + IM_END)

@@ -1,4 +1,4 @@
-"""The shipped notebooks: the expected five, each self-installing on Colab, each running top to bottom."""
+"""The shipped notebooks: the expected six, each self-installing on Colab, each running top to bottom."""
 
 import importlib.metadata
 import importlib.util
@@ -22,6 +22,7 @@ EXPECTED = {
     "environments.ipynb",
     "agents.ipynb",
     "sharding.ipynb",
+    "bring_your_own_model.ipynb",
 }
 COLAB = "https://colab.research.google.com/github/agentic-jax/agentic-jax/blob/main/notebooks/"
 BADGE = "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
@@ -178,6 +179,16 @@ KEY_OUTPUTS = {
         0,
     ),
     "sharding.ipynb": (["per-device shape", "sharded step = single-device step"], 0),
+    "bring_your_own_model.ipynb": (
+        [
+            "JinjaChatTemplate",
+            "tool-call format: hermes",
+            'tool_choice=required: content=None, tool_calls=[{"id": "call_',
+            "same prompt ids: True",
+            "logits match transformers: True",
+        ],
+        0,
+    ),
 }
 
 

@@ -151,6 +151,30 @@ def with_tools(messages: Sequence[MessageLike], specs: Sequence[ToolSpec]) -> li
     return [Message("system", section), *messages]
 
 
+def split_tools(messages: Sequence[MessageLike]) -> tuple[list[Message], list[ToolSpec]]:
+    """The inverse of `with_tools`: the messages without the tool section and the specs it
+    lists (none, and the messages as they are, when the system message has no such section).
+    A prompt built for this template is rendered through a model's own template this way."""
+    messages = [as_message(m) for m in messages]
+    if not messages or messages[0].role != "system":
+        return messages, []
+    system = messages[0].content
+    head, sep, section = system.rpartition("\n\n# Tools\n")
+    if not sep:
+        head, section = None, system.removeprefix("# Tools\n")
+    try:
+        specs = [
+            ToolSpec(t["name"], t["description"], t["parameters"])
+            for t in map(json.loads, section.split("\n"))
+        ]
+    except (ValueError, KeyError, TypeError):
+        return messages, []
+    rest = messages[1:] if head is None else [Message("system", head), *messages[1:]]
+    if with_tools(rest, specs) != messages:
+        return messages, []
+    return rest, specs
+
+
 def _check_plain(text: str, what: str) -> None:
     for token in SPECIAL_TOKENS:
         if token in text:

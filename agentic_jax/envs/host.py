@@ -33,8 +33,9 @@ import numpy as np
 from flax import struct
 
 from agentic_jax.data.chat import ToolSpec
-from agentic_jax.data.tokenizer import IM_END, Tokenizer
-from agentic_jax.envs.text.env import TurnRewards, tool_message_template, turn_extent
+from agentic_jax.data.tokenizer import Tokenizer
+from agentic_jax.envs.text.chat_markers import ChatMarkers
+from agentic_jax.envs.text.env import TurnRewards, turn_extent
 from agentic_jax.envs.text.rewards import Reward
 from agentic_jax.envs.text.tasks import Task
 from agentic_jax.envs.text.tools import MALFORMED, Tool, parse_call_host
@@ -194,12 +195,14 @@ class HostTextEnv:
         self.milestones = [t.milestones for t in self.tasks]
         self.max_milestones = max(1, *map(len, self.milestones))
         self.pool = pool or ToolPool()
-        vocab = Vocab.build(tokenizer)
+        # The tokenizer's chat template and tool-call format, as `TextEnv`'s default.
+        markers = ChatMarkers.build(tokenizer, calls=bool(self.tools))
+        vocab = Vocab.build(tokenizer, markers)
         self.stop_ids, self.pad_id = vocab.stop_ids, vocab.pad_id
         self.tool_call_id, self.tool_call_end_id = vocab.tool_call_id, vocab.tool_call_end_id
-        self.im_end_id = tokenizer.token_id(IM_END)
-        self.head, self.tail = tool_message_template(tokenizer)
-        self.prompts = [t.prompt_ids(tokenizer) for t in self.tasks]
+        self.im_end_id = markers.end_of_turn_id
+        self.head, self.tail = list(markers.head), list(markers.tail)
+        self.prompts = [t.prompt_ids(tokenizer, markers) for t in self.tasks]
         if max(map(len, self.prompts)) + action_length > max_length:
             raise ValueError(
                 f"a prompt leaves no room for a {action_length}-token turn in max_length={max_length}"

@@ -27,6 +27,11 @@ from agentic_jax import config as gin_config
 from agentic_jax.data.tokenizer import Tokenizer
 from agentic_jax.models import TransformerConfig
 from agentic_jax.models.export import save_model
+from agentic_jax.models.hf_serving_files import (
+    TOKENIZER_CONFIG_FILE,
+    tokenizer_config,
+    write_serving_files,
+)
 from agentic_jax.post_training.common import on_device
 from agentic_jax.training.metrics import MetricsLog
 
@@ -95,13 +100,18 @@ class TrainerRun:
         self.log.write(record)
 
     def finish(self, config: TransformerConfig, params, tokenizer: Tokenizer | None = None) -> str:
-        """Saves the final model (and tokenizer) under ``model/`` and the operative config."""
+        """Saves the final model under ``model/``, the tokenizer beside it (an imported one with
+        its ``tokenizer_config.json``: special tokens, chat template) and the operative config."""
         gin_config.save_config(self.workdir, operative=True)
         model_dir = self.path("model")
         if os.path.exists(model_dir):
             shutil.rmtree(model_dir)
         save_model(model_dir, config, jax.device_get(params))
-        if tokenizer is not None:
+        if tokenizer is not None and tokenizer.chat_template is not None:
+            # An imported model's tokenizer: its special tokens and chat template go along.
+            configs = {TOKENIZER_CONFIG_FILE: tokenizer_config(tokenizer, config.max_seq_len)}
+            write_serving_files(self.workdir, tokenizer, configs)
+        elif tokenizer is not None:
             tokenizer.save(self.path("tokenizer.json"))
         self.manager.close()
         return model_dir

@@ -1,8 +1,9 @@
 """Supervised fine-tuning on chats: loss on the assistant's tokens only, packed rows.
 
-Each conversation goes through the chat template (``chat.render_ids``), whose assistant mask
-marks the tokens the model must learn to produce: assistant content, tool calls and the
-``<|im_end|>`` closing each assistant turn.  Prompt, role headers, tool results and padding are
+Each conversation goes through the model's chat template (``chat_template(tokenizer)``: this
+project's, or an imported model's Hugging Face template), whose assistant mask marks the tokens
+the model must learn to produce: assistant content, tool calls and the ``<|im_end|>`` (or the
+template's own end token) closing each assistant turn.  Prompt, role headers, tool results and padding are
 masked out of the loss.  Conversations are packed first-fit into ``[batch, seq_len]`` rows with
 ``segment_ids`` (tokens attend only within their conversation) and positions restarting per
 conversation, so a packed row computes exactly what the conversations would unpacked.
@@ -17,7 +18,6 @@ way (``eval_loss``) with the greedy next-token accuracy on trained targets.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import gin
@@ -27,8 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from agentic_jax.data.chat import Message, MessageLike, render_ids
-from agentic_jax.data.datasets import read_conversations
+from agentic_jax.data.chat import MessageLike
+from agentic_jax.data.chat_template import chat_template
+from agentic_jax.data.datasets import Conversation, read_conversations
 from agentic_jax.data.packing import next_token_example, pack_batches
 from agentic_jax.data.tokenizer import Tokenizer
 from agentic_jax.models import TransformerConfig, forward
@@ -43,16 +44,25 @@ from agentic_jax.training.update import FullFinetune, make_update, router_metric
 
 
 def chat_examples(
-    conversations: Sequence[Sequence[MessageLike]], tokenizer: Tokenizer, seq_len: int
+    conversations: Sequence[Conversation | Sequence[MessageLike]],
+    tokenizer: Tokenizer,
+    seq_len: int,
 ) -> list[dict[str, np.ndarray]]:
     """``next_token_example``s of the conversations, trained on assistant tokens only.
 
-    A conversation longer than ``seq_len + 1`` tokens is an error naming it: cutting it would
-    train on a turn without its end, and dropping it silently would skew the data.
+    Each renders through ``data.chat_template.chat_template(tokenizer)``: the built-in template,
+    or an imported model's own Hugging Face template (its assistant mask), a ``Conversation``'s
+    tools passed to it.  A conversation longer than ``seq_len + 1`` tokens is an error naming
+    it: cutting it would train on a turn without its end, and dropping it silently would skew
+    the data.
     """
+    template = chat_template(tokenizer)
     examples = []
-    for index, messages in enumerate(conversations):
-        rendered = render_ids(messages, tokenizer)
+    for index, chat in enumerate(conversations):
+        if isinstance(chat, Conversation):
+            rendered = template.render_ids(chat.messages, tokenizer, list(chat.tools) or None)
+        else:
+            rendered = template.render_ids(chat, tokenizer)
         if len(rendered.ids) > seq_len + 1:
             raise ValueError(
                 f"conversation {index} has {len(rendered.ids)} tokens > seq_len + 1 = {seq_len + 1}; "
@@ -62,12 +72,6 @@ def chat_examples(
             raise ValueError(f"conversation {index} has no assistant turn to train on")
         examples.append(next_token_example(rendered.ids, rendered.assistant_mask))
     return examples
-
-
-def read_chats(path: str | os.PathLike, format: str = "auto") -> list[list[Message]]:
-    """The conversations of a JSONL or Parquet file, their tools in the system message
-    (``data.datasets.read_conversations``: OpenAI chat with tool calls, or ShareGPT)."""
-    return [chat.rendered_messages() for chat in read_conversations(path, format)]
 
 
 def chat_batches(
@@ -138,19 +142,20 @@ def train_sft(
 ) -> dict:
     """Fine-tunes the model of the run ``init_from`` on chats and saves it under ``workdir/model``.
 
-    The chats are ``chats_file`` (JSONL or Parquet in ``chats_format``, see :func:`read_chats`;
-    held out: ``heldout_file``) or, by default, the demonstrations of ``tasks``' train and
-    held-out problems.  ``seq_len`` defaults to ``tasks.context_length``.  Resumes from the
-    latest checkpoint in ``workdir`` (parameters, optimizer, RNG and the data position).
-    Returns the final metrics.
+    The chats are ``chats_file`` (JSONL or Parquet in ``chats_format``, OpenAI chat with tool
+    calls or ShareGPT, read by ``data.datasets.read_conversations``; held out:
+    ``heldout_file``) or, by default, the demonstrations of ``tasks``' train and held-out
+    problems, rendered by the model's chat template (``chat_examples``).
+    ``seq_len`` defaults to ``tasks.context_length``.  Resumes from the latest checkpoint in
+    ``workdir`` (parameters, optimizer, RNG and the data position).  Returns the final metrics.
     """
     config, base, tokenizer = load_checkpoint(init_from)
     seq_len = seq_len or tasks.context_length
     if seq_len > config.max_seq_len:
         raise ValueError(f"seq_len={seq_len} exceeds the model's max_seq_len={config.max_seq_len}")
     if chats_file is not None:
-        train_chats = read_chats(chats_file, chats_format)
-        heldout_chats = read_chats(heldout_file, chats_format) if heldout_file else []
+        train_chats = read_conversations(chats_file, chats_format)
+        heldout_chats = read_conversations(heldout_file, chats_format) if heldout_file else []
     else:
         train_chats = [t.conversation() for t in tasks.tasks("train")]
         heldout_chats = [t.conversation() for t in tasks.tasks("heldout")]

@@ -21,14 +21,9 @@ Supervised warm-start data: ``Task.render`` / `demonstration_batch`.
 """
 
 from agentic_jax.envs.text import calculator
+from agentic_jax.envs.text.chat_markers import ChatMarkers, tool_message_template
 from agentic_jax.envs.text.corpus_qa import CorpusQA
-from agentic_jax.envs.text.env import (
-    TextEnv,
-    TextEnvParams,
-    TextEnvState,
-    TurnRewards,
-    tool_message_template,
-)
+from agentic_jax.envs.text.env import TextEnv, TextEnvParams, TextEnvState, TurnRewards
 from agentic_jax.envs.text.generators import Arithmetic, Countdown, Generator, MultiHop, task_env
 from agentic_jax.envs.text.memory import MemoryEnv, MultiSessionRecall, Recall, Remember
 from agentic_jax.envs.text.prompt_file import VERIFIERS, PromptFile
@@ -68,6 +63,7 @@ __all__ = [
     "Arithmetic",
     "ByFamily",
     "Calculator",
+    "ChatMarkers",
     "CorpusQA",
     "Countdown",
     "CountdownAnswer",

@@ -16,6 +16,14 @@ stops at ``<|im_end|>``.  The turn ends at its first ``<|im_end|>``/EOS
   verifier's reward.  Without tools every turn is an answer, i.e. a
   single-turn verifiable task (prompt -> completion -> reward).
 
+These are this project's template and tokens.  An imported model's own chat template and
+tool-call format (``template=`` / ``tool_format=``, by default the tokenizer's Hugging Face
+template and the format it writes) give the call markers, the end of a turn, the tool message
+and the task prompts instead (`chat_markers.ChatMarkers`); e.g. a Qwen2.5-style model calls
+with ``<tool_call>``/``</tool_call>`` tokens, ends turns with ``<|im_end|>`` and reads its
+results as ``\n<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n
+<|im_start|>assistant\n``.
+
 **Rewards per turn.**  The answering turn earns the verifier's reward.  A tool turn earns what
 the env's `TurnRewards` give (all 0 by default, so only the final answer counts): ``valid_call``
 for a well-formed call to a known tool whose arguments it accepts (the result is not an error),
@@ -53,9 +61,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from agentic_jax.data.tokenizer import IM_END, IM_START, TOOL_RESULT, TOOL_RESULT_END, Tokenizer
+from agentic_jax.data.chat_template import ChatTemplate
+from agentic_jax.data.tokenizer import Tokenizer
+from agentic_jax.data.tool_formats import ToolCallFormat
 from agentic_jax.envs import spaces
 from agentic_jax.envs.core import Env, EnvState
+from agentic_jax.envs.text.chat_markers import ChatMarkers
 from agentic_jax.envs.text.rewards import ByFamily, Reward
 from agentic_jax.envs.text.strings import Text, substring
 from agentic_jax.envs.text.tasks import Task, TaskBank, build_bank
@@ -107,30 +118,6 @@ class TurnRewards:
     useful_read: float = 0.0
 
 
-def tool_message_template(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
-    """Token ids around a tool message's content, as ``chat.render_ids`` spells them, and the reply prompt."""
-
-    def special(token):
-        return [tokenizer.token_id(token)]
-
-    head = (
-        tokenizer.encode("\n")
-        + special(IM_START)
-        + tokenizer.encode("tool\n")
-        + special(TOOL_RESULT)
-        + tokenizer.encode("\n")
-    )
-    tail = (
-        tokenizer.encode("\n")
-        + special(TOOL_RESULT_END)
-        + special(IM_END)
-        + tokenizer.encode("\n")
-        + special(IM_START)
-        + tokenizer.encode("assistant\n")
-    )
-    return head, tail
-
-
 def turn_extent(action, stop_ids: Sequence[int], pad_id: int):
     """Length of the turn in ``action`` (up to the first stop token inclusive, or the first PAD).
 
@@ -169,6 +156,8 @@ class TextEnv(Env):
         answer_bytes: int | None = None,
         bank_sizes: dict | None = None,
         turn_rewards: TurnRewards = TurnRewards(),
+        template: ChatTemplate | None = None,
+        tool_format: ToolCallFormat | str | None = None,
     ):
         if len({t.name for t in tools}) != len(tools):
             raise ValueError("tool names must be unique")
@@ -181,7 +170,10 @@ class TextEnv(Env):
             self.bank_sizes.setdefault("embedding_dim", search[0].embedding_dim)
         if isinstance(reward, ByFamily):
             self.bank_sizes["families"] = reward.families
-        self.vocab = Vocab.build(tokenizer)
+        # The model's own chat template and tool-call format (`chat_markers`): this project's for
+        # its own tokenizer, else the tokenizer's Hugging Face template and the format it writes.
+        self.markers = ChatMarkers.build(tokenizer, template, tool_format, calls=bool(self.tools))
+        self.vocab = Vocab.build(tokenizer, self.markers)
         # The verifier sees only the first `answer_bytes` of a turn; by default every turn fits, so a
         # long turn (thinking, then the answer) is scored as on the host, not cut to a zero reward.
         turn_bytes = action_length * self.vocab.token_bytes.shape[1]
@@ -189,8 +181,8 @@ class TextEnv(Env):
         # Likewise every call payload fits by default: a call that did not would be malformed here but
         # parsed on the host; an argument past the tool's own `argument_bytes` is the tool's error in both.
         self.payload_bytes = turn_bytes if payload_bytes is None else payload_bytes
-        self.im_end_id = tokenizer.token_id(IM_END)
-        self.head, self.tail = tool_message_template(tokenizer)
+        self.im_end_id = self.markers.end_of_turn_id
+        self.head, self.tail = list(self.markers.head), list(self.markers.tail)
         self.malformed = tokenizer.encode(MALFORMED)
         self.tool_messages = [token_table(tokenizer, tool.messages) for tool in self.tools]
         bank = tasks if isinstance(tasks, TaskBank) else self.build_bank(tasks)
@@ -198,7 +190,7 @@ class TextEnv(Env):
 
     def build_bank(self, tasks: Sequence[Task]) -> TaskBank:
         """A bank with this env's sizes (fix them in ``bank_sizes`` to swap banks without recompiling)."""
-        return build_bank(tasks, self.tokenizer, **self.bank_sizes)
+        return build_bank(tasks, self.tokenizer, markers=self.markers, **self.bank_sizes)
 
     def make_params(
         self, bank: TaskBank, task_weights=None, max_turns: int | None = None
@@ -311,7 +303,7 @@ class TextEnv(Env):
 
     def call(self, action, turn_length, vocab: Vocab) -> tuple[jax.Array, Text]:
         """Whether the turn holds a complete tool call, and the call's payload (the bytes between
-        ``<tool_call>`` and ``</tool_call>``)."""
+        ``<tool_call>`` and ``</tool_call>``, or the format's own marker tokens)."""
         position = jnp.arange(self.action_length)
         in_turn = position < turn_length
         opens = in_turn & (action == vocab.tool_call_id)

@@ -19,6 +19,7 @@ from flax import struct
 
 from agentic_jax.data.chat import Message, RenderedIds, render_ids
 from agentic_jax.data.tokenizer import Tokenizer
+from agentic_jax.envs.text.chat_markers import ChatMarkers
 from agentic_jax.envs.text.strings import Text, embed
 
 
@@ -61,12 +62,21 @@ class Task:
         """Token ids and assistant (SFT loss) mask of the prompt plus a demonstration."""
         return render_ids(self.conversation(correct), tokenizer)
 
-    def prompt_ids(self, tokenizer: Tokenizer) -> np.ndarray:
-        return render_ids(self.prompt, tokenizer, add_generation_prompt=True).ids
+    def prompt_ids(self, tokenizer: Tokenizer, markers: ChatMarkers | None = None) -> np.ndarray:
+        """The prompt's ids, through ``markers``' chat template when given (a model's own)."""
+        return _opening_ids(self.prompt, tokenizer, markers)
 
-    def session_ids(self, index: int, tokenizer: Tokenizer) -> np.ndarray:
+    def session_ids(
+        self, index: int, tokenizer: Tokenizer, markers: ChatMarkers | None = None
+    ) -> np.ndarray:
         """The prompt ids of later session ``index`` (what the context holds when it opens)."""
-        return render_ids(self.sessions[index], tokenizer, add_generation_prompt=True).ids
+        return _opening_ids(self.sessions[index], tokenizer, markers)
+
+
+def _opening_ids(messages, tokenizer: Tokenizer, markers: ChatMarkers | None) -> np.ndarray:
+    if markers is None:
+        return render_ids(messages, tokenizer, add_generation_prompt=True).ids
+    return markers.prompt_ids(messages, tokenizer)
 
 
 def demonstration_actions(rendered: RenderedIds, action_length: int, pad_id: int = 0) -> np.ndarray:
@@ -220,18 +230,20 @@ def build_bank(
     milestone_tokens: int | None = None,
     max_sessions: int | None = None,
     session_tokens: int | None = None,
+    markers: ChatMarkers | None = None,
 ) -> TaskBank:
     """Packs ``tasks`` for a jitted env; each size defaults to the largest need (fix them to reuse a jit).
 
     ``families`` numbers the task families of a mixed bank (each task's
     ``family`` must be among them); without it every task is family 0.
+    ``markers``: render the prompts through a model's own chat template (`ChatMarkers`).
     """
     if not tasks:
         raise ValueError("a task bank needs at least one task")
     unknown = {t.family for t in tasks} - set(families)
     if families and unknown:
         raise ValueError(f"task families {sorted(unknown)} are not among {list(families)}")
-    prompts = [t.prompt_ids(tokenizer) for t in tasks]
+    prompts = [t.prompt_ids(tokenizer, markers) for t in tasks]
     answers = [list(t.answer.encode()) for t in tasks]
     keys, key_length = _pad_groups(
         [[list(k.encode()) for k, _ in t.facts] for t in tasks],
@@ -264,7 +276,7 @@ def build_bank(
         "milestones",
     )
     sessions, session_length = _pad_groups(
-        [[t.session_ids(i, tokenizer) for i in range(len(t.sessions))] for t in tasks],
+        [[t.session_ids(i, tokenizer, markers) for i in range(len(t.sessions))] for t in tasks],
         max_sessions,
         session_tokens,
         np.int32,

@@ -29,7 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from agentic_jax.data.tokenizer import EOS, IM_END, PAD, TOOL_CALL, TOOL_CALL_END, Tokenizer
+from agentic_jax.data.tokenizer import Tokenizer
+from agentic_jax.envs.text.chat_markers import ChatMarkers
 
 NO_MERGE = np.iinfo(np.int32).max
 INT_DIGITS = 10  # an int32 has at most 10 decimal digits
@@ -57,7 +58,7 @@ def _token_bytes(tokenizer: Tokenizer) -> list[bytes]:
     out = []
     for i in range(tokenizer.vocab_size):
         if i in added:
-            out.append(b"" if added[i] == PAD else added[i].encode())
+            out.append(b"" if i == tokenizer.pad_id else added[i].encode())
             continue
         piece = backend.id_to_token(i)
         if piece is None or any(ch not in table for ch in piece):
@@ -105,12 +106,17 @@ class Vocab:
     minus_id: int = struct.field(pytree_node=False)
     pad_id: int = struct.field(pytree_node=False)
     stop_ids: tuple[int, ...] = struct.field(pytree_node=False)  # <|im_end|> and EOS: end of a turn
-    tool_call_id: int = struct.field(pytree_node=False)
+    tool_call_id: int = struct.field(pytree_node=False)  # a call's opening marker token (-1: none)
     tool_call_end_id: int = struct.field(pytree_node=False)
 
     @classmethod
-    def build(cls, tokenizer: Tokenizer) -> Vocab:
-        """The tables of a byte-level BPE tokenizer with the chat special tokens (ValueError otherwise)."""
+    def build(cls, tokenizer: Tokenizer, markers: ChatMarkers | None = None) -> Vocab:
+        """The tables of a byte-level BPE tokenizer with a PAD token, and the turn and call
+        markers of its chat template (`ChatMarkers`, by default ``chat_template(tokenizer)``'s);
+        ValueError otherwise."""
+        if tokenizer.pad_id is None:
+            raise ValueError("a text environment needs a tokenizer with a PAD token")
+        markers = ChatMarkers.build(tokenizer) if markers is None else markers
         pieces = _token_bytes(tokenizer)
         width = max(1, max(map(len, pieces)))
         token_bytes = np.zeros((len(pieces), width), np.uint8)
@@ -120,9 +126,6 @@ class Vocab:
         minus = tokenizer.encode("-")
         if len(minus) != 1:
             raise ValueError("'-' must be a single token")
-        stop_ids = tuple(
-            tokenizer.special_ids[t] for t in (IM_END, EOS) if t in tokenizer.special_ids
-        )
         return cls(
             jnp.asarray(token_bytes),
             jnp.asarray([len(p) for p in pieces], jnp.int32),
@@ -131,10 +134,10 @@ class Vocab:
             jnp.asarray(rank),
             jnp.asarray(merged),
             minus_id=minus[0],
-            pad_id=tokenizer.token_id(PAD),
-            stop_ids=stop_ids,
-            tool_call_id=tokenizer.token_id(TOOL_CALL),
-            tool_call_end_id=tokenizer.token_id(TOOL_CALL_END),
+            pad_id=tokenizer.pad_id,
+            stop_ids=markers.stop_ids,
+            tool_call_id=markers.open_id,
+            tool_call_end_id=markers.close_id,
         )
 
 

@@ -41,9 +41,14 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from agentic_jax.data.chat import TOOL_FORMAT, Message, ToolCall, ToolSpec
-from agentic_jax.data.chat_template import BuiltinChatTemplate, ChatTemplate, chat_template
+from agentic_jax.data.chat_template import (
+    BuiltinChatTemplate,
+    ChatTemplate,
+    chat_template,
+    template_tool_format,
+)
 from agentic_jax.data.tokenizer import IM_END, TOOL_CALL, TOOL_CALL_END, Tokenizer
-from agentic_jax.data.tool_formats import ToolCallFormat, chat_tool_format, tool_call_format
+from agentic_jax.data.tool_formats import ToolCallFormat, tool_call_format
 from agentic_jax.inference.decoding.constrained import regex_constraint, token_bytes
 from agentic_jax.inference.decoding.sampling import SamplingParams
 from agentic_jax.inference.errors import RequestError
@@ -206,11 +211,8 @@ class ChatModel:
         if isinstance(tool_format, str):
             tool_format = tool_call_format(tool_format)
         if tool_format is None:
-            source = getattr(self.template, "source", None)
-            if isinstance(source, Mapping):  # named templates: the one rendering tools
-                source = source.get("tool_use", source["default"])
             try:
-                tool_format = chat_tool_format(None if self._builtin else source)
+                tool_format = template_tool_format(self.template)
             except ValueError as e:
                 return None, f"this model's tool calls have no known format: {e}"
         if self._builtin and tool_format.name != TOOL_FORMAT.name:
