@@ -46,11 +46,17 @@ TOOL_FORMAT = AgenticJax()  # how assistant turns carry their tool calls
 
 
 class ToolSpec(NamedTuple):
-    """What a model is told about a tool (an OpenAI ``function`` object's fields)."""
+    """What a model is told about a tool (an OpenAI ``function`` object's fields).  Empty
+    ``parameters`` mean a tool without arguments and render as the empty object schema, as an
+    OpenAI spec without ``parameters`` does."""
 
     name: str
     description: str
     parameters: dict
+
+    @property
+    def schema(self) -> dict:
+        return self.parameters or {"type": "object", "properties": {}}
 
     def openai(self) -> dict:
         return {
@@ -58,7 +64,7 @@ class ToolSpec(NamedTuple):
             "function": {
                 "name": self.name,
                 "description": self.description,
-                "parameters": self.parameters,
+                "parameters": self.schema,
             },
         }
 
@@ -86,7 +92,7 @@ def tools_system_prompt(specs: Sequence[ToolSpec]) -> str:
     format's, taught by the demonstrations; every prompt carries this section, so it is short."""
     lines = [
         json.dumps(
-            {"name": s.name, "description": s.description, "parameters": s.parameters},
+            {"name": s.name, "description": s.description, "parameters": s.schema},
             ensure_ascii=False,
             sort_keys=True,
         ).replace("<", "\\u003c")
