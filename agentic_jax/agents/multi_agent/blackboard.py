@@ -12,11 +12,20 @@ member's name or ``FINISH``, in any case, is its choice) or a function ``(task, 
 -> name or FINISH``.  A round makes no progress when the choice is invalid (an unknown or
 excluded member, or ``FINISH`` on an empty board), the chosen member fails, or its post repeats
 an entry already on the board; ``patience`` such rounds in a row stop the run (``no_progress``).
+
+:class:`ConfidenceBoard` is the keyed form of the board that knowledge sources share outside a
+pattern run: each key holds one entry with its author and confidence.  A write is
+**confidence-gated**: it must reach ``min_confidence``, and it replaces the current entry only
+with a strictly higher confidence, or with one at or above ``overwrite_at`` (so a sure
+correction can displace an overconfident guess).  Subscribers of a key are called on every
+accepted write to it (the "demons" of blackboard systems, Nii 1986), with the old and the new
+entry.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -134,3 +143,88 @@ class Blackboard(Pattern):
             StopReason.MAX_ROUNDS,
             (f"the controller did not finish within max_rounds={team.limits.max_rounds}"),
         )
+
+
+class Posting(NamedTuple):
+    value: str
+    author: str
+    confidence: float
+    version: int  # accepted writes to the key so far, this one included
+
+
+Subscriber = Callable[[str, Posting | None, Posting], None]  # (key, old, new)
+
+
+def _unit_interval(name: str, value: float) -> float:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1], got {value!r}")
+    return float(value)
+
+
+@gin.configurable(module="multi_agent")
+class ConfidenceBoard:
+    """A keyed blackboard with confidence-gated writes and key subscriptions; see the module
+    docstring.  Safe to write from several threads."""
+
+    def __init__(self, *, min_confidence: float = 0.0, overwrite_at: float | None = None):
+        self.min_confidence = _unit_interval("min_confidence", min_confidence)
+        self.overwrite_at = (
+            None if overwrite_at is None else _unit_interval("overwrite_at", overwrite_at)
+        )
+        self._entries: dict[str, Posting] = {}
+        self._subscribers: dict[str, list[Subscriber]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> Posting | None:
+        with self._lock:
+            return self._entries.get(key)
+
+    def entries(self) -> dict[str, Posting]:
+        with self._lock:
+            return dict(self._entries)
+
+    def accepts(self, key: str, confidence: float) -> bool:
+        """Would a write of ``confidence`` to ``key`` pass the gate now."""
+        with self._lock:
+            return self._admits(self._entries.get(key), confidence)
+
+    def _admits(self, current: Posting | None, confidence: float) -> bool:
+        if confidence < self.min_confidence:
+            return False
+        if current is None or confidence > current.confidence:
+            return True
+        return self.overwrite_at is not None and confidence >= self.overwrite_at
+
+    def write(self, key: str, value: str, author: str, confidence: float) -> bool:
+        """Posts ``value`` under ``key`` if the gate lets it through (True), then calls the key's
+        subscribers in the order they subscribed.  If some raise, the write still stands and an
+        :class:`ExceptionGroup` of their errors is raised after all were called."""
+        confidence = _unit_interval("confidence", confidence)
+        with self._lock:
+            old = self._entries.get(key)
+            if not self._admits(old, confidence):
+                return False
+            new = Posting(value, author, confidence, 1 + (old.version if old else 0))
+            self._entries[key] = new
+            subscribers = list(self._subscribers.get(key, ()))
+        errors = []
+        for subscriber in subscribers:
+            try:
+                subscriber(key, old, new)
+            except Exception as e:
+                errors.append(e)
+        if errors:
+            raise ExceptionGroup(f"{len(errors)} subscribers of {key!r} failed", errors)
+        return True
+
+    def subscribe(self, key: str, subscriber: Subscriber) -> Callable[[], None]:
+        """Calls ``subscriber(key, old, new)`` on every accepted write to ``key``; returns the
+        function that cancels the subscription."""
+        with self._lock:
+            self._subscribers.setdefault(key, []).append(subscriber)
+
+        def cancel() -> None:
+            with self._lock:
+                self._subscribers[key].remove(subscriber)
+
+        return cancel

@@ -11,6 +11,15 @@ the one given first wins (in the order of the votes, which is member order).  So
 depends on hashing, timing or the order in which a pattern happened to collect replies.  Totals
 are equal up to float round-off (relative 1e-9): confidences such as 0.1 + 0.2 and 0.3 tie,
 though their float sums differ in the last bit.
+
+**Delphi rounds** (:class:`Delphi`; Dalkey & Helmer 1963, *An Experimental Application of the
+Delphi Method to the Use of Experts*, Management Science 9(3)).  Panelists answer alone; in each
+later round each one reads the previous round's answers *anonymised* (:func:`panel_summary`:
+every distinct answer with how many gave it, and for numbers the median and interquartile
+range, never who said what) beside its own, and revises.  Anonymity is the point: revisions
+follow the arguments' numbers, not the standing of whoever made them.  The panel has converged
+when all answers agree, or, for numeric estimates, when their interquartile range is at most
+``tolerance``; the panel's answer is then the median (numbers) or the tally (otherwise).
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import gin
+import numpy as np
 
 from agentic_jax.agents.multi_agent.team import Pattern, Team, TeamLimits, TeamMember
 from agentic_jax.agents.tools.budget import Pricing, StopReason
@@ -30,6 +40,11 @@ ANSWER_FORMAT = (
     "'CONFIDENCE: <a number from 0 to 1>'."
 )
 VOTE_PROMPT = "{task}\n\n" + ANSWER_FORMAT
+DELPHI_PROMPT = (
+    "{task}\n\nYour previous answer: {own}\n\nThe panel's answers in the previous round "
+    "(anonymous):\n{summary}\n\nReconsider and give your revised answer. " + ANSWER_FORMAT
+)
+FACILITATOR = "(facilitator)"  # no member name has parentheses
 
 # A closing punctuation mark ("CONFIDENCE: 0.8.") is common in model output.
 _CONFIDENCE = re.compile(r"(?im)^\s*confidence\s*[:=]\s*(\d*\.?\d+)\s*(%?)\s*[.,;!]?\s*$")
@@ -128,3 +143,110 @@ class Vote(Pattern):
         detail = f"{result.weight:g} of {result.total:g} votes for the winner"
         team.decide("tally", detail, tally=result.weights)
         return result.winner, StopReason.ANSWER, detail
+
+
+def _number(x: float) -> str:
+    return f"{x:.15g}"
+
+
+def numbers(answers: Sequence[str]) -> list[float] | None:
+    """The answers as finite numbers, or ``None`` if any is not one."""
+    try:
+        values = [float(normalize(a).replace(",", "")) for a in answers]
+    except ValueError:
+        return None
+    return values if all(map(math.isfinite, values)) else None
+
+
+def panel_summary(answers: Sequence[str]) -> str:
+    """A Delphi round's anonymous feedback: each distinct answer and how many gave it (most
+    first, then alphabetically, so the listing says nothing of who answered first), and for
+    numeric answers the median and interquartile range (linear quartiles)."""
+    counts = tally(answers).weights
+    lines = [
+        f"- {answer} ({count:g} of {len(answers)})"
+        for answer, count in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    ]
+    values = numbers(answers)
+    if values is not None:
+        q1, median, q3 = np.percentile(values, [25, 50, 75])
+        lines.append(
+            f"median {_number(median)}, interquartile range {_number(q1)} to {_number(q3)}"
+        )
+    return "\n".join(lines)
+
+
+@gin.configurable(module="multi_agent")
+class Delphi(Pattern):
+    """``panelists`` revise their answers over anonymous rounds until they converge (see the
+    module docstring), for at most ``limits.max_rounds`` rounds; ``patience`` rounds in a row
+    without a changed answer also end it.  Each round sends every answer to the facilitator
+    (``estimate``) and, after the first, the summary to the panel (``feedback``)."""
+
+    name = "delphi"
+
+    def __init__(
+        self,
+        panelists: Sequence[TeamMember],
+        *,
+        tolerance: float = 0.0,
+        weighted: bool = False,
+        limits: TeamLimits | None = None,
+        pricing: Pricing | None = None,
+    ):
+        super().__init__(limits=limits, pricing=pricing)
+        if len(panelists) < 2:
+            raise ValueError(f"a Delphi panel needs at least two panelists, got {len(panelists)}")
+        if not tolerance >= 0:
+            raise ValueError(f"tolerance must be a non-negative number, got {tolerance!r}")
+        self.panelists, self.tolerance, self.weighted = list(panelists), tolerance, weighted
+
+    def members(self) -> list[TeamMember]:
+        return self.panelists
+
+    def body(self, team: Team, task: str, artifacts: dict):
+        votes: dict[str, tuple[str, float]] = {}  # the latest (answer, confidence) of each
+        history = artifacts.setdefault("rounds", [])
+        while team.next_round():
+            previous = dict(votes)
+            summary = panel_summary([a for a, _ in previous.values()]) if previous else None
+            if summary is not None:
+                team.send(FACILITATOR, team.available(), "feedback", summary)
+            for name in team.available():
+                prompt = (
+                    VOTE_PROMPT.format(task=task)
+                    if name not in previous
+                    else DELPHI_PROMPT.format(task=task, own=previous[name][0], summary=summary)
+                )
+                reply = team.turn(name, prompt)
+                votes.pop(name, None)
+                if reply is not None:
+                    team.send(name, FACILITATOR, "estimate", reply)
+                    votes[name] = parse_vote(reply)
+            if not votes:
+                return None, StopReason.AGENTS_FAILED, "every panelist failed"
+            history.append({n: a for n, (a, _) in votes.items()})
+            answer, converged, spread = self._consensus(list(votes.values()))
+            if converged:
+                team.decide("consensus", spread)
+                return answer, StopReason.ANSWER, f"the panel converged in round {team.round}"
+            changed = any(
+                normalize(a) != normalize(previous.get(n, ("",))[0]) for n, (a, _) in votes.items()
+            )
+            if team.progress(changed):
+                detail = f"no answer changed for {team.limits.patience} rounds"
+                return answer, StopReason.NO_PROGRESS, f"{detail}; {spread}"
+        detail = f"no consensus after max_rounds={team.limits.max_rounds}"
+        return answer, StopReason.MAX_ROUNDS, f"{detail}; {spread}"
+
+    def _consensus(self, votes: list[tuple[str, float]]) -> tuple[str, bool, str]:
+        """The panel's answer, whether it has converged, and its spread in words: the median
+        and interquartile range of numbers, else the tally's winner and the distinct answers."""
+        answers = [a for a, _ in votes]
+        values = numbers(answers)
+        if values is not None:
+            q1, median, q3 = np.percentile(values, [25, 50, 75])
+            spread = f"interquartile range {_number(q3 - q1)}, tolerance {_number(self.tolerance)}"
+            return _number(median), q3 - q1 <= self.tolerance, spread
+        result = tally(answers, [c if self.weighted else 1.0 for _, c in votes])
+        return result.winner, len(result.weights) == 1, f"{len(result.weights)} distinct answers"
