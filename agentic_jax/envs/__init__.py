@@ -26,6 +26,12 @@ from agentic_jax.envs.host import (
     PythonSandbox,
     ToolPool,
 )
+from agentic_jax.envs.markov_game import (
+    GameObservation,
+    MarkovGame,
+    MatrixGame,
+    SignallingGame,
+)
 from agentic_jax.envs.rollout import ActionOutput, Transition, bootstrap_inputs, rollout, run_steps
 from agentic_jax.envs.spaces import Box, Dict, Discrete, MultiDiscrete, Space, Tokens
 from agentic_jax.envs.wrappers import (
@@ -50,11 +56,14 @@ __all__ = [
     "EnvState",
     "EpisodeStatistics",
     "EpisodeStatisticsState",
+    "GameObservation",
     "GymnaxEnv",
     "HostTextEnv",
     "HostTextParams",
     "HostTextState",
     "LevelReplayState",
+    "MarkovGame",
+    "MatrixGame",
     "MultiDiscrete",
     "OuterWrapper",
     "PassRateFilter",
@@ -62,6 +71,7 @@ __all__ = [
     "PgxEnv",
     "PrioritizedLevelReplay",
     "PythonSandbox",
+    "SignallingGame",
     "Space",
     "TimeLimit",
     "TimeLimitState",

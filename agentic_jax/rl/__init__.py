@@ -5,6 +5,7 @@ The catalogue, with formulas, papers and defaults, is in docs/rl_losses.md.
 
 from agentic_jax.rl.advantages import (
     GROUP_ESTIMATORS,
+    counterfactual_advantages,
     gae,
     group_advantages,
     masked_whiten,
@@ -107,6 +108,7 @@ __all__ = [
     "clipped_surrogate_loss",
     "combine_outputs",
     "combine_rewards",
+    "counterfactual_advantages",
     "dapo_loss",
     "distillation_loss",
     "double_q_learning_loss",

@@ -191,3 +191,21 @@ def token_gae(rewards, values, mask, *, gamma=1.0, lam=0.95):
     rows = jax.vmap(_masked_gae, in_axes=(0, 0, 0, None, None, None))
     advantages = rows(rewards, values, mask > 0, discount, decay, jnp.float32(0.0))
     return advantages, jnp.where(mask > 0, advantages + values, 0.0)
+
+
+def counterfactual_advantages(q_values, policy, actions) -> jax.Array:
+    """COMA's counterfactual advantage of each agent's action, ``[..., N]``.
+
+    A_i(s, u) = Q(s, (u_{-i}, u_i)) − Σ_{u'_i} π_i(u'_i | τ_i)·Q(s, (u_{-i}, u'_i)): a centralised
+    critic scores agent i's action against the actions it could have taken with everyone else's
+    held fixed, which credits each agent with its own part of a shared reward.  The baseline does
+    not depend on u_i, so E_{u_i ~ π_i}[A_i] = 0 and the policy gradient stays unbiased.
+    ``q_values`` ``[..., N, A]``: row i is Q with agent i's action varied over its A choices;
+    ``policy`` ``[..., N, A]``: each agent's action probabilities; ``actions`` ``[..., N]``.
+    Foerster et al. (2018), "Counterfactual Multi-Agent Policy Gradients", arXiv:1705.08926.
+    """
+    q_values = check.floating("q_values", q_values)
+    policy = check.shape("policy", check.floating("policy", policy), q_values.shape)
+    actions = check.shape("actions", check.integer("actions", actions), q_values.shape[:-1])
+    taken = jnp.take_along_axis(q_values, actions[..., None], axis=-1)[..., 0]
+    return jax.lax.stop_gradient(taken - jnp.sum(policy * q_values, axis=-1))
