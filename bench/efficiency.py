@@ -40,7 +40,7 @@ after one untimed, compiling call (``bench.decode.best_time``).
 
 ``OUT/results.json`` holds every number, ``OUT/report.md`` the tables (also printed), ``--plot``
 (default ``docs/efficiency.png``) the figure: memory against perplexity, speculative speedups,
-and the training losses.
+and the training losses.  ``--parts`` runs a subset of the three (all by default).
 """
 
 from __future__ import annotations
@@ -278,14 +278,8 @@ def fp8_training(config, tokenizer, heldout, args) -> dict:
     return rows
 
 
-def report(results: dict) -> str:
-    """The three comparisons as Markdown tables, each with its budget."""
-    s, quant, spec, train = (results[k] for k in ("setup", "compression", "speculation", "fp8"))
+def _compression_report(s: dict, quant: dict) -> list[str]:
     lines = [
-        f"Model `{s['init_from']}` ({s['model']}) on {s['device']}; greedy decoding of "
-        f"{s['new_tokens']} new tokens after {s['prompt_len']}-token held-out prompts, EOS off, "
-        f"fastest of {s['repeats']} timed calls after a compiling one.",
-        "",
         f"**Weight compression** ({s['quant_batch']} rows, {s['quant_batch'] * s['new_tokens']} "
         f"tokens per variant; perplexity on {s['ppl_rows']} x {s['ppl_len']} held-out tokens; "
         f"int4 groups of {s['group_size']}, NF4 blocks of {s['nf4_block']}; 2:4 rows store their "
@@ -301,14 +295,17 @@ def report(results: dict) -> str:
             f"{r['tokens_per_s']:.0f} | {r['speed_ratio']:.2f}x | {r['perplexity']:.2f} | "
             f"{r['perplexity_delta']:+.2f} | {r['greedy_agreement']:.3f} |"
         )
+    return lines
+
+
+def _speculation_report(s: dict, spec: dict) -> list[str]:
     ss = spec["setup"]
     heads = (
         "loaded from --medusa / --eagle"
         if ss["head_steps"] is None
         else f"trained {ss['head_steps']} steps each"
     )
-    lines += [
-        "",
+    lines = [
         f"**Speculative decoding** (draft model {ss['draft_model']}; Medusa ({MEDUSA_HEADS} "
         f"heads) and EAGLE {heads}; trees of {ss['tree']}; drafters ready in "
         f"{ss['drafters_s']:.0f} s):",
@@ -324,9 +321,12 @@ def report(results: dict) -> str:
             f"{r['tokens_per_forward']:.2f} | {r['tokens_per_s']:.0f} | {r['speedup']:.2f}x | "
             f"{'yes' if r['same_as_greedy'] else 'NO'} |"
         )
+    return lines
+
+
+def _fp8_report(s: dict, train: dict) -> list[str]:
     f32 = train["float32"]
-    lines += [
-        "",
+    lines = [
         f"**FP8 training** ({f32['steps']} steps x {s['train_batch']} x {s['train_seq_len']} "
         f"tokens, the same batches, from one initialisation; held-out loss in nats/token on the "
         f"perplexity tokens above):",
@@ -347,22 +347,39 @@ def report(results: dict) -> str:
             "operands dequantised to float32), so the step-time ratio is the simulation's cost, "
             "not FP8's speed.",
         ]
+    return lines
+
+
+REPORTS = {
+    "compression": _compression_report,
+    "speculation": _speculation_report,
+    "fp8": _fp8_report,
+}
+
+
+def report(results: dict) -> str:
+    """The comparisons that ran, as Markdown tables, each with its budget."""
+    s = results["setup"]
+    lines = [
+        f"Model `{s['init_from']}` ({s['model']}) on {s['device']}; greedy decoding of "
+        f"{s['new_tokens']} new tokens after {s['prompt_len']}-token held-out prompts, EOS off, "
+        f"fastest of {s['repeats']} timed calls after a compiling one.",
+    ]
+    for name, part in REPORTS.items():
+        if name in results:
+            lines += ["", *part(s, results[name])]
     return "\n".join(lines)
 
 
-def plot(results: dict, path: str) -> None:
-    """Memory against perplexity per variant; speculative speedups; the training losses."""
-    import matplotlib
+def _plot_compression(ax, quant: dict) -> None:
+    for name, r in quant.items():
+        ax.scatter(r["param_bytes"] / 2**20, r["perplexity"])
+        ax.annotate(name, (r["param_bytes"] / 2**20, r["perplexity"]), fontsize=8)
+    ax.set(xlabel="parameter MiB", ylabel="held-out perplexity", title="weight compression")
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4))
-    for name, r in results["compression"].items():
-        left.scatter(r["param_bytes"] / 2**20, r["perplexity"])
-        left.annotate(name, (r["param_bytes"] / 2**20, r["perplexity"]), fontsize=8)
-    left.set(xlabel="parameter MiB", ylabel="held-out perplexity", title="weight compression")
-    rows = [r for r in results["speculation"]["rows"] if r["method"] != "plain decoding"]
+def _plot_speculation(ax, spec: dict) -> None:
+    rows = [r for r in spec["rows"] if r["method"] != "plain decoding"]
     methods = list(dict.fromkeys(r["method"] for r in rows))
     batches = sorted({r["batch"] for r in rows})
     width = 0.8 / len(batches)
@@ -371,16 +388,35 @@ def plot(results: dict, path: str) -> None:
             next(r["speedup"] for r in rows if (r["batch"], r["method"]) == (batch, m))
             for m in methods
         ]
-        middle.bar(np.arange(len(methods)) + i * width, speedups, width, label=f"batch {batch}")
-    middle.axhline(1.0, color="gray", lw=0.8)
-    middle.set_xticks(np.arange(len(methods)) + width / 2, methods, rotation=20, fontsize=7)
-    middle.set(ylabel="speedup over plain decoding", title="speculative decoding")
-    middle.legend(fontsize=8)
-    for name, r in results["fp8"].items():
-        right.plot(np.arange(1, r["steps"] + 1), r["losses"], label=name)
-    right.set(xlabel="step", ylabel="train loss (nats/token)", title="FP8 vs float32 training")
-    right.legend(fontsize=8)
-    for ax in (left, middle, right):
+        ax.bar(np.arange(len(methods)) + i * width, speedups, width, label=f"batch {batch}")
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xticks(np.arange(len(methods)) + width / 2, methods, rotation=20, fontsize=7)
+    ax.set(ylabel="speedup over plain decoding", title="speculative decoding")
+    ax.legend(fontsize=8)
+
+
+def _plot_fp8(ax, train: dict) -> None:
+    for name, r in train.items():
+        ax.plot(np.arange(1, r["steps"] + 1), r["losses"], label=name)
+    ax.set(xlabel="step", ylabel="train loss (nats/token)", title="FP8 vs float32 training")
+    ax.legend(fontsize=8)
+
+
+PLOTS = {"compression": _plot_compression, "speculation": _plot_speculation, "fp8": _plot_fp8}
+
+
+def plot(results: dict, path: str) -> None:
+    """One panel per comparison that ran: memory against perplexity per variant, speculative
+    speedups, the training losses."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ran = [name for name in PLOTS if name in results]
+    fig, axes = plt.subplots(1, len(ran), figsize=(5 * len(ran), 4), squeeze=False)
+    for name, ax in zip(ran, axes[0]):
+        PLOTS[name](ax, results[name])
         ax.grid(alpha=0.3)
     save_figure(fig, path)
 
@@ -393,6 +429,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", required=True, help="results.json and report.md")
     parser.add_argument("--plot", default="docs/efficiency.png")
     parser.add_argument("--quick", action="store_true", help="tiny budgets, a smoke run")
+    parser.add_argument(
+        "--parts", nargs="+", choices=list(REPORTS), default=list(REPORTS), help="what to compare"
+    )
     parser.add_argument("--files", nargs="+", help="training text (default: the shipped corpus)")
     parser.add_argument("--prompt_len", type=int, default=32)
     parser.add_argument("--new_tokens", type=int, default=64)
@@ -449,7 +488,8 @@ def main(argv=None) -> dict:
         "speculation": lambda: speculation_rows(params, config, tokenizer, prompts, args),
         "fp8": lambda: fp8_training(config, tokenizer, heldout, args),
     }
-    for name, part in parts.items():
+    for name in args.parts:
+        part = parts[name]
         start = time.perf_counter()
         results[name] = part()
         results["setup"][f"{name}_s"] = time.perf_counter() - start

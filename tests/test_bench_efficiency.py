@@ -22,7 +22,7 @@ TINY = {
     "--ppl_rows": 2,
     "--ppl_len": 32,
     "--calibration_rows": 2,
-    "--spec_batch": 2,
+    "--spec_batch": 1,  # batch 1 only: batched speculation has its own tests
     "--draft_d_model": 16,
     "--draft_steps": 2,
     "--head_steps": 2,
@@ -32,13 +32,20 @@ TINY = {
 }
 
 
-def test_every_row_is_reported_within_one_budget(tmp_path, capsys):
+def run(tmp_path, part: str) -> tuple[dict, pathlib.Path, pathlib.Path]:
+    """One part of the bench at the tiny size (each part is its own test, so they run apart)."""
     make_model_dir(tmp_path / "model", max_seq_len=64)
     out, png = tmp_path / "out", tmp_path / "efficiency.png"
     argv = ["--init_from", str(tmp_path / "model"), "--out", str(out), "--plot", str(png)]
-    argv += ["--files", CORPUS, *(str(x) for kv in TINY.items() for x in kv)]
+    argv += ["--files", CORPUS, "--parts", part, *(str(x) for kv in TINY.items() for x in kv)]
     results = bench.main(argv)
+    assert part in results and not ({"compression", "speculation", "fp8"} - {part}) & set(results)
+    assert (out / "report.md").exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return results, out, png
 
+
+def test_every_compression_variant_is_reported_within_one_budget(tmp_path, capsys):
+    results, out, _ = run(tmp_path, "compression")
     quant = results["compression"]
     assert list(quant) == [
         "float32",
@@ -61,7 +68,15 @@ def test_every_row_is_reported_within_one_budget(tmp_path, capsys):
     for r in quant.values():
         assert math.isfinite(r["perplexity"]) and r["tokens_per_s"] > 0
         assert 0 <= r["greedy_agreement"] <= 1
+    report = capsys.readouterr().out
+    for name in quant:
+        assert f"| {name} |" in report
+    assert json.loads((out / "results.json").read_text())["compression"].keys() == quant.keys()
+    assert (out / "report.md").read_text().strip() in report
 
+
+def test_every_speculative_method_spends_one_budget_and_matches_greedy(tmp_path, capsys):
+    results, _, _ = run(tmp_path, "speculation")
     rows = results["speculation"]["rows"]
     methods = [
         "plain decoding",
@@ -70,22 +85,24 @@ def test_every_row_is_reported_within_one_budget(tmp_path, capsys):
         "Medusa, tree",
         "EAGLE, tree",
     ]
-    assert [(r["batch"], r["method"]) for r in rows] == [(b, m) for b in (1, 2) for m in methods]
+    assert [(r["batch"], r["method"]) for r in rows] == [(1, m) for m in methods]
     for r in rows:  # the same budget for every method, and each exact under greedy decoding
         assert r["generated_tokens"] == r["batch"] * 4
         assert r["same_as_greedy"]
         assert 1 <= r["tokens_per_forward"] <= 5  # the root plus at most 4 accepted drafts
     assert results["speculation"]["setup"]["head_steps"] == 2
+    report = capsys.readouterr().out
+    for name in methods:
+        assert f"| {name} |" in report
 
+
+def test_fp8_and_float32_train_on_the_same_batches(tmp_path, capsys):
+    results, _, _ = run(tmp_path, "fp8")
     train = results["fp8"]
     assert list(train) == ["float32", "fp8"]
     assert train["float32"]["tokens"] == train["fp8"]["tokens"] == 2 * 2 * 32
     assert all(len(r["losses"]) == 2 and math.isfinite(r["heldout_loss"]) for r in train.values())
 
     report = capsys.readouterr().out
-    for name in [*quant, *methods, "fp8"]:
-        assert f"| {name} |" in report
+    assert "| fp8 |" in report
     assert "simulated" in report  # a CPU has no FP8 matrix unit
-    assert json.loads((out / "results.json").read_text())["compression"].keys() == quant.keys()
-    assert (out / "report.md").read_text().strip() in report
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
