@@ -14,9 +14,12 @@ import agentic_jax.eval.suites.judge_suite
 import agentic_jax.eval.suites.judging
 import agentic_jax.eval.suites.market
 import agentic_jax.eval.suites.run
+import agentic_jax.eval.suites.self_improvement
+import agentic_jax.eval.suites.self_instruct
 import agentic_jax.eval.suites.suite
 import agentic_jax.eval.suites.training_data
 import agentic_jax.inference.serving.engine
+import agentic_jax.inference.serving.openai_server
 import agentic_jax.jobs
 import agentic_jax.memory
 import agentic_jax.models.config
