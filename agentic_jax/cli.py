@@ -7,7 +7,8 @@
     agentic-jax convert SRC DST --to native|hf
     agentic-jax generate --checkpoint DIR --prompt TEXT [--chat | --no-chat] [--temperature T]
                          [--top_p P] [--top_k K] [--max_tokens N] [--seed S] [--gin_param P]...
-    agentic-jax serve --checkpoint DIR [--host H] [--port P] [--model_name NAME] [--gin_param P]...
+    agentic-jax serve --checkpoint DIR [--host H] [--port P] [--model_name NAME] [--api_key KEY]
+                      [--gin_param P]...
     agentic-jax mcp-server [--checkpoint DIR] [--corpus DIR|FILE] [--skills DIR]
                            [--transport stdio|streamable-http] [--host H] [--port P]
     agentic-jax a2a-server --gin_file F [--checkpoint DIR] [--host H] [--port P] [--url URL]
@@ -141,6 +142,13 @@ def _parser() -> argparse.ArgumentParser:
         "--model_name",
         default=None,
         help="the model id clients send (default: the checkpoint's directory name)",
+    )
+    serve.add_argument(
+        "--api_key",
+        "--api-key",
+        default=None,
+        help="the bearer token every endpoint but /health requires "
+        "(default: OpenAIServer.api_key (gin), else none)",
     )
     mcp = job(
         "mcp-server",
@@ -328,10 +336,12 @@ def _interrupt(signum, frame):
 
 
 def _serve(args) -> None:
-    """Serves until Ctrl-C or SIGTERM; EngineConfig and ServerLimits come from gin.
+    """Serves until Ctrl-C or SIGTERM; EngineConfig, ServerLimits and the rest of OpenAIServer
+    come from gin.
 
     Both signals are caught explicitly: a process started in the background by a shell
-    inherits an ignored SIGINT, and container runtimes stop servers with SIGTERM.
+    inherits an ignored SIGINT, and container runtimes stop servers with SIGTERM.  uvicorn
+    takes them while it serves, shuts down gracefully and raises them again for these handlers.
     """
     import logging
     import signal
@@ -341,8 +351,9 @@ def _serve(args) -> None:
 
     name = args.model_name or os.path.basename(os.path.abspath(args.checkpoint))
     model = ChatModel.from_checkpoint(args.checkpoint)
+    key = {} if args.api_key is None else {"api_key": args.api_key}  # else gin's, if bound
     server = OpenAIServer(
-        model, host=args.host, port=args.port, model_name=name, limits=ServerLimits()
+        model, host=args.host, port=args.port, model_name=name, limits=ServerLimits(), **key
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     print(f"serving {name!r} at {server.url} (Ctrl-C stops)", flush=True)

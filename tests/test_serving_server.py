@@ -249,18 +249,11 @@ def test_request_errors_are_400s_and_internal_errors_500s():
         assert _post(server, {"model": MODEL, "prompt": "ok", "stop": [""]})[0] == 400
 
 
-@pytest.mark.parametrize(
-    "header, status",
-    [
-        ("Content-Length: -1", b"400"),
-        ("Content-Length: ten", b"400"),
-        ("Transfer-Encoding: chunked", b"411"),
-    ],
-)
-def test_a_body_of_unknown_length_is_an_error_that_closes_the_connection(header, status):
+@pytest.mark.parametrize("header", ["Content-Length: -1", "Content-Length: ten"])
+def test_a_body_of_unknown_length_is_an_error_that_closes_the_connection(header):
     with (
         OpenAIServer(_Completer(), model_name=MODEL) as server,
-        socket.create_connection(server.httpd.server_address[:2], timeout=10) as s,
+        socket.create_connection(server.address, timeout=10) as s,
     ):
         s.sendall(
             f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n{header}\r\n\r\n"
@@ -269,7 +262,7 @@ def test_a_body_of_unknown_length_is_an_error_that_closes_the_connection(header,
         response = b""
         while chunk := s.recv(4096):  # ends when the server closes the connection
             response += chunk
-    assert response.startswith(b"HTTP/1.1 " + status) and b"Connection: close" in response
+    assert response.startswith(b"HTTP/1.1 400") and b"connection: close" in response.lower()
 
 
 def test_chat_with_tools_then_a_tool_result(client):
@@ -323,27 +316,6 @@ def test_streaming_matches_the_non_streamed_reply(client):
     )
 
 
-def test_a_client_that_leaves_mid_stream_frees_its_engine_slot(server, model):
-    engine = model.engine
-    start = engine.step_count
-    host, port = server.httpd.server_address[:2]
-    body = json.dumps(
-        {"model": MODEL, "messages": MESSAGES, "temperature": 0, "stream": True, "max_tokens": 400}
-    ).encode()
-    with socket.create_connection((host, port), timeout=60) as sock:
-        sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-            b"Content-Type: application/json\r\n"
-            + f"Content-Length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # streaming has begun
-    deadline = time.monotonic() + 60
-    while engine.has_unfinished() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not engine.has_unfinished() and engine.step_count - start < 100  # not 400
-
-
 def test_completions_batch_and_stream(client):
     batch = client.completions.create(
         model=MODEL, prompt=["The cat", "A dog"], max_tokens=5, temperature=0
@@ -393,21 +365,29 @@ def test_the_serve_verb_serves_until_interrupted(model_dir, stop):
             str(model_dir),
             "--port",
             str(port),
+            "--api_key",
+            "k3y",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
+    url = f"http://127.0.0.1:{port}/v1/models"
     try:
         deadline = time.monotonic() + 60
         while True:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as r:
-                    models = json.loads(r.read())
+                with urllib.request.urlopen(url, timeout=5) as r:
+                    raise AssertionError(f"served without the API key: {r.status}")
+            except urllib.error.HTTPError as e:
+                assert e.code == 401
                 break
             except (urllib.error.URLError, ConnectionError):
                 assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
                 time.sleep(0.2)
+        keyed = urllib.request.Request(url, headers={"Authorization": "Bearer k3y"})
+        with urllib.request.urlopen(keyed, timeout=5) as r:
+            models = json.loads(r.read())
         assert models["data"][0]["id"] == model_dir.name
         proc.send_signal(stop)
         assert (

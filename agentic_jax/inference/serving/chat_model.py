@@ -30,15 +30,33 @@ turn, and a turn with a malformed call is returned as its text (``on_text`` gets
 at the end, since a call cannot be told from content before it is read).  A required call is
 constrained by the format's ``call_regex``: its opening marker, where it is a token of its own,
 starts the turn; the call ends at its closing token, or else at the end of the turn.
+
+**Structured replies.**  ``response_format`` follows the OpenAI API: ``{"type": "text"}``,
+``{"type": "json_object"}`` (any JSON object nested at most two deep) or ``{"type":
+"json_schema", "json_schema": {"name", "schema", "strict"}}``.  A JSON reply is decoded under
+the token automaton of the schema's regex (``outlines-core``'s translation), one more
+constrained request in the engine's batch, so a reply that ends validates against its schema;
+one cut off by ``max_tokens`` is a prefix of a valid one.  The schema is always enforced
+(``strict`` or not), so a schema using a keyword the translation ignores (``minimum``,
+``uniqueItems``...) is refused rather than not enforced.  Automata are built once per schema
+and kept.
+
+**Log-probabilities.**  Every :class:`Generation` carries its text tokens' log-probabilities
+under the raw model, with each token's ``top_logprobs`` likeliest alternatives when asked;
+:meth:`ChatModel.openai_logprobs` writes them as the chat API's ``choices[i].logprobs``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jsonschema
 
 from agentic_jax.data.chat import TOOL_FORMAT, Message, ToolCall, ToolSpec
 from agentic_jax.data.chat_template import (
@@ -49,16 +67,53 @@ from agentic_jax.data.chat_template import (
 )
 from agentic_jax.data.tokenizer import IM_END, TOOL_CALL, TOOL_CALL_END, Tokenizer
 from agentic_jax.data.tool_formats import ToolCallFormat, tool_call_format
-from agentic_jax.inference.decoding.constrained import regex_constraint, token_bytes
+from agentic_jax.inference.decoding.constrained import (
+    TokenConstraint,
+    regex_constraint,
+    schema_regex,
+    token_bytes,
+)
 from agentic_jax.inference.decoding.sampling import SamplingParams
 from agentic_jax.inference.errors import RequestError
 from agentic_jax.inference.serving.engine import Engine, EngineConfig
 from agentic_jax.inference.serving.engine_loop import EngineLoop
+from agentic_jax.inference.serving.metrics import ServingMetrics
 from agentic_jax.models.export import load_checkpoint
 
 CONSTRAINT_STATES = 256  # tables padded to at least this many states (fewer distinct shapes)
-CACHED_CONSTRAINTS = 32  # tool sets whose automata are kept (a server sees many)
-MAX_CONSTRAINT_STATES = 8192  # a larger tool-call automaton is refused (its tables are [S, V])
+CACHED_CONSTRAINTS = 32  # tool sets and reply schemas whose automata are kept (a server sees many)
+MAX_CONSTRAINT_STATES = 8192  # a larger automaton is refused (its tables are [S, V])
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+# json_object's schema: any JSON object nested at most two deep (its values are scalars, or
+# arrays or objects of scalars).  A regex cannot nest without bound, and outlines-core's own
+# {"type": "object"} (three deep) makes an automaton of ~1,600 states whose index takes seconds
+# to build over even a 300-token vocabulary; this one has ~400 and takes a fraction of that.
+_SCALAR = {"type": ["string", "number", "boolean", "null"]}
+JSON_OBJECT_SCHEMA = {
+    "type": "object",
+    "additionalProperties": {
+        "anyOf": [
+            _SCALAR,
+            {"type": "array", "items": _SCALAR},
+            {"type": "object", "additionalProperties": _SCALAR},
+        ]
+    },
+}
+# Keywords that narrow what a schema accepts but that outlines-core's regex translation ignores:
+# a reply decoded under the regex could break them, so a schema using one is refused.
+UNENFORCED_KEYWORDS = frozenset(
+    {
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+        "uniqueItems", "contains", "minContains", "maxContains", "minProperties",
+        "maxProperties", "patternProperties", "propertyNames", "dependentRequired",
+        "dependentSchemas", "dependencies", "not", "if", "then", "else",
+        "unevaluatedItems", "unevaluatedProperties",
+    }
+)  # fmt: skip
+# Where subschemas sit: under these keywords, a schema; a map of names to schemas; a list of them.
+_SUBSCHEMA = ("items", "additionalProperties")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 
 
 def sampling_params(
@@ -111,6 +166,89 @@ def _chosen_tools(specs: list[ToolSpec], tool_choice: str | Mapping) -> list[Too
     return [] if tool_choice == "none" else specs
 
 
+def _unenforced_keyword(schema: Any, path: str = "#") -> tuple[str, str] | None:
+    """The first ``(keyword, JSON pointer)`` of :data:`UNENFORCED_KEYWORDS` in ``schema`` or its
+    subschemas, or ``None``."""
+    if not isinstance(schema, Mapping):
+        return None
+    found = next((k for k in schema if k in UNENFORCED_KEYWORDS), None)
+    if found is not None:
+        return found, path
+    children = [(f"{path}/{k}", schema[k]) for k in _SUBSCHEMA if k in schema]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(schema.get(key), Mapping):
+            children += [(f"{path}/{key}/{name}", s) for name, s in schema[key].items()]
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            children += [(f"{path}/{key}/{i}", s) for i, s in enumerate(schema[key])]
+    for where, child in children:
+        hit = _unenforced_keyword(child, where)
+        if hit is not None:
+            return hit
+    return None
+
+
+def response_schema(response_format: Mapping | None) -> dict | None:
+    """The JSON schema a reply must follow under the OpenAI API's ``response_format``: ``None``
+    for text (or no format), :data:`JSON_OBJECT_SCHEMA` for ``json_object``, the given schema
+    for ``json_schema``.  A malformed format, an invalid schema or one that constrained decoding
+    cannot enforce is a :class:`RequestError` that names the field."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, Mapping):
+        raise RequestError(f"response_format must be an object, got {response_format!r}")
+    kind = response_format.get("type")
+    if kind not in RESPONSE_FORMATS:
+        raise RequestError(f"response_format.type={kind!r}; expected one of {RESPONSE_FORMATS}")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return JSON_OBJECT_SCHEMA
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, Mapping):
+        raise RequestError("response_format.json_schema must be an object with a name and schema")
+    if not isinstance(spec.get("name"), str) or not spec["name"]:
+        raise RequestError("response_format.json_schema.name must be a non-empty string")
+    if not isinstance(spec.get("strict", False), bool | None):
+        raise RequestError(f"response_format.json_schema.strict={spec['strict']!r} is not a bool")
+    schema = spec.get("schema")
+    if not isinstance(schema, Mapping):
+        raise RequestError("response_format.json_schema.schema must be a JSON schema object")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        raise RequestError(
+            f"response_format.json_schema.schema is not a valid JSON schema: {e.message}"
+        ) from None
+    unenforced = _unenforced_keyword(schema)
+    if unenforced is not None:
+        keyword, where = unenforced
+        raise RequestError(
+            f"response_format.json_schema.schema uses {keyword!r} (at {where}), which "
+            "constrained decoding cannot enforce"
+        )
+    return dict(schema)
+
+
+class TokenLogprob(NamedTuple):
+    """A generated token, its log-probability under the raw model, and the likeliest tokens
+    there as ``(token, logprob)`` (as many as the request's ``top_logprobs``)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
+
+
+class _Turn(NamedTuple):
+    """What one free-running request produced (see ``ChatModel._stream``); built from a plain
+    ``(tokens, text, finish_reason)`` triple, it has no log-probabilities."""
+
+    tokens: list[int]
+    text: str
+    finish_reason: str
+    logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens the text shows (no special tokens)
+
+
 class TextStream:
     """Incremental detokenisation: each pushed token yields the new visible text.  Text is cut
     before the first stop string; a trailing partial UTF-8 character or a suffix that may be the
@@ -150,6 +288,8 @@ class Generation:
     finish_reason: str  # stop, length or tool_calls
     prompt_tokens: int
     completion_tokens: int
+    # the text's tokens (a call's are not text), as ChatModel.openai_logprobs writes them
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class ChatModel:
@@ -166,7 +306,10 @@ class ChatModel:
         whitespace_pattern: str = "[ ]?",
         template: ChatTemplate | None = None,
         tool_format: ToolCallFormat | str | None = None,
+        metrics: ServingMetrics | None = None,
     ):
+        """``metrics``: where the engine loop records its steps (a new :class:`ServingMetrics`
+        by default; a server exposes ``self.metrics``)."""
         # ``data.chat_template.chat_template`` (gin) picks the tokenizer's own Hugging Face
         # template when it carries one, else this project's.
         self.template = chat_template(tokenizer) if template is None else template
@@ -199,7 +342,9 @@ class ChatModel:
             eos_id=end_of_turn,
             tokenizer=tokenizer,
         )
-        self.loop = EngineLoop(self.engine).start()
+        self.metrics = ServingMetrics() if metrics is None else metrics
+        self.loop = EngineLoop(self.engine, self.metrics).start()
+        self._special_ids = frozenset(tokenizer.special_ids.values())
         self.max_tool_call_tokens = max_tool_call_tokens
         self.whitespace_pattern = whitespace_pattern
         self._constraints: dict[str, object] = {}
@@ -237,20 +382,28 @@ class ChatModel:
         return self.tokenizer.encode(text, add_bos=self.tokenizer.bos_id is not None)
 
     def _stream(
-        self, prompt: Sequence[int], params: SamplingParams, on_text: Callable[[str], None] | None
-    ) -> tuple[list[int], str, str]:
-        """Phase 1: (tokens, visible text, finish reason) of a free-running completion."""
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        on_text: Callable[[str], None] | None,
+        constraint: TokenConstraint | None = None,
+        top_logprobs: int = 0,
+    ) -> _Turn:
+        """Phase 1: a free-running completion, under ``constraint`` if one is given."""
         stream = TextStream(self.tokenizer, params.stop_strings)
-        tokens, finish = [], "stop"
-        with contextlib.closing(self.loop.submit(prompt, params)) as events:  # on_text may raise
+        tokens, logprobs, finish = [], [], "stop"
+        events = self.loop.submit(prompt, params, constraint=constraint, top_logprobs=top_logprobs)
+        with contextlib.closing(events):  # on_text may raise
             for event in events:
                 tokens.append(event.token)
+                if event.token not in self._special_ids:
+                    logprobs.append(TokenLogprob(event.token, event.logprob, event.top_logprobs))
                 delta = stream.push(event.token, event.finished)
                 if delta and on_text is not None:
                     on_text(delta)
                 if event.finished:
                     finish = event.completion.finish_reason
-        return tokens, stream.text, finish
+        return _Turn(tokens, stream.text, finish, tuple(logprobs))
 
     def _check_length(
         self, prompt: Sequence[int], params: SamplingParams, strict_max_tokens: bool
@@ -275,16 +428,20 @@ class ChatModel:
         on_text: Callable[[str], None] | None = None,
         *,
         strict_max_tokens: bool = False,
+        top_logprobs: int = 0,
     ) -> Generation:
         """A raw completion of ``prompt`` (``/v1/completions``).  With ``strict_max_tokens`` a
         ``max_tokens`` that does not fit beside the prompt is a :class:`RequestError` (the
-        OpenAI API's rule); without, the completion stops at ``max_model_len``."""
+        OpenAI API's rule); without, the completion stops at ``max_model_len``.
+        ``top_logprobs``: the likeliest tokens to keep beside each token's log-probability."""
         ids = self.encode(prompt)
         self._check_length(ids, params, strict_max_tokens)
         eos = self.tokenizer.eos_id
         params = dataclasses.replace(params, stop_token_ids=() if eos is None else (eos,))
-        tokens, text, finish = self._stream(ids, params, on_text)
-        return Generation(text, (), finish, len(ids), len(tokens))
+        turn = self._stream(ids, params, on_text, None, top_logprobs)
+        return Generation(
+            turn.text, (), turn.finish_reason, len(ids), len(turn.tokens), turn.logprobs
+        )
 
     # ----------------------------------------------------------------------------- chat
     def prompt_ids(self, messages: Sequence[Message], specs: Sequence[ToolSpec] = ()) -> list[int]:
@@ -304,39 +461,51 @@ class ChatModel:
         params: SamplingParams = SamplingParams(),
         on_text: Callable[[str], None] | None = None,
         strict_max_tokens: bool = False,
+        response_format: Mapping | None = None,
+        top_logprobs: int = 0,
     ) -> Generation:
         """The next assistant turn; ``on_text`` receives its text as it is generated
-        (``strict_max_tokens`` as in :meth:`complete`)."""
+        (``strict_max_tokens`` and ``top_logprobs`` as in :meth:`complete`).
+        ``response_format`` (the OpenAI API's; see the module docstring) constrains the reply
+        to JSON, and cannot be combined with tools a turn may call."""
+        schema = response_schema(response_format)
         specs = _chosen_tools(list(specs), tool_choice)
         if specs and self.tool_format is None:
             raise RequestError(self._no_tools)
+        if specs and schema is not None:
+            raise RequestError(
+                f"response_format {response_format['type']!r} cannot be combined with tools "
+                "(unless tool_choice is 'none')"
+            )
         prompt = self.prompt_ids(messages, specs)
         self._check_length(prompt, params, strict_max_tokens)
         forced = bool(specs) and tool_choice != "auto"
         if forced:  # a call is required: it opens right away
-            tokens, text, finish = [self._open_id] if self._open_id is not None else [], "", "stop"
+            turn = _Turn([self._open_id] if self._open_id is not None else [], "", "stop", ())
         else:
             phase1 = dataclasses.replace(params, stop_token_ids=self._stop_ids)
             if specs and not self._builtin:  # the whole turn, then read by the format
-                return self._parsed_turn(prompt, self._stream(prompt, phase1, None), on_text)
-            tokens, text, finish = self._stream(prompt, phase1, on_text)
+                turn = self._stream(prompt, phase1, None, None, top_logprobs)
+                return self._parsed_turn(prompt, _Turn(*turn), on_text)
+            constraint = None if schema is None else self._schema_constraint(schema)
+            turn = self._stream(prompt, phase1, on_text, constraint, top_logprobs)
+        tokens = turn.tokens
         if not (forced or (specs and tokens and tokens[-1] == self._open_id)):
-            return Generation(text, (), finish, len(prompt), len(tokens))
+            return Generation(
+                turn.text, (), turn.finish_reason, len(prompt), len(tokens), turn.logprobs
+            )
         calls, used = self._tool_call(prompt + tokens, specs, params)
-        if not calls:
-            return Generation(text, (), "length", len(prompt), len(tokens) + used)
-        return Generation(text, calls, "tool_calls", len(prompt), len(tokens) + used)
+        finish = "tool_calls" if calls else "length"
+        return Generation(turn.text, calls, finish, len(prompt), len(tokens) + used, turn.logprobs)
 
     def _parsed_turn(
-        self,
-        prompt: Sequence[int],
-        streamed: tuple[list[int], str, str],
-        on_text: Callable[[str], None] | None,
+        self, prompt: Sequence[int], turn: _Turn, on_text: Callable[[str], None] | None
     ) -> Generation:
         """A free-running turn offered tools, read by the format: its content and calls when
         every call in it is well-formed, else its text as it is (a malformed call is the
-        model's text, not an error).  ``on_text`` gets that text once, at the end."""
-        tokens, text, finish = streamed
+        model's text, not an error).  ``on_text`` gets that text once, at the end.  Its
+        log-probabilities are the whole turn's (calls included: they are not cut apart)."""
+        tokens, text, finish = turn.tokens, turn.text, turn.finish_reason
         body = tokens[:-1] if tokens and tokens[-1] == self.engine.eos_id else tokens
         content, calls, errors = self.tool_format.parse(self.tokenizer.decode(body))
         if calls and not errors and finish == "stop":
@@ -345,41 +514,84 @@ class ChatModel:
             calls = ()
         if text and on_text is not None:
             on_text(text)
-        return Generation(text, calls, finish, len(prompt), len(tokens))
+        return Generation(text, calls, finish, len(prompt), len(tokens), turn.logprobs)
 
-    def _constraint(self, specs: Sequence[ToolSpec]):
-        key = json.dumps([[s.name, s.parameters] for s in specs], sort_keys=True)
+    def _cached_constraint(self, key: str, regex: Callable[[], str], end_id: int, what: str):
+        """The token automaton of ``regex()`` ending with ``end_id``, built once per ``key``
+        (the newest :data:`CACHED_CONSTRAINTS` kept).  The regex comes from the caller's
+        schemas, so whatever it breaks is the caller's error, named as ``what``."""
         with self._constraint_lock:
             if key not in self._constraints:
-                try:  # the schemas are the caller's: whatever they break is its error
-                    regex = self.tool_format.call_regex(
-                        specs,
-                        self.whitespace_pattern,
-                        open_token=self._open_id is not None,
-                        close_token=self._close_id is not None,
-                    )
-                except ValueError as e:
-                    raise RequestError(str(e)) from None
                 tokens = token_bytes(self.tokenizer, self.config.vocab_size)
-                for marker in (self._open_id, self._close_id):  # never inside a call's JSON
+                for marker in (self._open_id, self._close_id):  # never inside JSON
                     if marker is not None:
                         tokens[marker] = None
                 try:
                     constraint = regex_constraint(
-                        regex,
+                        regex(),
                         tokens,
-                        self._call_end_id,
+                        end_id,
                         num_states=CONSTRAINT_STATES,
                         max_states=MAX_CONSTRAINT_STATES,
                     )
                 except ValueError as e:
-                    raise RequestError(
-                        f"the tools' schemas are too large to constrain: {e}"
-                    ) from None
+                    raise RequestError(f"{what} cannot be constrained: {e}") from None
                 if len(self._constraints) >= CACHED_CONSTRAINTS:
                     del self._constraints[next(iter(self._constraints))]  # the oldest
                 self._constraints[key] = constraint
             return self._constraints[key]
+
+    def _constraint(self, specs: Sequence[ToolSpec]):
+        """The automaton of a call to one of ``specs``, in this model's tool-call format."""
+        return self._cached_constraint(
+            "tools:" + json.dumps([[s.name, s.parameters] for s in specs], sort_keys=True),
+            lambda: self.tool_format.call_regex(
+                specs,
+                self.whitespace_pattern,
+                open_token=self._open_id is not None,
+                close_token=self._close_id is not None,
+            ),
+            self._call_end_id,
+            "the tools' schemas",
+        )
+
+    def _schema_constraint(self, schema: Mapping):
+        """The automaton of a reply that is a JSON document under ``schema``, ending the turn."""
+        return self._cached_constraint(
+            "schema:" + json.dumps(schema, sort_keys=True),
+            lambda: schema_regex(schema, self.whitespace_pattern),
+            self.engine.eos_id,
+            "response_format's schema",
+        )
+
+    @functools.cached_property
+    def _token_bytes(self) -> list[bytes | None] | None:
+        """Each id's bytes in a byte-level BPE tokenizer (``None`` for another kind)."""
+        try:
+            return token_bytes(self.tokenizer, self.config.vocab_size)
+        except ValueError:
+            return None
+
+    def _token_json(self, token: int, logprob: float) -> dict:
+        text = self.tokenizer.decode([token])
+        exact = None if self._token_bytes is None else self._token_bytes[token]
+        data = exact if exact is not None else text.encode("utf-8")
+        return {"token": text, "logprob": logprob, "bytes": list(data)}
+
+    def openai_logprobs(self, generation: Generation) -> dict:
+        """``generation``'s log-probabilities as the chat API's ``choices[i].logprobs``:
+        ``{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}],
+        "refusal": None}``, one entry per token of its text.  ``bytes`` are the token's own
+        bytes (a byte-level token may hold part of a UTF-8 character; ``token`` then shows
+        U+FFFD)."""
+        content = [
+            {
+                **self._token_json(t.token, t.logprob),
+                "top_logprobs": [self._token_json(i, lp) for i, lp in t.top],
+            }
+            for t in generation.logprobs
+        ]
+        return {"content": content, "refusal": None}
 
     def _tool_call(
         self, ids: list[int], specs: Sequence[ToolSpec], params: SamplingParams

@@ -17,6 +17,11 @@ A request may carry a token constraint (a regex or JSON schema's automaton, walk
 and applied as a per-row logit mask) and a way to speculate (``prompt_lookup``, ``draft``,
 ``medusa`` or ``eagle``); both run inside the shared batch (``speculation.py``).
 
+A request may ask for the ``top_logprobs`` (at most :data:`MAX_TOP_LOGPROBS`) likeliest tokens at
+every step, under the raw model as ``logprobs`` are (the OpenAI API's ``top_logprobs``).  The
+top-k is taken on the device, and only by steps whose batch holds such a request (a separate
+compilation); a batch holding one does not speculate, since verification computes no top-k.
+
 A request may also stream (``Request.streaming``, a ``decoding.streaming.StreamingCache``):
 StreamingLLM's policy (Xiao et al. 2023) of attention sinks plus a recent window, exactly as
 ``generate(..., streaming=...)`` applies it (keys at their absolute positions, each query masked
@@ -92,6 +97,7 @@ from agentic_jax.models.config import TransformerConfig
 from agentic_jax.models.transformer import logits_from_hidden
 
 BATCHING = ("continuous", "static")
+MAX_TOP_LOGPROBS = 20  # the OpenAI API's limit on top_logprobs
 _GENERATED_ID = re.compile(r"req-\d+")  # the ids add_request gives requests without one
 
 
@@ -141,7 +147,9 @@ class Request:
     ``constraint`` masks every token to those its automaton allows; ``speculation``: ``none``,
     ``prompt_lookup``, ``draft`` (an engine with a draft model), ``medusa`` or ``eagle`` (an
     engine with that head).  ``streaming``: keep only attention sinks and a recent window of
-    the KV cache (see the module docstring)."""
+    the KV cache (see the module docstring).  ``top_logprobs``: how many of the likeliest tokens
+    (at most :data:`MAX_TOP_LOGPROBS`, and only without speculation) to report with each generated
+    token."""
 
     prompt: SequenceT[int]
     params: SamplingParams = SamplingParams()
@@ -149,6 +157,7 @@ class Request:
     constraint: TokenConstraint | None = None
     speculation: str = "none"
     streaming: StreamingCache | None = None
+    top_logprobs: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +170,8 @@ class Completion:
     tokens: tuple[int, ...]
     logprobs: tuple[float, ...]  # of each token under the raw model
     sample_logprobs: tuple[float, ...]  # under the distribution each token was drawn from
+    # per token, its request's top_logprobs likeliest (token, logprob) under the raw model
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...]
     finish_reason: str
     cached_tokens: int  # prompt tokens served by the prefix cache
     preemptions: int
@@ -175,16 +186,43 @@ class Completion:
 
 
 class StepOutput(NamedTuple):
-    """One token of one request; ``completion`` is set on the request's last token."""
+    """One token of one request; ``completion`` is set on the request's last token.  ``index``
+    is the token's place in the output; ``latency`` the seconds since the request's previous
+    token, or since its arrival for the first (its time to first token)."""
 
     request_id: str
     token: int
     logprob: float
     completion: Completion | None
+    top_logprobs: tuple[tuple[int, float], ...]  # as asked by the request: (token, logprob)
+    index: int
+    latency: float
 
     @property
     def finished(self) -> bool:
         return self.completion is not None
+
+
+class EngineCounters(NamedTuple):
+    """Totals since the engine was built, kept across :meth:`Engine.reset` (monitoring reads
+    their increments).  Prompt tokens count once per request, at its first admission; the
+    prefix cache's lookups count every admission, recomputes after a preemption too."""
+
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    preemptions: int = 0
+    prefix_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache
+    prefix_hit_tokens: int = 0  # of which found there
+
+
+def _top_logprobs(logits, k: int):
+    """``(ids[B, k], logprobs[B, k])``: each row's ``k`` likeliest tokens under ``log_softmax``
+    of the raw logits (as :func:`~agentic_jax.inference.decoding.sampling.token_logprobs`);
+    ``None`` when ``k`` is 0."""
+    if not k:
+        return None
+    values, ids = jax.lax.top_k(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), k)
+    return ids, values
 
 
 def _device_params(params: SamplingParams) -> SamplingParams:
@@ -197,7 +235,7 @@ _IDLE = SamplingParams(temperature=0.0)
 
 @functools.partial(
     jax.jit,
-    static_argnames=("config", "draft_config", "decode_attention", "eos_id"),
+    static_argnames=("config", "draft_config", "decode_attention", "eos_id", "top_logprobs"),
     donate_argnames=("cache", "draft_cache", "head_state", "gen_counts", "prompt_counts"),
 )
 def _prefill_step(
@@ -223,6 +261,7 @@ def _prefill_step(
     draft_config,
     decode_attention,
     eos_id,
+    top_logprobs,
 ):
     """One sequence's uncached tokens ``[1, T]``; sets its slot's penalty counts."""
     hidden, cache = paged_hidden(
@@ -245,12 +284,13 @@ def _prefill_step(
     )
     gen_counts = gen_counts.at[slot].set(add_tokens(gen_row[None], s.tokens)[0])
     prompt_counts = prompt_counts.at[slot].set(prompt_row)
-    return s, cache, draft_cache, head_state, gen_counts, prompt_counts
+    top = _top_logprobs(logits, top_logprobs)
+    return s, top, cache, draft_cache, head_state, gen_counts, prompt_counts
 
 
 @functools.partial(
     jax.jit,
-    static_argnames=("config", "draft_config", "decode_attention", "eos_id"),
+    static_argnames=("config", "draft_config", "decode_attention", "eos_id", "top_logprobs"),
     donate_argnames=("cache", "draft_cache", "head_state", "gen_counts"),
 )
 def _decode_step(
@@ -271,6 +311,7 @@ def _decode_step(
     draft_config,
     decode_attention,
     eos_id,
+    top_logprobs,
 ):
     """One token for every slot ``[num_slots, 1]`` (idle slots have length 0), each within its
     row's mask ``allowed[num_slots, V]``."""
@@ -293,7 +334,8 @@ def _decode_step(
         eos_id=eos_id,
     )
     gen_counts = add_tokens(gen_counts, s.tokens, batch.lengths > 0)
-    return s, cache, draft_cache, head_state, gen_counts
+    top = _top_logprobs(logits, top_logprobs)
+    return s, top, cache, draft_cache, head_state, gen_counts
 
 
 _copy_blocks = jax.jit(copy_blocks, donate_argnums=0)
@@ -310,6 +352,15 @@ def _fixed_drafts(seqs: list[Sequence], found: np.ndarray, drafts, proposed) -> 
             else seq.constraint.allowed_prefix(seq.state, tokens)
         )
         drafts[seq.slot, :n], proposed[seq.slot] = tokens[:n], n
+
+
+def _top_row(top, row: int, seq: Sequence) -> tuple[tuple[int, float], ...]:
+    """Row ``row`` of a step's ``(ids, logprobs)`` top-k (host arrays, or ``None`` when the step
+    computed none), cut to what ``seq`` asked for."""
+    if top is None or not seq.num_top_logprobs:
+        return ()
+    ids, values = (x[row, : seq.num_top_logprobs].tolist() for x in top)
+    return tuple(zip(ids, values))
 
 
 def _hit_stop_string(tokenizer, output: list[int], stop_strings: tuple[str, ...]) -> bool:
@@ -378,6 +429,8 @@ class Engine:
         self._base_key = jax.random.key(ec.seed)
         self._arrivals = itertools.count()
         self.step_count = 0
+        self._prompt_tokens = self._generated_tokens = 0
+        self._before_reset = EngineCounters()  # the counters of the states reset() dropped
         self._new_state()
 
     def _new_state(self) -> None:
@@ -418,7 +471,8 @@ class Engine:
     def reset(self) -> None:
         """Drops every request in flight and starts from an empty cache, after a failure that
         left the engine's state unknown.  Arrival numbers go on, so later requests keep the keys
-        they would have had."""
+        they would have had, and so do :attr:`counters`."""
+        self._before_reset = self.counters._replace(prompt_tokens=0, generated_tokens=0)
         self._new_state()
 
     # ----------------------------------------------------------------------------- requests
@@ -460,6 +514,19 @@ class Engine:
             and getattr(self.heads, request.speculation) is None
         ):
             raise RequestError(f"speculation={request.speculation!r} needs an Engine with its head")
+        top = request.top_logprobs
+        if isinstance(top, bool) or not isinstance(top, int | np.integer):
+            raise RequestError(f"top_logprobs={top!r} is not an integer")
+        if not 0 <= top <= min(MAX_TOP_LOGPROBS, self.config.vocab_size):
+            raise RequestError(
+                f"top_logprobs={top} is out of range [0, "
+                f"{min(MAX_TOP_LOGPROBS, self.config.vocab_size)}]"
+            )
+        if top and request.speculation != "none":
+            raise RequestError(
+                f"top_logprobs cannot be combined with speculation={request.speculation!r}: "
+                "verifying drafts computes no top-k"
+            )
         if request.streaming is not None:
             if not isinstance(request.streaming, StreamingCache):
                 raise RequestError(
@@ -507,6 +574,7 @@ class Engine:
             speculation=request.speculation,
             constraint=self._host_constraint(request.constraint),
             streaming=request.streaming,
+            num_top_logprobs=int(request.top_logprobs),
         )
         if seq.constraint is not None:
             seq.state = seq.constraint.initial
@@ -538,6 +606,24 @@ class Engine:
             "speculation": {m: s.report() for m, s in self._speculation_stats.items()},
         }
 
+    @property
+    def counters(self) -> EngineCounters:
+        """Totals since the engine was built (see :class:`EngineCounters`)."""
+        live = EngineCounters(
+            self._prompt_tokens,
+            self._generated_tokens,
+            self.scheduler.num_preemptions,
+            self.blocks.queried_tokens,
+            self.blocks.hit_tokens,
+        )
+        return EngineCounters(*(a + b for a, b in zip(self._before_reset, live)))
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """The fraction of the paged KV cache's blocks that sequences hold (cached blocks that no
+        sequence holds count as free: an allocation may evict them)."""
+        return 1.0 - self.blocks.num_free_blocks / self.num_blocks
+
     # ----------------------------------------------------------------------------- stepping
     def step(self) -> list[StepOutput]:
         """One iteration: admit and prefill, decode every running sequence, retire finished ones.
@@ -547,12 +633,16 @@ class Engine:
         batched decode failed, or the device cache was lost: the state is unknown, and the caller
         should fail everything in flight and :meth:`reset`.
         """
+        # Verification computes no top-k: no row drafts beside one that asks for it.
+        asks_top = any(seq.num_top_logprobs for seq in self.scheduler.running)
         for seq in self.scheduler.running:
-            seq.lookahead = self._lookahead(seq)
+            seq.lookahead = 0 if asks_top else self._lookahead(seq)
         plan = self.scheduler.schedule(self.step_count)
         self._copy([c for seq in plan.decodes for c in plan.copies[seq.request_id]])
         sampled = []
         for seq in plan.prefills:  # in admission order: later ones may read earlier ones' blocks
+            if seq.admitted_step == self.step_count and not seq.preemptions:  # first admission
+                self._prompt_tokens += len(seq.prompt)
             with self._isolated(seq):
                 self._copy(plan.copies[seq.request_id])
                 sampled.append((seq, *self._prefill(seq)))
@@ -560,11 +650,11 @@ class Engine:
             sampled += self._decode(plan.decodes)
         self.step_count += 1
         events = []
-        for seq, token, logprob, sample_logprob in sampled:
+        for seq, token, logprob, sample_logprob, top in sampled:
             if self._sequences.get(seq.request_id) is not seq:
                 continue  # finished by an earlier token of this step, or failed
             with self._isolated(seq):
-                events.append(self._append(seq, token, logprob, sample_logprob))
+                events.append(self._append(seq, token, logprob, sample_logprob, top))
         for seq in plan.decodes:
             if seq.lookahead and self._sequences.get(seq.request_id) is seq:
                 self.blocks.truncate(seq.request_id, seq.num_computed)  # drop rejected drafts
@@ -679,7 +769,7 @@ class Engine:
         bucket = max(self.engine_config.min_prefill_len, 1 << (n - 1).bit_length())
         return min(bucket, self.max_blocks * self.engine_config.block_size)
 
-    def _prefill(self, seq: Sequence) -> tuple[int, float]:
+    def _prefill(self, seq: Sequence) -> tuple[int, float, float, tuple]:
         tokens = np.asarray(seq.tokens, np.int32)
         start, end = seq.num_computed, len(tokens)
         n = end - start
@@ -699,23 +789,26 @@ class Engine:
             **self._streaming([(0, seq)], 1),
         )
         v = self.config.vocab_size
-        s, self.cache, self.draft_cache, self._head_state, self._gen_counts, self._prompt_counts = (
-            _prefill_step(
-                *self._device_state(),
-                row(0, tokens[start:]),
-                batch,
-                SamplingArrays.from_params([_device_params(seq.params)]),
-                seq.key[None],
-                np.asarray([len(seq.output)], np.int32),
-                seq.slot,
-                np.bincount(seq.prompt, minlength=v).astype(np.int32),
-                np.bincount(np.asarray(seq.output, np.int64), minlength=v).astype(np.int32),
-                self._allowed(seq)[None],
-                draft_config=self.draft_config,
-                **self._static,
-            )
+        s, top, *state = _prefill_step(
+            *self._device_state(),
+            row(0, tokens[start:]),
+            batch,
+            SamplingArrays.from_params([_device_params(seq.params)]),
+            seq.key[None],
+            np.asarray([len(seq.output)], np.int32),
+            seq.slot,
+            np.bincount(seq.prompt, minlength=v).astype(np.int32),
+            np.bincount(np.asarray(seq.output, np.int64), minlength=v).astype(np.int32),
+            self._allowed(seq)[None],
+            draft_config=self.draft_config,
+            top_logprobs=self._top_width([seq]),
+            **self._static,
         )
-        return int(s.tokens[0]), float(s.raw_logprobs[0]), float(s.sample_logprobs[0])
+        self.cache, self.draft_cache, self._head_state, self._gen_counts, self._prompt_counts = (
+            state
+        )
+        sampled = int(s.tokens[0]), float(s.raw_logprobs[0]), float(s.sample_logprobs[0])
+        return *sampled, _top_row(jax.device_get(top), 0, seq)
 
     def _sampling_arrays(self, by_slot: list[Sequence | None]) -> SamplingArrays:
         """The decode batch's per-slot settings, rebuilt only when the slots change hands."""
@@ -771,7 +864,13 @@ class Engine:
             steps[seq.slot], keys[seq.slot] = len(seq.output), seq.key
         return tables, RowSampling(self._sampling_arrays(by_slot), keys, steps)
 
-    def _decode(self, seqs: list[Sequence]) -> list[tuple[Sequence, int, float, float]]:
+    def _top_width(self, seqs: list[Sequence]) -> int:
+        """The top-k a step over ``seqs`` computes: the most any request may ask, if one asks."""
+        if not any(seq.num_top_logprobs for seq in seqs):
+            return 0
+        return min(MAX_TOP_LOGPROBS, self.config.vocab_size)
+
+    def _decode(self, seqs: list[Sequence]) -> list[tuple[Sequence, int, float, float, tuple]]:
         if any(seq.lookahead for seq in seqs):
             return self._speculate(seqs)
         tables, rows = self._rows(seqs)
@@ -784,7 +883,7 @@ class Engine:
             tokens[i], positions[i], lengths[i] = seq.output[-1], pos, pos + 1
             slots[i] = self._slots(tables[i], np.asarray(pos))
             allowed[i] = self._allowed(seq)
-        s, self.cache, self.draft_cache, self._head_state, self._gen_counts = _decode_step(
+        s, top, self.cache, self.draft_cache, self._head_state, self._gen_counts = _decode_step(
             *self._device_state(),
             tokens[:, None],
             PagedBatch(
@@ -797,12 +896,16 @@ class Engine:
             rows,
             allowed,
             draft_config=self.draft_config,
+            top_logprobs=self._top_width(seqs),
             **self._static,
         )
         for seq in seqs:
             self._speculation_stats[seq.speculation].forwards += 1
         out = [np.asarray(x) for x in (s.tokens, s.raw_logprobs, s.sample_logprobs)]
-        return [(seq, *(x[seq.slot].item() for x in out)) for seq in seqs]
+        top = jax.device_get(top)
+        return [
+            (seq, *(x[seq.slot].item() for x in out), _top_row(top, seq.slot, seq)) for seq in seqs
+        ]
 
     def _propose(self, seqs: list[Sequence], tables, rows: RowSampling):
         """Every speculating row's drafts: ``(drafts[S, k], proposed[S], draft_q, sampled[S])``
@@ -930,7 +1033,7 @@ class Engine:
                     if seq.constraint is not None:
                         states[i] = int(seq.constraint.next_state[states[i], token[i]])
 
-    def _speculate(self, seqs: list[Sequence]) -> list[tuple[Sequence, int, float, float]]:
+    def _speculate(self, seqs: list[Sequence]) -> list[tuple[Sequence, int, float, float, tuple]]:
         """One verification step over every decoding row (``speculation.verify_step``)."""
         tables, rows = self._rows(seqs)
         drafts, proposed, draft_q, sampled = self._propose(seqs, tables, rows)
@@ -977,7 +1080,7 @@ class Engine:
             stats.proposed += int(proposed[i])
             stats.accepted += int(accepted[i])
             events += [
-                (seq, int(emitted[i, j]), float(raw_lp[i, j]), float(sample_lp[i, j]))
+                (seq, int(emitted[i, j]), float(raw_lp[i, j]), float(sample_lp[i, j]), ())
                 for j in range(accepted[i] + 1)
             ]
         return events
@@ -993,7 +1096,7 @@ class Engine:
         return None
 
     def _append(
-        self, seq: Sequence, token: int, logprob: float, sample_logprob: float
+        self, seq: Sequence, token: int, logprob: float, sample_logprob: float, top: tuple
     ) -> StepOutput:
         seq.num_computed = len(seq.prompt) + len(seq.output)
         self.blocks.commit(seq.request_id, seq.tokens, seq.num_computed)
@@ -1004,24 +1107,25 @@ class Engine:
             seq.state = int(seq.constraint.next_state[seq.state, token])
         seq.logprobs.append(logprob)
         seq.sample_logprobs.append(sample_logprob)
+        seq.top_logprobs.append(top)
+        self._generated_tokens += 1
         now = time.perf_counter()
         if seq.first_token_time is None:
             seq.first_token_time = now
+        latency = now - (seq.arrival_time if seq.last_token_time is None else seq.last_token_time)
+        seq.last_token_time = now
         seq.finish_reason = self._finish_reason(seq)
-        if seq.finish_reason is None:
-            return StepOutput(seq.request_id, token, logprob, None)
-        self.scheduler.finish(seq)
-        del self._sequences[seq.request_id]
-        return StepOutput(
-            seq.request_id,
-            token,
-            logprob,
-            Completion(
+        completion = None
+        if seq.finish_reason is not None:
+            self.scheduler.finish(seq)
+            del self._sequences[seq.request_id]
+            completion = Completion(
                 seq.request_id,
                 seq.prompt,
                 tuple(seq.output),
                 tuple(seq.logprobs),
                 tuple(seq.sample_logprobs),
+                tuple(seq.top_logprobs),
                 seq.finish_reason,
                 seq.cached_tokens,
                 seq.preemptions,
@@ -1029,8 +1133,9 @@ class Engine:
                 seq.arrival_time,
                 seq.first_token_time,
                 now,
-            ),
-        )
+            )
+        index = len(seq.output) - 1
+        return StepOutput(seq.request_id, token, logprob, completion, top, index, latency)
 
 
 # --------------------------------------------------------------------------------- text front end

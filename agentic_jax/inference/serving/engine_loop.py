@@ -5,7 +5,8 @@ agent loops) submit requests to its inbox and read their token events from their
 while the thread admits new requests between engine steps.  Requests that arrive while others
 are decoding join the running batch.  A caller that stops reading (a client gone, a callback
 that raised, a call that timed out) aborts its request, which frees its slot and blocks for the
-others.
+others.  Given a :class:`~agentic_jax.inference.serving.metrics.ServingMetrics`, the thread
+records every engine step in it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from agentic_jax.inference.decoding.sampling import SamplingParams
 from agentic_jax.inference.errors import EngineFailure, RequestError
 from agentic_jax.inference.serving.engine import Engine, Request, StepOutput
+from agentic_jax.inference.serving.metrics import ServingMetrics
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +34,8 @@ class EngineLoop:
     engine is reset and the loop goes on; :meth:`health` counts these restarts.
     """
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, engine: Engine, metrics: ServingMetrics | None = None):
+        self.engine, self.metrics = engine, metrics
         self.peak_batch = 0  # most requests that produced a token in one step
         self.restarts = 0
         self.failed_requests = 0
@@ -157,6 +159,8 @@ class EngineLoop:
             if not self.engine.has_unfinished():
                 continue
             events = self.engine.step()
+            if self.metrics is not None:
+                self.metrics.record_step(self.engine, events)
             for request_id, error in self.engine.take_failures():
                 if not isinstance(error, RequestError):
                     log.error(

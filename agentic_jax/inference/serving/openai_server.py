@@ -1,49 +1,85 @@
 """An OpenAI-compatible HTTP API over a checkpoint (``agentic-jax serve``).
 
 Endpoints: ``POST /v1/chat/completions`` (messages, tools, ``tool_choice``, ``n``, streaming),
-``POST /v1/completions`` (a prompt or a list of prompts), ``GET /v1/models``, ``GET /health``.
-Anything that speaks the OpenAI API (the ``openai`` client, LangGraph/LangChain's ``ChatOpenAI``,
-smolagents' ``OpenAIServerModel``, the OpenAI Agents SDK, :class:`HTTPPolicy`) can then use an
-agentic-jax model.
+``POST /v1/completions`` (a prompt or a list of prompts), ``GET /v1/models``,
+``GET /v1/models/{model}``, ``GET /health`` and ``GET /openapi.json`` (an OpenAPI 3.1 document
+whose request schemas are the pydantic request models' own).  Anything that speaks the OpenAI API
+(the ``openai`` client, LangGraph/LangChain's ``ChatOpenAI``, smolagents' ``OpenAIServerModel``,
+the OpenAI Agents SDK, :class:`HTTPPolicy`) can then use an agentic-jax model.
 
-Built on the standard library's threading HTTP server: each request gets a thread, and all of them
-feed one :class:`EngineLoop`, so concurrent requests are batched continuously by the engine.
-Streaming uses server-sent events over chunked transfer encoding, ending with ``data: [DONE]``.
+An ASGI application on Starlette (:attr:`OpenAIServer.app`, which any ASGI server can serve),
+served by uvicorn from a background thread (:meth:`OpenAIServer.start`) or from the calling one
+(:meth:`OpenAIServer.serve_forever`).  Requests are tasks on one event loop; the engine's calls,
+which block, run in worker threads, and all of them feed one :class:`EngineLoop`, so concurrent
+requests are batched continuously by the engine.  Streaming is server-sent events
+(sse-starlette), ending with ``data: [DONE]``.  With an ``api_key`` every endpoint but
+``/health`` needs ``Authorization: Bearer <key>`` (401 otherwise).
 
 **No request can take the server down.**  Every field has a range the engine can hold, and the
 limits of :class:`ServerLimits` (gin) bound what one request may ask for.  The client's mistakes
 get the API's error object (``{"error": {"message", "type", "param", "code"}}``) with a 4xx:
-undecodable bytes, invalid or too deeply nested JSON and out-of-range fields a 400, a body over
-the size limit a 413, an unknown path a 404, a method a path does not take a 405, too many
-requests at once a 503 with ``Retry-After``.  A failure of the server's own (the engine failed
-while serving the request) is a 500 for that request alone; the engine loop resets and serves
-the next one, and ``/health`` reports its state (503 while it is not running).  A client that
-disconnects mid-stream ends its generation: the next write fails, and the request is aborted in
-the engine, freeing its slot.  A non-streaming request runs to completion whether or not its
-client is still there.  Not supported: streaming with ``n > 1``, logprobs, images.
+undecodable bytes, invalid or too deeply nested JSON, out-of-range fields and fields the server
+does not take (named) a 400, a body over the size limit a 413 as soon as that is known (by its
+``Content-Length``, else while it streams in; the rest is not read), a body that stalls a 408, an
+unknown path a 404, a method a path does not take a 405, too many requests at once a 503 with
+``Retry-After``.  A failure of the server's own (the engine failed while serving the request) is
+a 500 for that request alone; the engine loop resets and serves the next one, and ``/health``
+reports its state (503 while it is not running).
+
+**A generation ends with its client.**  A client that disconnects, mid-stream or while it waits
+for a whole reply, stops its generation at the next piece of text, and the request is aborted in
+the engine, freeing its slot.  (A tool call's constrained arguments, and the turn of a Hugging
+Face model offered tools, produce no text until they end: they run to their end first.)
+
+**Shutdown is graceful.**  :meth:`OpenAIServer.close` (or SIGINT/SIGTERM under
+:meth:`~OpenAIServer.serve_forever`) stops accepting connections, lets the requests in flight
+finish for ``shutdown_grace_s`` and then stops the rest: each gets a 503 error object, as its
+stream's last event if its stream has begun.
+
+Not supported: streaming with ``n > 1``, logprobs, images.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
+import hmac
 import json
 import logging
+import math
+import socket
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from typing import Any, Literal
 
+import anyio
+import anyio.from_thread
+import anyio.to_thread
 import gin
 import pydantic
+import uvicorn
+from anyio.abc import ObjectReceiveStream, ObjectSendStream
+from pydantic.json_schema import models_json_schema
+from sse_starlette.sse import EventSourceResponse, SendTimeoutError
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentic_jax.data.chat import Message, ToolCall, ToolSpec
 from agentic_jax.inference.decoding.sampling import INT32_MAX, SEED_RANGE
 from agentic_jax.inference.errors import EngineFailure, RequestError
 from agentic_jax.inference.serving.chat_model import ChatModel, Generation, sampling_params
-from agentic_jax.inference.serving.request_body import BodyError, check_size, parse_json_body
+from agentic_jax.inference.serving.request_body import BodyError, parse_json_body, read_body
 
 log = logging.getLogger(__name__)
 PROMPT_THREADS = 16  # most generations of one request in flight at once
@@ -58,7 +94,8 @@ class ServerLimits:
     ``max_messages``, ``max_tools``, ``max_prompts`` (of one ``/v1/completions`` request), ``max_n``
     (choices per prompt), ``max_stop`` stop strings of at most ``max_stop_chars`` characters each;
     ``max_concurrent_requests`` generating at once (503 beyond); ``read_timeout_s``: how long a
-    connection may stall while sending or receiving.
+    client may stall while sending its body (408) or while a stream waits for it to read (the
+    stream ends).
     """
 
     max_request_bytes: int = 4 * 2**20
@@ -95,10 +132,31 @@ class APIError(Exception):
             {"error": {"message": message, "type": type_, "param": param, "code": code}},
         )
 
+    def response(self) -> JSONResponse:
+        """The error object with the headers its status asks for: when to retry a 503, the
+        scheme of a 401, and ``Connection: close`` after a 408 or 413, whose body was not read
+        to its end (the connection cannot carry another request)."""
+        headers = {
+            503: {"Retry-After": "1"},
+            401: {"WWW-Authenticate": "Bearer"},
+            408: {"Connection": "close"},
+            413: {"Connection": "close"},
+        }.get(self.status)
+        return JSONResponse(self.body, status_code=self.status, headers=headers)
+
+
+# The ends of a generation stopped by the server: nginx's 499 is logged, never read by anyone.
+CLIENT_GONE = APIError(499, "the client closed the connection", code="client_closed_request")
+SHUTTING_DOWN = APIError(
+    503, "the server is shutting down; retry shortly", "server_error", code="server_shutting_down"
+)
+
 
 # ------------------------------------------------------------------------------- request schemas
 class _Request(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="ignore")
+    """A request's part; a field the server does not take is a 400 naming it, never ignored."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
 
 
 class _Function(_Request):
@@ -258,7 +316,9 @@ def _message(m: _MessageIn) -> Message:
 def _validation_error(e: pydantic.ValidationError) -> APIError:
     first = e.errors(include_url=False)[0]
     param = ".".join(map(str, first["loc"])) or None
-    return APIError(400, f"{param}: {first['msg']}" if param else first["msg"], param=param)
+    why = "this server does not take this field" if first["type"] == "extra_forbidden" else None
+    message = why or first["msg"]
+    return APIError(400, f"{param}: {message}" if param else message, param=param)
 
 
 # ------------------------------------------------------------------------------- responses
@@ -268,6 +328,11 @@ def _usage(g: Generation) -> dict:
         "completion_tokens": g.completion_tokens,
         "total_tokens": g.prompt_tokens + g.completion_tokens,
     }
+
+
+def _total(done: list[Generation]) -> dict:
+    usages = [_usage(g) for g in done]
+    return {k: sum(u[k] for u in usages) for k in usages[0]}
 
 
 def _tool_calls(g: Generation) -> list[dict]:
@@ -281,8 +346,221 @@ def _tool_calls(g: Generation) -> list[dict]:
     ]
 
 
+ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+
+
+# ------------------------------------------------------------------------------- generating
+class _Stopped(Exception):
+    """Raised in a worker thread by a generation the server stopped; ``error`` answers it."""
+
+    def __init__(self, error: APIError):
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Slot:
+    """A generating request's place under the concurrency limit, and the way to stop its
+    generation: the worker thread calls :meth:`check` with each piece of text, which raises once
+    :meth:`stop` has been called (the client left, the server is shutting down)."""
+
+    def __init__(self):
+        self.stopped_by: APIError | None = None
+
+    def stop(self, error: APIError) -> None:
+        if self.stopped_by is None:
+            self.stopped_by = error
+
+    def check(self, text: str = "") -> None:
+        if self.stopped_by is not None:
+            raise _Stopped(self.stopped_by)
+
+
+def _api_error(e: Exception) -> APIError:
+    """The error object a request that raised ``e`` is answered with."""
+    if isinstance(e, APIError):
+        return e
+    if isinstance(e, _Stopped):
+        return e.error
+    if isinstance(e, ClientDisconnect):
+        return CLIENT_GONE
+    if isinstance(e, BodyError):
+        code = {408: "request_timeout", 413: "request_too_large"}.get(e.status)
+        return APIError(e.status, str(e), code=code)
+    if isinstance(e, RequestError):  # bad content: reserved tokens, a prompt too long, a bad schema
+        code = "context_length_exceeded" if "max_model_len" in str(e) else None
+        return APIError(400, str(e), code=code)
+    if not isinstance(e, EngineFailure):  # the engine loop has logged its own
+        log.error("request failed", exc_info=e)
+    return APIError(500, f"{type(e).__name__}: {e}", "server_error")
+
+
+def _answering_errors(endpoint):
+    """``endpoint`` with whatever it raises answered by the API's error object."""
+
+    @functools.wraps(endpoint)
+    async def answered(request: Request):
+        try:
+            return await endpoint(request)
+        except Exception as e:
+            return _api_error(e).response()
+
+    return answered
+
+
+async def _route_error(request: Request, e: HTTPException) -> JSONResponse:
+    """Starlette's routing errors as the API's error object: no route (404), or a method the
+    path does not take (405, with the methods it takes)."""
+    method, path = request.method, request.url.path
+    if e.status_code == 404:
+        return APIError(404, f"no route {method} {path}", code="not_found").response()
+    if e.status_code != 405:
+        return APIError(e.status_code, str(e.detail)).response()
+    allowed = (e.headers or {})["Allow"]
+    response = APIError(
+        405,
+        f"method {method} not allowed on {path}; use {' or '.join(sorted(allowed.split(', ')))}",
+        code="method_not_allowed",
+    ).response()
+    response.headers["Allow"] = allowed
+    return response
+
+
+async def _stop_on_disconnect(receive: Receive, slot: _Slot) -> None:
+    """Stops ``slot``'s generation when its client disconnects (its body has been read, so what
+    ``receive`` gives next is the disconnect)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    slot.stop(CLIENT_GONE)
+
+
+def _emit(slot: _Slot, sender: ObjectSendStream, chunk: dict) -> None:
+    """Sends ``chunk`` from a worker thread to its stream, or stops the generation: the server
+    has stopped it, or the stream's response has ended."""
+    slot.check()
+    try:
+        anyio.from_thread.run_sync(sender.send_nowait, chunk)
+    except anyio.BrokenResourceError:
+        raise _Stopped(CLIENT_GONE) from None
+
+
+async def _events(first: dict | None, chunks: ObjectReceiveStream):
+    """The data of each server-sent event: ``first`` and the rest of ``chunks`` as JSON (an error
+    as its error object), then ``[DONE]``."""
+    if first is not None:
+        yield json.dumps(first, ensure_ascii=False)
+    async for chunk in chunks:
+        yield json.dumps(chunk.body if isinstance(chunk, APIError) else chunk, ensure_ascii=False)
+    yield "[DONE]"
+
+
+class _EventStream:
+    """A streaming request's response (an ASGI app): ``work(emit)`` runs in a worker thread under
+    the concurrency limit, and each ``emit(chunk)`` is sent as a server-sent event.  The response
+    begins with the first chunk, so that an error before any is answered with its status; an
+    error after it is the stream's last event.  ``[DONE]`` follows once the request's slot is
+    free, so that a client that has its answer can send its next request at once."""
+
+    def __init__(self, server: OpenAIServer, work: Callable[[Callable[[dict], None]], None]):
+        self.server, self.work = server, work
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sender, chunks = anyio.create_memory_object_stream(math.inf)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._produce, receive, sender)
+            with chunks:  # closed when the response ends, which stops the work at its next chunk
+                first = await anext(chunks, None)
+                if isinstance(first, APIError):
+                    response = first.response()
+                else:
+                    response = EventSourceResponse(
+                        _events(first, chunks),
+                        sep="\n",
+                        send_timeout=self.server.limits.read_timeout_s,
+                        shutdown_grace_period=self.server._drain_s,
+                    )
+                try:
+                    await response(scope, receive, send)
+                except SendTimeoutError:
+                    log.info("a client stopped reading its stream; the stream was ended")
+
+    async def _produce(self, receive: Receive, sender: ObjectSendStream) -> None:
+        server = self.server
+        with sender:
+            try:
+                with server._generating() as slot:
+                    emit = functools.partial(_emit, slot, sender)
+                    await server._in_worker(receive, slot, lambda: self.work(emit))
+            except Exception as e:
+                with contextlib.suppress(anyio.BrokenResourceError):  # the response has ended
+                    sender.send_nowait(_api_error(e))
+
+
+# ------------------------------------------------------------------------------- the server
+class _BearerAuth:
+    """ASGI middleware: a request to any path but ``open_paths`` needs ``Authorization: Bearer
+    <key>``, compared in constant time (``hmac.compare_digest``), or it is a 401."""
+
+    def __init__(self, app: ASGIApp, key: str, open_paths: frozenset[str]):
+        self.app, self.expected, self.open_paths = app, f"Bearer {key}".encode(), open_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in self.open_paths:
+            given = Headers(scope=scope).get("authorization", "").encode("latin-1")
+            if not hmac.compare_digest(given, self.expected):
+                error = APIError(
+                    401,
+                    "a valid API key is required: send Authorization: Bearer <key>",
+                    code="invalid_api_key",
+                )
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server with two hooks: ``startup_done``, set once it listens (or has failed
+    to), and ``on_shutdown``, called in its event loop as its graceful shutdown begins."""
+
+    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None]):
+        super().__init__(config)
+        self.on_shutdown = on_shutdown
+        self.startup_done = threading.Event()
+
+    async def startup(self, sockets=None) -> None:
+        try:
+            await super().startup(sockets)
+        finally:
+            self.startup_done.set()
+
+    async def shutdown(self, sockets=None) -> None:
+        self.on_shutdown()
+        await super().shutdown(sockets)
+
+
+@gin.configurable
 class OpenAIServer:
-    """Serves ``model`` on ``host:port`` (port 0: a free one); ``url`` is the API base URL."""
+    """Serves ``model`` on ``host:port`` (port 0: a free one); ``url`` is the API base URL and
+    ``app`` the ASGI application.
+
+    ``api_key``: the bearer token every endpoint but ``/health`` then requires (gin, or
+    ``agentic-jax serve --api_key``); ``shutdown_grace_s``: how long :meth:`close` lets the
+    requests in flight finish before it stops them.
+    """
 
     def __init__(
         self,
@@ -292,35 +570,75 @@ class OpenAIServer:
         port: int = 0,
         model_name: str = "agentic-jax",
         limits: ServerLimits | None = None,
+        api_key: str | None = None,
+        shutdown_grace_s: float = 5.0,
     ):
+        if api_key == "":
+            raise ValueError("OpenAIServer.api_key is empty; leave it unset to serve without one")
+        if not shutdown_grace_s >= 0:
+            raise ValueError(f"OpenAIServer.shutdown_grace_s must be >= 0, got {shutdown_grace_s}")
         self.model, self.model_name = model, model_name
         self.limits = limits or ServerLimits()
+        self.api_key, self.shutdown_grace_s = api_key, shutdown_grace_s
+        # Once stopped, a request's last write may wait read_timeout_s for a slow client; after
+        # that, uvicorn cancels whatever is left.
+        self._drain_s = shutdown_grace_s + self.limits.read_timeout_s
         self.created = int(time.time())
-        self._generating = threading.BoundedSemaphore(self.limits.max_concurrent_requests)
-        handler = type("Handler", (_Handler,), {"api": self, "timeout": self.limits.read_timeout_s})
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+        self._slots: set[_Slot] = set()  # the requests generating; only the event loop uses it
+        self._threads = anyio.CapacityLimiter(self.limits.max_concurrent_requests)
+        self.app = self._app()
+        # Bound now, so that the URL is known before serving begins.
+        self._listener = socket.create_server((host, port), backlog=2048)
+        self.address: tuple[str, int] = self._listener.getsockname()[:2]
+        config = uvicorn.Config(
+            self.app,
+            http="h11",  # it takes any method, so that one no path takes is the API's 405
+            ws="none",
+            lifespan="off",
+            log_config=None,  # the application's logging, untouched
+            timeout_graceful_shutdown=self._drain_s,
+        )
+        self._server = _Uvicorn(config, on_shutdown=self._stop_after_grace)
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
+        host, port = self.address
         return f"http://{host}:{port}/v1"
 
+    @property
+    def requests_generating(self) -> int:
+        """Requests holding a slot under ``max_concurrent_requests`` now."""
+        return len(self._slots)
+
     def start(self) -> OpenAIServer:
-        """Serves from a background thread."""
-        self._thread = threading.Thread(
-            target=self.httpd.serve_forever, name="openai-server", daemon=True
-        )
+        """Serves from a background thread; returns once the server listens."""
+        self._thread = threading.Thread(target=self._serve, name="openai-server", daemon=True)
         self._thread.start()
+        self._server.startup_done.wait()
+        if not self._server.started:
+            raise RuntimeError(f"the server at {self.url} failed to start; see the log")
         return self
 
+    def _serve(self) -> None:
+        try:
+            self._server.run(sockets=[self._listener])
+        finally:
+            self._server.startup_done.set()
+
     def serve_forever(self) -> None:
-        self.httpd.serve_forever()
+        """Serves from the calling thread until :meth:`close` (from another thread) or, in the
+        main thread, SIGINT or SIGTERM, which is raised again once the server has shut down so
+        that the caller's own handler sees it."""
+        self._server.run(sockets=[self._listener])
 
     def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        """Stops accepting connections, lets the requests in flight finish for
+        ``shutdown_grace_s``, stops the rest (a 503 each) and returns once the server is down."""
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join()
+        self._listener.close()
 
     def __enter__(self):
         return self.start()
@@ -328,57 +646,100 @@ class OpenAIServer:
     def __exit__(self, *exc):
         self.close()
 
+    def _stop_after_grace(self) -> None:
+        asyncio.get_running_loop().call_later(self.shutdown_grace_s, self._stop_generating)
+
+    def _stop_generating(self) -> None:
+        if self._slots:
+            log.warning("shutting down: stopping %d requests still generating", len(self._slots))
+        for slot in self._slots:
+            slot.stop(SHUTTING_DOWN)
+
     # ----------------------------------------------------------------------------- routes
-    def route(self, method: str, path: str):
-        path = path.split("?", 1)[0].rstrip("/")
-        routes = {
-            ("GET", "/health"): self._health,
-            ("GET", "/v1/models"): self._models,
-            ("GET", f"/v1/models/{self.model_name}"): lambda h, body: h.send_json(
-                200, self._model_card()
-            ),
-            ("POST", "/v1/chat/completions"): self._generating_route(self._chat),
-            ("POST", "/v1/completions"): self._generating_route(self._completions),
+    def _app(self) -> Starlette:
+        routes = [
+            Route("/health", _answering_errors(self._health), methods=["GET"]),
+            Route("/openapi.json", _answering_errors(self._openapi), methods=["GET"]),
+            Route("/v1/models", _answering_errors(self._models), methods=["GET"]),
+            Route("/v1/models/{model}", _answering_errors(self._model), methods=["GET"]),
+            Route("/v1/chat/completions", _answering_errors(self._chat), methods=["POST"]),
+            Route("/v1/completions", _answering_errors(self._completions), methods=["POST"]),
+        ]
+        auth = [Middleware(_BearerAuth, key=self.api_key, open_paths=frozenset({"/health"}))]
+        return Starlette(
+            routes=routes,
+            middleware=auth if self.api_key else [],
+            exception_handlers={HTTPException: _route_error},
+        )
+
+    @functools.cached_property
+    def openapi(self) -> dict:
+        """This API as an OpenAPI 3.1 document (``GET /openapi.json``): the request bodies'
+        schemas are the request models' own JSON schemas, and every error is the API's error
+        object."""
+        refs, defs = models_json_schema(
+            [(ChatCompletionRequest, "validation"), (CompletionRequest, "validation")],
+            ref_template="#/components/schemas/{model}",
+        )
+
+        def json_content(schema: dict) -> dict:
+            return {"application/json": {"schema": schema}}
+
+        error = {
+            "description": "the API's error object",
+            "content": json_content({"$ref": "#/components/schemas/Error"}),
         }
-        if (method, path) in routes:
-            return routes[method, path]
-        allowed = sorted(m for m, p in routes if p == path)
-        if allowed:
-            raise APIError(
-                405,
-                f"method {method} not allowed on {path}; use {' or '.join(allowed)}",
-                code="method_not_allowed",
-            )
-        raise APIError(404, f"no route {method} {path}", code="not_found")
 
-    def _generating_route(self, fn):
-        """``fn`` behind the concurrency limit: a request over it is a 503 at once."""
+        def operation(summary: str, reply: str, body=None, **more) -> dict:
+            ok = {"description": reply, "content": json_content({"type": "object"})}
+            if body is not None:
+                ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+                more["requestBody"] = {
+                    "required": True,
+                    "content": json_content(refs[body, "validation"]),
+                }
+            return {"summary": summary, "responses": {"200": ok, "default": error}, **more}
 
-        @functools.wraps(fn)
-        def limited(h: _Handler, body) -> None:
-            if not self._generating.acquire(blocking=False):
-                raise APIError(
-                    503,
-                    f"the server is busy: {self.limits.max_concurrent_requests} "
-                    f"requests are generating; retry shortly",
-                    "server_error",
-                    code="server_busy",
-                )
-            # Freed before the response's last bytes go out (`_Handler.finish_generating`), so a
-            # client that has its answer can send the next request at once.
-            h.finish_generating = _Slot(self._generating).release
-            try:
-                fn(h, body)
-            finally:
-                h.finish_generating()
-                h.finish_generating = _nothing
+        streamed = "the reply; with stream, its chunks as server-sent events, then [DONE]"
+        model = {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+        document = {
+            "openapi": "3.1.0",
+            "info": {"title": "agentic-jax: an OpenAI-compatible API", "version": "v1"},
+            "paths": {
+                "/v1/chat/completions": {
+                    "post": operation("the next assistant turn", streamed, ChatCompletionRequest)
+                },
+                "/v1/completions": {
+                    "post": operation("completions of prompts", streamed, CompletionRequest)
+                },
+                "/v1/models": {"get": operation("the models served", "a list")},
+                "/v1/models/{model}": {
+                    "get": operation("one model", "its card", parameters=[model])
+                },
+                "/health": {
+                    "get": operation("the engine loop's state", "running (503: not)", security=[])
+                },
+                "/openapi.json": {"get": operation("this document", "OpenAPI 3.1")},
+            },
+            "components": {"schemas": {**defs["$defs"], "Error": ERROR_SCHEMA}},
+        }
+        if self.api_key:
+            document["components"]["securitySchemes"] = {
+                "bearer": {"type": "http", "scheme": "bearer"}
+            }
+            document["security"] = [{"bearer": []}]
+        return document
 
-        return limited
+    async def _openapi(self, request: Request) -> JSONResponse:
+        return JSONResponse(self.openapi)
 
-    def _health(self, h: _Handler, body) -> None:
+    async def _health(self, request: Request) -> JSONResponse:
         loop = self.model.loop.health()
-        up = loop["engine_loop"] == "running"
-        h.send_json(200 if up else 503, {"status": "ok" if up else "unavailable", **loop})
+        if loop["engine_loop"] == "running":
+            return JSONResponse({"status": "ok", **loop})
+        return JSONResponse(
+            {"status": "unavailable", **loop}, status_code=503, headers={"Retry-After": "1"}
+        )
 
     def _model_card(self) -> dict:
         return {
@@ -388,25 +749,81 @@ class OpenAIServer:
             "owned_by": "agentic-jax",
         }
 
-    def _models(self, h: _Handler, body) -> None:
-        h.send_json(200, {"object": "list", "data": [self._model_card()]})
-
-    def _parse(self, cls, body):
-        if not isinstance(body, dict):
-            raise APIError(400, "the request body must be a JSON object")
-        try:
-            request = cls.model_validate(body)
-        except pydantic.ValidationError as e:
-            raise _validation_error(e) from None
-        if request.model != self.model_name:
+    def _check_model(self, name: str) -> None:
+        if name != self.model_name:
             raise APIError(
                 404,
-                f"the model {request.model!r} does not exist; this server has {self.model_name!r}",
+                f"the model {name!r} does not exist; this server has {self.model_name!r}",
                 param="model",
                 code="model_not_found",
             )
-        request.check(self.limits)
-        return request
+
+    async def _models(self, request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def _model(self, request: Request) -> JSONResponse:
+        self._check_model(request.path_params["model"])
+        return JSONResponse(self._model_card())
+
+    async def _parse(self, request: Request, cls):
+        limits = self.limits
+        raw = await read_body(
+            request.receive,
+            request.headers.get("content-length"),
+            max_bytes=limits.max_request_bytes,
+            timeout_s=limits.read_timeout_s,
+        )
+        body = (
+            parse_json_body(
+                raw, max_bytes=limits.max_request_bytes, max_depth=limits.max_json_depth
+            )
+            if raw
+            else None
+        )
+        if not isinstance(body, dict):
+            raise APIError(400, "the request body must be a JSON object")
+        try:
+            parsed = cls.model_validate(body)
+        except pydantic.ValidationError as e:
+            raise _validation_error(e) from None
+        self._check_model(parsed.model)
+        parsed.check(limits)
+        return parsed
+
+    # ----------------------------------------------------------------------------- generating
+    @contextlib.contextmanager
+    def _generating(self):
+        """A slot under the concurrency limit for one generating request (a 503 at once when
+        none is free), freed on leaving."""
+        if len(self._slots) >= self.limits.max_concurrent_requests:
+            raise APIError(
+                503,
+                f"the server is busy: {self.limits.max_concurrent_requests} "
+                f"requests are generating; retry shortly",
+                "server_error",
+                code="server_busy",
+            )
+        slot = _Slot()
+        self._slots.add(slot)
+        try:
+            yield slot
+        finally:
+            self._slots.discard(slot)
+
+    async def _in_worker(self, receive: Receive, slot: _Slot, fn: Callable[[], Any]) -> Any:
+        """``fn()`` in a worker thread (the engine's calls block), with ``slot`` stopped if the
+        client disconnects meanwhile."""
+        error = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_stop_on_disconnect, receive, slot)
+            try:
+                result = await anyio.to_thread.run_sync(fn, limiter=self._threads)
+            except Exception as e:  # raised below: the task group would wrap it in a group
+                error = e
+            tg.cancel_scope.cancel()
+        if error is not None:
+            raise error
+        return result
 
     def _chunk(self, kind: str, id_: str, choice: dict, usage: dict | None = None) -> dict:
         body = {
@@ -429,8 +846,8 @@ class OpenAIServer:
         with concurrent.futures.ThreadPoolExecutor(min(len(jobs), PROMPT_THREADS)) as pool:
             return list(pool.map(fn, jobs))
 
-    def _chat(self, h: _Handler, body) -> None:
-        r = self._parse(ChatCompletionRequest, body)
+    async def _chat(self, request: Request):
+        r = await self._parse(request, ChatCompletionRequest)
         messages = [_message(m) for m in r.messages]
         specs = [
             ToolSpec(t.function.name, t.function.description, t.function.parameters)
@@ -443,11 +860,17 @@ class OpenAIServer:
             tool_choice=r.tool_choice or "auto",
             strict_max_tokens=r.requested_max_tokens is not None,
         )
+        params = [r.params(i) for i in range(r.n)]
         id_ = f"chatcmpl-{uuid.uuid4().hex}"
         if r.stream:
-            self._chat_stream(h, r, chat, id_)
-            return
-        done = self._all(lambda i: chat(params=r.params(i)), list(range(r.n)))
+            work = functools.partial(self._chat_stream, chat, params[0], r.include_usage, id_)
+            return _EventStream(self, work)
+        with self._generating() as slot:
+            done = await self._in_worker(
+                request.receive,
+                slot,
+                lambda: self._all(lambda p: chat(params=p, on_text=slot.check), params),
+            )
         choices = []
         for i, g in enumerate(done):
             calls = _tool_calls(g)
@@ -457,8 +880,7 @@ class OpenAIServer:
             choices.append(
                 {"index": i, "message": message, "logprobs": None, "finish_reason": g.finish_reason}
             )
-        h.send_json(
-            200,
+        return JSONResponse(
             {
                 "id": id_,
                 "object": "chat.completion",
@@ -466,11 +888,12 @@ class OpenAIServer:
                 "model": self.model_name,
                 "choices": choices,
                 "usage": _total(done),
-            },
+            }
         )
 
-    def _chat_stream(self, h: _Handler, r: ChatCompletionRequest, chat, id_: str) -> None:
-        stream = _LazyStream(h)
+    def _chat_stream(self, chat, params, include_usage: bool, id_: str, emit) -> None:
+        """One streamed chat turn, run in a worker thread: the role, the text as it comes, the
+        tool calls, the finish reason and, if asked for, the usage."""
 
         def delta(content: dict, finish: str | None = None) -> dict:
             return self._chunk(
@@ -479,56 +902,45 @@ class OpenAIServer:
                 {"index": 0, "delta": content, "finish_reason": finish},
             )
 
-        def on_text(text: str) -> None:
-            if not stream.started:
-                stream.send(delta({"role": "assistant", "content": ""}))
-            if text:
-                stream.send(delta({"content": text}))
+        opened = False
 
-        g = chat(params=r.params(), on_text=on_text)
+        def on_text(text: str) -> None:
+            nonlocal opened
+            if not opened:
+                emit(delta({"role": "assistant", "content": ""}))
+                opened = True
+            if text:
+                emit(delta({"content": text}))
+
+        g = chat(params=params, on_text=on_text)
         on_text("")  # opens the stream if no text came
         calls = _tool_calls(g)
         if calls:
-            stream.send(delta({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}))
-        stream.send(delta({}, g.finish_reason))
-        if r.include_usage:
-            stream.send(self._chunk("chat.completion.chunk", id_, {}, _usage(g)))
-        stream.close()
+            emit(delta({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}))
+        emit(delta({}, g.finish_reason))
+        if include_usage:
+            emit(self._chunk("chat.completion.chunk", id_, {}, _usage(g)))
 
-    def _completions(self, h: _Handler, body) -> None:
-        r = self._parse(CompletionRequest, body)
+    async def _completions(self, request: Request):
+        r = await self._parse(request, CompletionRequest)
         complete = functools.partial(
             self.model.complete, strict_max_tokens=r.requested_max_tokens is not None
         )
         id_ = f"cmpl-{uuid.uuid4().hex}"
         if r.stream:
-            stream = _LazyStream(h)
-            g = complete(
-                r.prompt if isinstance(r.prompt, str) else r.prompt[0],
-                r.params(),
-                lambda d: stream.send(
-                    self._chunk(
-                        "text_completion",
-                        id_,
-                        {"index": 0, "text": d, "logprobs": None, "finish_reason": None},
-                    )
-                ),
+            work = functools.partial(
+                self._completion_stream, complete, r.prompts[0], r.params(), r.include_usage, id_
             )
-            stream.send(
-                self._chunk(
-                    "text_completion",
-                    id_,
-                    {"index": 0, "text": "", "logprobs": None, "finish_reason": g.finish_reason},
-                    _usage(g) if r.include_usage else None,
-                )
-            )
-            stream.close()
-            return
+            return _EventStream(self, work)
         # Choice p * n + i is sample i of prompt p, as the OpenAI API numbers them.
-        jobs = [(p, i) for p in r.prompts for i in range(r.n)]
-        done = self._all(lambda job: complete(job[0], r.params(job[1])), jobs)
-        h.send_json(
-            200,
+        jobs = [(p, r.params(i)) for p in r.prompts for i in range(r.n)]
+        with self._generating() as slot:
+            done = await self._in_worker(
+                request.receive,
+                slot,
+                lambda: self._all(lambda job: complete(*job, slot.check), jobs),
+            )
+        return JSONResponse(
             {
                 "id": id_,
                 "object": "text_completion",
@@ -539,152 +951,16 @@ class OpenAIServer:
                     {"index": i, "text": g.text, "logprobs": None, "finish_reason": g.finish_reason}
                     for i, g in enumerate(done)
                 ],
-            },
+            }
         )
 
+    def _completion_stream(self, complete, prompt: str, params, include_usage: bool, id_, emit):
+        """One streamed completion, run in a worker thread: its text as it comes, then the
+        finish reason (and the usage, if asked for)."""
 
-def _total(done: list[Generation]) -> dict:
-    usages = [_usage(g) for g in done]
-    return {k: sum(u[k] for u in usages) for k in usages[0]}
+        def piece(text: str, finish: str | None = None, usage: dict | None = None) -> dict:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            return self._chunk("text_completion", id_, choice, usage)
 
-
-class _Slot:
-    """A generating request's place under the concurrency limit, freed once."""
-
-    def __init__(self, semaphore: threading.BoundedSemaphore):
-        self.semaphore, self.held = semaphore, True
-
-    def release(self) -> None:
-        if self.held:
-            self.held = False
-            self.semaphore.release()
-
-
-def _nothing() -> None:
-    pass
-
-
-class _LazyStream:
-    """Server-sent events over chunked encoding, started by the first event, so that an error
-    before any output can still be answered with a proper status."""
-
-    def __init__(self, handler: _Handler):
-        self.handler, self.started = handler, False
-        handler.stream = self
-
-    def _write(self, data: bytes) -> None:
-        self.handler.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-        self.handler.wfile.flush()
-
-    def send(self, event: dict | str) -> None:
-        if not self.started:
-            h = self.handler
-            h.send_response(200)
-            h.send_header("Content-Type", "text/event-stream")
-            h.send_header("Cache-Control", "no-cache")
-            h.send_header("Transfer-Encoding", "chunked")
-            h.end_headers()
-            self.started = True
-        text = event if isinstance(event, str) else json.dumps(event, ensure_ascii=False)
-        self._write(f"data: {text}\n\n".encode())
-
-    def close(self) -> None:
-        self.handler.finish_generating()
-        self.send("[DONE]")
-        self.handler.wfile.write(b"0\r\n\r\n")
-        self.handler.wfile.flush()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    """Routes every method (``do_GET``, ``do_PUT``, any other) through :meth:`_handle`, so a
-    method a path does not take is the API's 405, not the HTTP layer's 501."""
-
-    protocol_version = "HTTP/1.1"
-    api: OpenAIServer
-    stream: _LazyStream | None = None
-    finish_generating = staticmethod(_nothing)  # frees a generating request's slot
-
-    def __getattr__(self, name: str):
-        if name.startswith("do_"):
-            return functools.partial(self._handle, name[3:])
-        raise AttributeError(name)
-
-    def send_json(self, status: int, body: dict) -> None:
-        self.finish_generating()
-        data = json.dumps(body, ensure_ascii=False).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        if status == 503:
-            self.send_header("Retry-After", "1")
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(data)
-
-    def _fail(self, error: APIError) -> None:
-        """The error object as the response, or as the last event of a started stream."""
-        try:
-            if self.stream is not None and self.stream.started:
-                self.stream.send(error.body)
-                self.stream.close()
-            else:
-                self.send_json(error.status, error.body)
-        except OSError:  # the client is gone too
-            self.close_connection = True
-
-    def _body(self) -> bytes:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            # Not decoded here: the unread chunks would be taken for the next request.
-            self.close_connection = True
-            raise APIError(411, "a Content-Length is required (chunked bodies are not accepted)")
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
-        if length < 0:
-            # Where this body ends is unknown, so the next request on the connection cannot be
-            # found (and a negative length would read until the client hangs up): close it.
-            self.close_connection = True
-            raise APIError(400, f"invalid Content-Length {self.headers['Content-Length']!r}")
-        try:
-            check_size(length, self.api.limits.max_request_bytes)
-        except BodyError:
-            self.close_connection = True  # the body is not read: the connection cannot be reused
-            raise
-        return self.rfile.read(length) if length else b""
-
-    def _handle(self, method: str) -> None:
-        self.stream = None
-        try:
-            raw = self._body()
-            handler = self.api.route(method, self.path)
-            limits = self.api.limits
-            body = (
-                parse_json_body(
-                    raw, max_bytes=limits.max_request_bytes, max_depth=limits.max_json_depth
-                )
-                if raw
-                else None
-            )
-            handler(self, body)
-        except APIError as e:
-            self._fail(e)
-        except BodyError as e:
-            self._fail(
-                APIError(e.status, str(e), code="request_too_large" if e.status == 413 else None)
-            )
-        except RequestError as e:  # bad content: reserved tokens, a prompt too long, a bad schema
-            code = "context_length_exceeded" if "max_model_len" in str(e) else None
-            self._fail(APIError(400, str(e), code=code))
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
-            log.info("client went away")
-            self.close_connection = True
-        except Exception as e:
-            if not isinstance(e, EngineFailure):  # the engine loop has logged its own
-                log.exception("request failed")
-            self._fail(APIError(500, f"{type(e).__name__}: {e}", "server_error"))
-
-    def log_message(self, format, *args):
-        log.info("%s - %s", self.address_string(), format % args)
+        g = complete(prompt, params, lambda text: emit(piece(text)))
+        emit(piece("", g.finish_reason, _usage(g) if include_usage else None))

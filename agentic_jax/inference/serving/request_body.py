@@ -1,16 +1,25 @@
-"""Decoding a JSON request body, the same way in every server here (OpenAI-compatible API, A2A).
+"""Reading and decoding a JSON request body, the same way in every server here (OpenAI-compatible
+API, A2A).
 
-Every way a body can be malformed is the client's error, reported with a message that says
-which: bytes that are not UTF-8, UTF-16 or UTF-32 (RFC 8259 allows the three), invalid JSON,
-the non-standard constants ``NaN`` and ``Infinity``, integers of more digits than Python parses,
-nesting deeper than a bound (checked without recursion, so that depth cannot exhaust the stack
-of the code that reads the document later), and strings that are not Unicode text.
+:func:`read_body` takes an ASGI request's body as it arrives and refuses one that is too large as
+soon as that is known (by its ``Content-Length`` before any byte is read, else when the bytes
+received pass the limit), so that a large body is never held; a client that stalls while sending
+it is a 408.  :func:`parse_json_body` then reports every way the body can be malformed as the
+client's error, with a message that says which: bytes that are not UTF-8, UTF-16 or UTF-32 (RFC
+8259 allows the three), invalid JSON, the non-standard constants ``NaN`` and ``Infinity``,
+integers of more digits than Python parses, nesting deeper than a bound (checked without
+recursion, so that depth cannot exhaust the stack of the code that reads the document later), and
+strings that are not Unicode text.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
+
+import anyio
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive
 
 
 class BodyError(ValueError):
@@ -58,6 +67,37 @@ def check_size(length: int, max_bytes: int) -> None:
         raise BodyError(
             413, f"the request body has {length} bytes; at most {max_bytes} are accepted"
         )
+
+
+async def read_body(
+    receive: Receive, content_length: str | None, *, max_bytes: int, timeout_s: float
+) -> bytes:
+    """The body of an ASGI request whose ``Content-Length`` header is ``content_length`` (absent
+    for a chunked body), read as it arrives.  A :class:`BodyError` 413 as soon as the body is
+    known to exceed ``max_bytes``, without reading the rest; a 408 when nothing arrives for
+    ``timeout_s`` seconds; Starlette's ``ClientDisconnect`` if the client leaves meanwhile."""
+    if content_length is not None and content_length.isdigit():  # else the HTTP layer refuses it
+        check_size(int(content_length), max_bytes)
+    chunks, size, more = [], 0, True
+    while more:
+        try:
+            with anyio.fail_after(timeout_s):
+                message = await receive()
+        except TimeoutError:
+            raise BodyError(
+                408, f"the request body stalled: nothing arrived for {timeout_s:g} s"
+            ) from None
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > max_bytes:
+            raise BodyError(
+                413, f"the request body passed {max_bytes} bytes, the most that is accepted"
+            )
+        chunks.append(chunk)
+        more = message.get("more_body", False)
+    return b"".join(chunks)
 
 
 def parse_json_body(raw: bytes, *, max_bytes: int, max_depth: int) -> Any:

@@ -50,11 +50,14 @@ class Sequence:
     output: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)  # under the raw model
     sample_logprobs: list[float] = dataclasses.field(default_factory=list)  # as sampled
+    num_top_logprobs: int = 0  # how many of the likeliest tokens to report per output token
+    top_logprobs: list[tuple[tuple[int, float], ...]] = dataclasses.field(default_factory=list)
     slot: int | None = None
     num_computed: int = 0
     admitted_step: int | None = None  # first admission
     cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     first_token_time: float | None = None
+    last_token_time: float | None = None
     preemptions: int = 0
     finish_reason: str | None = None
     speculation: str = "none"  # how its tokens are proposed (the engine's SPECULATION)
