@@ -39,5 +39,6 @@ import agentic_jax.retrieval.rerank
 import agentic_jax.training.diloco
 import agentic_jax.training.loop
 import agentic_jax.training.loss_scale
-import agentic_jax.training.optim  # noqa: F401
+import agentic_jax.training.optim
+import agentic_jax.training.pbt  # noqa: F401
 import sharding  # noqa: F401
