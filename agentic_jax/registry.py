@@ -31,6 +31,7 @@ import agentic_jax.post_training.draft_heads
 import agentic_jax.post_training.pipeline
 import agentic_jax.post_training.preference
 import agentic_jax.post_training.rft
+import agentic_jax.post_training.team_rl
 import agentic_jax.reasoning
 import agentic_jax.retrieval
 import agentic_jax.retrieval.distillation

@@ -993,9 +993,16 @@ def rl_step(setup: RLSetup, learner: Learner, step: int) -> tuple[Learner, dict]
         off_policy=off_policy,
         group_size=setup.algo.group_size,
     )
+    return next_learner(learner, policy, critic, samples), {"step": step, **record}
+
+
+def next_learner(
+    learner: Learner, policy: TrainState, critic: TrainState | None, samples: Samples
+) -> Learner:
+    """The learner after a step that drew ``samples`` and trained ``policy`` (and ``critic``):
+    the curriculum and the prompt position move on, the stale sampler's history by one update."""
     history = (*learner.history[1:], learner.policy.params) if learner.history else ()
-    learner = Learner(policy, critic, samples.curriculum, jnp.int32(samples.position), history)
-    return learner, {"step": step, **record}
+    return Learner(policy, critic, samples.curriculum, jnp.int32(samples.position), history)
 
 
 # ----------------------------------------------------------------------------- the trainer
