@@ -16,6 +16,8 @@
     agentic-jax agent --gin_file F [--checkpoint DIR] [--task TEXT | --task_file FILE]
                       [--trace FILE] [--yes] [--gin_param P]...
     agentic-jax team --gin_file F [--task TEXT] [--trace FILE] [--gin_param P]...
+    agentic-jax ui --gin_file F [--checkpoint DIR] [--host H] [--port P] [--trace FILE]
+                   [--approval_timeout_s S] [--gin_param P]...
     agentic-jax eval --suite NAME (--checkpoint DIR | --endpoint URL [--model M]) [--out DIR]
                      [--api_key_env VAR] [--gin_param P]...
                      (--suite arena: --checkpoint and --endpoint once per contestant)
@@ -30,6 +32,7 @@ message naming the binding.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -63,6 +66,17 @@ def _parser() -> argparse.ArgumentParser:
                 "--workdir", default=None, help="output directory (default runs/<config>)"
             )
         return p
+
+    def policy_checkpoint(p):
+        p.add_argument(
+            "--checkpoint",
+            default=None,
+            help="serve this checkpoint in-process as the policy (overrides the config)",
+        )
+
+    def listen(p, port: int):
+        p.add_argument("--host", default="127.0.0.1")
+        p.add_argument("--port", type=int, default=port)
 
     train = job(
         "train",
@@ -184,13 +198,8 @@ def _parser() -> argparse.ArgumentParser:
         "serve the agent a config describes over the Agent2Agent (A2A) protocol",
         workdir=False,
     )
-    a2a.add_argument(
-        "--checkpoint",
-        default=None,
-        help="serve this checkpoint in-process as the policy (overrides the config)",
-    )
-    a2a.add_argument("--host", default="127.0.0.1")
-    a2a.add_argument("--port", type=int, default=9999)
+    policy_checkpoint(a2a)
+    listen(a2a, 9999)
     a2a.add_argument(
         "--url",
         default=None,
@@ -203,11 +212,7 @@ def _parser() -> argparse.ArgumentParser:
         "environment variable's value",
     )
     agent = job("agent", "run a tool-using agent on tasks, streaming its steps", workdir=False)
-    agent.add_argument(
-        "--checkpoint",
-        default=None,
-        help="serve this checkpoint in-process as the policy (overrides the config)",
-    )
+    policy_checkpoint(agent)
     tasks = agent.add_mutually_exclusive_group()
     tasks.add_argument(
         "--task",
@@ -222,6 +227,22 @@ def _parser() -> argparse.ArgumentParser:
     team = job("team", "run a multi-agent team on a task, streaming its messages", workdir=False)
     team.add_argument("--task", default=None, help="the task (default: the config's)")
     team.add_argument("--trace", default=None, help="append the run's events to this JSONL file")
+    ui = job(
+        "ui",
+        "serve a web page that runs the agent (or team) a config describes, showing its steps",
+        workdir=False,
+    )
+    policy_checkpoint(ui)
+    listen(ui, 8080)
+    ui.add_argument(
+        "--trace", default="runs/ui/trace.jsonl", help="append every run's events to this file"
+    )
+    ui.add_argument(
+        "--approval_timeout_s",
+        type=float,
+        default=60.0,
+        help="a call in the 'ask' approval tier is denied when nobody answers in this time",
+    )
     ev = job(
         "eval",
         "evaluate a checkpoint or an endpoint on a suite (configs/eval_<suite>.gin)",
@@ -385,14 +406,32 @@ def _mcp_server(args) -> None:
         server.close()
 
 
+@contextlib.contextmanager
+def _configured_policy(config, checkpoint: str | None):
+    """The policy of ``config`` (or ``checkpoint``) and the tools of its MCP servers; both are
+    closed afterwards."""
+    from agentic_jax.agents.policies.jax_policy import JaxPolicy
+    from agentic_jax.agents.session import make_policy, open_mcp_client
+
+    policy = make_policy(config, checkpoint)
+    mcp = None
+    try:
+        mcp = open_mcp_client(config.mcp_servers)
+        yield policy, (mcp.tools() if mcp is not None else ())
+    finally:
+        if mcp is not None:
+            mcp.close()
+        if isinstance(policy, JaxPolicy):
+            policy.close()
+
+
 def _a2a_server(args) -> None:
     """Serves the configured agent (``agents.AgentConfig``, card from ``agents.A2AServerConfig``)
     until interrupted."""
     import uvicorn
 
-    from agentic_jax.agents.policies.jax_policy import JaxPolicy
     from agentic_jax.agents.protocols.a2a_server import A2AServerConfig, config_app
-    from agentic_jax.agents.session import AgentConfig, make_policy, open_mcp_client
+    from agentic_jax.agents.session import AgentConfig
 
     token = None
     if args.bearer_token_env is not None:
@@ -400,29 +439,16 @@ def _a2a_server(args) -> None:
         if not token:
             raise SystemExit(f"--bearer_token_env: ${args.bearer_token_env} is unset or empty")
     config = AgentConfig()
-    policy = make_policy(config, args.checkpoint)
-    mcp = None
-    try:
-        mcp = open_mcp_client(config.mcp_servers)
+    with _configured_policy(config, args.checkpoint) as (policy, mcp_tools):
         url = args.url or f"http://{args.host}:{args.port}"
         app = config_app(
-            url,
-            config,
-            A2AServerConfig(),
-            policy,
-            bearer_token=token,
-            mcp_tools=mcp.tools() if mcp is not None else (),
+            url, config, A2AServerConfig(), policy, bearer_token=token, mcp_tools=mcp_tools
         )
         print(
             f"serving A2A at {url} (card: {url}/.well-known/agent-card.json; Ctrl-C stops)",
             flush=True,
         )
         uvicorn.run(app, host=args.host, port=args.port)
-    finally:
-        if mcp is not None:
-            mcp.close()
-        if isinstance(policy, JaxPolicy):
-            policy.close()
 
 
 def _agent(args) -> int:
@@ -454,6 +480,37 @@ def _agent(args) -> int:
         write=lambda line: print(line, flush=True),
     )
     return 0 if all(r.ok for r in results) else 1
+
+
+def _ui(args) -> None:
+    """Serves the UI of the configured team (``multi_agent.TeamConfig.team``, if bound) or
+    agent (``agents.AgentConfig``) until interrupted."""
+    import uvicorn
+
+    from agentic_jax.agents.multi_agent.session import TeamConfig
+    from agentic_jax.agents.session import AgentConfig
+    from agentic_jax.agents.ui.app import ui_app
+    from agentic_jax.agents.ui.runs import agent_work, team_work
+
+    team = TeamConfig()
+    with contextlib.ExitStack() as stack:
+        if team.team is not None:
+            work, task, who = team_work(team.team), team.task, "team"
+        else:
+            config = AgentConfig()
+            policy, mcp_tools = stack.enter_context(_configured_policy(config, args.checkpoint))
+            work, task, who = agent_work(config, policy, mcp_tools), config.task, "agent"
+        app = ui_app(
+            work,
+            trace_path=args.trace,
+            task=task or "",
+            title=f"agentic-jax {who}",
+            approval_timeout_s=args.approval_timeout_s,
+        )
+        print(
+            f"serving the {who}'s UI at http://{args.host}:{args.port} (Ctrl-C stops)", flush=True
+        )
+        uvicorn.run(app, host=args.host, port=args.port)
 
 
 def _team(args) -> int:
@@ -563,6 +620,8 @@ def main(argv: list[str] | None = None) -> int:
             return _agent(args)
         elif args.verb == "team":
             return _team(args)
+        elif args.verb == "ui":
+            _ui(args)
         elif args.verb == "eval":
             return _eval(args, workdir)
     except KeyboardInterrupt:

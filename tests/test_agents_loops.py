@@ -11,7 +11,6 @@ from agentic_jax.agents import (
     Budget,
     Evaluation,
     GenerateVerifyRetry,
-    HTTPPolicy,
     LoopDetector,
     PlanAndExecute,
     Pricing,
@@ -268,37 +267,6 @@ def test_approval_gates_block_dangerous_tools():
         "error: the call to 'send_money' was not approved"
     ]
     assert result.ok  # the model heard "no" and answered
-
-
-def test_malformed_tool_call_json_from_a_server_is_an_error_the_model_sees():
-    cut_off = '{"expression": "17 * 2'  # a call cut off at the token limit: not JSON
-    replies = [
-        {
-            "tool_calls": [
-                {
-                    "id": "a",
-                    "type": "function",
-                    "function": {"name": "calculator", "arguments": cut_off},
-                }
-            ]
-        },
-        {"content": "34"},
-    ]
-    bodies = []
-    policy = HTTPPolicy("http://unused/v1", "m")
-    policy._post = lambda body: (
-        bodies.append(body)
-        or {"choices": [{"message": replies[len(bodies) - 1], "finish_reason": "stop"}]}
-    )
-    result = ReActAgent(policy, [calculator]).run("What is 17 * 2?")
-    assert result.ok and result.answer == "34"
-    [event] = [e for e in result.trace if e["kind"] == "tool_call"]
-    assert event["status"] == "invalid_arguments" and event["arguments"] == cut_off
-    assert result.messages[2].content.startswith("error: arguments must be a JSON object")
-    # The model's own call goes back as it wrote it, answered by the error.
-    call, answer = bodies[1]["messages"][-2:]
-    assert call["tool_calls"][0]["function"]["arguments"] == cut_off
-    assert answer["tool_call_id"] == call["tool_calls"][0]["id"]
 
 
 def test_a_policy_failure_stops_with_its_reason():

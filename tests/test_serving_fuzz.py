@@ -176,7 +176,6 @@ def test_max_tokens_must_fit_beside_the_prompt(server):
     [
         ({"top_k": 10**6}, "top_k"),
         ({"n": 9}, "n"),
-        ({"n": 2, "stream": True}, "n"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stop": "x" * 257}, "stop"),
         ({"messages": [{"role": "user", "content": "hi"}] * 1025}, "messages"),

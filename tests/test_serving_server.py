@@ -309,11 +309,13 @@ def test_streaming_matches_the_non_streamed_reply(client):
             **kwargs, stream=True, tools=[weather.spec.openai()], tool_choice="required"
         )
     )
-    [delta] = [c.choices[0].delta.tool_calls for c in tool_chunks if c.choices[0].delta.tool_calls]
-    assert (
-        delta[0].function.name == "weather"
-        and tool_chunks[-1].choices[0].finish_reason == "tool_calls"
-    )
+    # The API's deltas: the call's id and name, then its arguments.
+    opening, arguments = [
+        c.choices[0].delta.tool_calls for c in tool_chunks if c.choices[0].delta.tool_calls
+    ]
+    assert opening[0].function.name == "weather" and opening[0].id.startswith("call_")
+    jsonschema.validate(json.loads(arguments[0].function.arguments), weather.parameters)
+    assert arguments[0].index == 0 and tool_chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
 def test_completions_batch_and_stream(client):
@@ -346,6 +348,22 @@ def test_http_policy_drives_an_agent_loop_through_the_server(server):
         o.endswith((" C", " F")) or o.startswith("error: repeated") for o in observations
     )
     assert result.usage.prompt_tokens > 0 and result.tool_calls[0] == "weather"
+    # Streamed and whole, a greedy turn is the same turn, tool calls and usage too; the pieces
+    # streamed join to it.
+    ask = ([Message("user", "Weather in Oslo?")], [weather])
+    for tool_choice in ("required", "none"):
+        policy = HTTPPolicy(server.url, MODEL, defaults={"max_tokens": 8, "temperature": 0})
+        pieces = []
+        streamed = policy.respond_streaming(*ask, pieces.append, tool_choice=tool_choice)
+        whole = HTTPPolicy(server.url, MODEL, stream=False, defaults=policy.defaults).respond(
+            *ask, tool_choice=tool_choice
+        )
+        assert streamed == whole and streamed.usage.completion_tokens > 0
+        assert "".join(d.text for d in pieces) == streamed.text
+        assert [
+            "".join(d.arguments for d in pieces if d.call == i)
+            for i in range(len(whole.tool_calls))
+        ] == [c.arguments_text() for c in whole.tool_calls]
     with pytest.raises(PolicyError, match="HTTP 404"):
         HTTPPolicy(server.url, "other").respond([Message("user", "hi")])
 

@@ -24,7 +24,7 @@ from agentic_jax.agents.context.tracing import Tracer, console_sink
 from agentic_jax.agents.loops.agent import Agent, AgentResult
 from agentic_jax.agents.loops.plan_execute import PlanAndExecute
 from agentic_jax.agents.loops.react import SYSTEM_PROMPT, ReActAgent
-from agentic_jax.agents.policies.base import Policy
+from agentic_jax.agents.policies.base import OnDelta, Policy, StreamedPolicy
 from agentic_jax.agents.policies.jax_policy import JaxPolicy
 from agentic_jax.agents.tools.base import Tool
 from agentic_jax.agents.tools.budget import Budget, Pricing
@@ -47,8 +47,9 @@ class AgentConfig:
     """``policy`` (gin-built) or ``checkpoint``; ``tools`` are built-in tool names;
     ``mcp_servers`` maps names to MCP servers (a command line or an http(s) URL, see
     ``mcp_client.py``) whose tools join them as ``<server>__<tool>``; ``allow`` restricts them
-    further; ``context`` enables context management with that budget; ``memory`` gives the agent
-    a memory and its tools (core memory lives in the context manager's pinned facts, so memory
+    further; ``approval`` maps tool names to approval tiers (``auto``, ``ask``, ``deny``: see
+    ``tools/executor.py``); ``context`` enables context management with that budget; ``memory``
+    gives the agent a memory and its tools (core memory lives in the context manager's pinned facts, so memory
     enables context management, with the default budget if ``context`` is ``None``); ``task`` is
     run when no task is given on the command line."""
 
@@ -57,6 +58,7 @@ class AgentConfig:
     tools: Sequence[str] = ("calculator",)
     mcp_servers: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     allow: Sequence[str] | None = None
+    approval: Mapping[str, str] = dataclasses.field(default_factory=dict)
     loop: str = "react"
     system_prompt: str = SYSTEM_PROMPT
     budget: Budget = Budget()
@@ -93,12 +95,14 @@ def make_agent(
     extra_tools: Sequence[Tool] = (),
     mcp_tools: Sequence[Tool] = (),
     memory: AgentMemory | None = None,
+    on_delta: OnDelta | None = None,
 ) -> Agent:
     """The configured loop; ``extra_tools`` (a host's own, such as the A2A server's) join the
     built-in tools and pass the allow-list; ``mcp_tools`` (the ``mcp_servers``') are subject
     to it like the built-in ones.  ``memory`` is ``config.memory`` opened (a session opens it
     once for all its tasks; opened here when not given); its tools pass the allow-list, since
-    ``MemoryConfig.tools`` chose them."""
+    ``MemoryConfig.tools`` chose them.  ``on_delta`` receives the model's turns as they are
+    generated, where the policy can stream them (``policies.base.StreamedPolicy``)."""
     context = None
     if config.context is not None or config.memory is not None:
         count = (
@@ -113,7 +117,9 @@ def make_agent(
         extra_tools = [*extra_tools, *memory.tools(context)]
     allow = None if config.allow is None else [*config.allow, *(t.name for t in extra_tools)]
     tools = [*(builtin_tool(name) for name in config.tools), *mcp_tools, *extra_tools]
-    executor = ToolExecutor(tools, allow=allow, approver=approver)
+    executor = ToolExecutor(tools, allow=allow, approver=approver, approval=config.approval)
+    if on_delta is not None:
+        policy = StreamedPolicy(policy, on_delta)
     react = ReActAgent(
         policy,
         executor,

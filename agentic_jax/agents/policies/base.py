@@ -5,13 +5,18 @@ Agent loops only ever call :meth:`Policy.respond`, so the same loop runs on a lo
 fixed script (:class:`ScriptedPolicy`, which makes loops testable without a model).  Sampling
 settings travel as keywords with the OpenAI API's names (``temperature``, ``top_p``,
 ``max_tokens``, ``seed``, ``stop``, ``tool_choice``); a backend ignores those it cannot honour.
+
+A policy that can hand out a turn while it is generated is a :class:`StreamingPolicy`;
+:class:`StreamedPolicy` makes any policy one that streams to a callback where it can (the web UI
+shows tokens and tool-call arguments as they come this way).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import gin
 
@@ -66,6 +71,41 @@ class Policy(Protocol):
         OpenAI tool dicts the turn may call."""
 
 
+class Delta(NamedTuple):
+    """A piece of an assistant turn as it is generated: ``text``, or a piece of the JSON
+    ``arguments`` of the turn's call number ``call`` (its first piece also carries ``name``)."""
+
+    text: str = ""
+    call: int | None = None
+    name: str = ""
+    arguments: str = ""
+
+
+OnDelta = Callable[[Delta], None]
+
+
+@runtime_checkable
+class StreamingPolicy(Policy, Protocol):
+    def respond_streaming(
+        self, messages: Sequence[Message], tools: Sequence, on_delta: OnDelta, **sampling: Any
+    ) -> AssistantMessage:
+        """:meth:`Policy.respond`, handing ``on_delta`` the turn's pieces as they come; the
+        pieces of the text, and of each call's arguments, join to the returned turn's."""
+
+
+class StreamedPolicy:
+    """``policy``, whose turns stream to ``on_delta`` when it is a :class:`StreamingPolicy`
+    (a policy that is not answers whole turns, and ``on_delta`` sees nothing)."""
+
+    def __init__(self, policy: Policy, on_delta: OnDelta):
+        self.policy, self.on_delta = policy, on_delta
+
+    def respond(self, messages, tools=(), **sampling) -> AssistantMessage:
+        if isinstance(self.policy, StreamingPolicy):
+            return self.policy.respond_streaming(messages, tools, self.on_delta, **sampling)
+        return self.policy.respond(messages, tools, **sampling)
+
+
 def as_assistant_message(response: AssistantMessage | str | Mapping[str, Any]) -> AssistantMessage:
     """A turn from itself, plain text, or ``{"text", "tool_calls": [{"name", "arguments"}]}``."""
     if isinstance(response, AssistantMessage):
@@ -76,6 +116,9 @@ def as_assistant_message(response: AssistantMessage | str | Mapping[str, Any]) -
     return AssistantMessage(
         response.get("text") or "", calls, finish_reason="tool_calls" if calls else "stop"
     )
+
+
+ARGUMENT_PIECE = 8  # characters of a scripted call's arguments per streamed piece
 
 
 @gin.configurable(module="agents")
@@ -107,3 +150,16 @@ class ScriptedPolicy:
             messages_tokens([turn.to_message()], self.count_tokens),
         )
         return dataclasses.replace(turn, usage=usage)
+
+    def respond_streaming(self, messages, tools, on_delta: OnDelta, **sampling) -> AssistantMessage:
+        """The next turn, handed to ``on_delta`` word by word (its calls' arguments in pieces
+        of ``ARGUMENT_PIECE`` characters) as a model's would stream."""
+        turn = self.respond(messages, tools, **sampling)
+        for word in re.findall(r"\S+\s*|\s+", turn.text):
+            on_delta(Delta(text=word))
+        for i, call in enumerate(turn.tool_calls):
+            arguments = call.arguments_text()
+            on_delta(Delta(call=i, name=call.name, arguments=arguments[:ARGUMENT_PIECE]))
+            for start in range(ARGUMENT_PIECE, len(arguments), ARGUMENT_PIECE):
+                on_delta(Delta(call=i, arguments=arguments[start : start + ARGUMENT_PIECE]))
+        return turn

@@ -4,8 +4,10 @@ Whatever goes wrong with a call becomes a :class:`ToolResult` whose content tell
 happened (``error: ...``), never an exception in the agent loop: a model can recover from "invalid
 arguments" or "tool unavailable", a crashed loop cannot.
 
-* **Allow-list and approval gate.**  Only allowed tools are advertised or run; a tool marked
-  ``dangerous`` also needs ``approver(tool, call)`` to say yes (no approver: always no).
+* **Allow-list and approval gate.**  Only allowed tools are advertised or run.  Each tool has an
+  approval tier: ``auto`` runs it, ``ask`` needs ``approver(tool, call)`` to say yes (no
+  approver: always no), ``deny`` never runs it.  ``approval`` maps tool names to tiers; a tool
+  it does not name asks when it is marked ``dangerous`` and runs otherwise.
 * **Timeouts.**  Each attempt runs in a daemon thread bounded by the tool's ``timeout_s``.  Python
   cannot kill a thread, so a hung call keeps its thread (a daemon, so it cannot keep the process
   alive); code that may hang for real belongs in the subprocess sandbox (``sandbox.py``), which
@@ -26,7 +28,7 @@ import dataclasses
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import gin
 
@@ -40,6 +42,7 @@ from agentic_jax.agents.tools.base import (
 from agentic_jax.data.chat import Message, ToolCall, as_data
 
 Approver = Callable[[Tool, ToolCall], bool]
+APPROVAL_TIERS = ("auto", "ask", "deny")
 TRANSIENT = (TransientToolError, TimeoutError, ConnectionError)
 
 
@@ -113,6 +116,7 @@ class ToolExecutor:
         *,
         allow: Iterable[str] | None = None,
         approver: Approver | None = None,
+        approval: Mapping[str, str] | None = None,
         retry: RetryPolicy = RetryPolicy(),
         failure_threshold: int = 3,
         cooldown_s: float = 60.0,
@@ -123,12 +127,21 @@ class ToolExecutor:
         self.tools = {t.name: t for t in tools}
         self.allow = None if allow is None else set(allow)
         self.approver, self.retry = approver, retry
+        self.approval = dict(approval or {})
+        for name, tier in self.approval.items():
+            if tier not in APPROVAL_TIERS:
+                raise ValueError(
+                    f"approval tier {tier!r} of tool {name!r}; expected one of {APPROVAL_TIERS}"
+                )
         self.failure_threshold, self.cooldown_s = failure_threshold, cooldown_s
         self.sleep, self.clock, self.rng = sleep, clock, random.Random(seed)
         self._circuits = {name: _Circuit() for name in self.tools}
 
     def allowed(self, name: str) -> bool:
         return name in self.tools and (self.allow is None or name in self.allow)
+
+    def approval_tier(self, tool: Tool) -> str:
+        return self.approval.get(tool.name, "ask" if tool.dangerous else "auto")
 
     def is_down(self, name: str) -> bool:
         return self.clock() < self._circuits[name].open_until
@@ -161,7 +174,10 @@ class ToolExecutor:
             kwargs = tool.validate(call.arguments)
         except ToolArgumentError as e:
             return "invalid_arguments", f"error: {e}", 0
-        if tool.dangerous and not (self.approver is not None and self.approver(tool, call)):
+        tier = self.approval_tier(tool)
+        if tier == "deny":
+            return "denied", f"error: tool {call.name!r} may not be used here", 0
+        if tier == "ask" and not (self.approver is not None and self.approver(tool, call)):
             return "denied", f"error: the call to {call.name!r} was not approved", 0
         status, content, attempts, answered = self._with_retries(tool, kwargs)
         self._record(call.name, answered)

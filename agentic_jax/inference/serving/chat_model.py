@@ -43,7 +43,10 @@ and kept.
 
 **Log-probabilities.**  Every :class:`Generation` carries its text tokens' log-probabilities
 under the raw model, with each token's ``top_logprobs`` likeliest alternatives when asked;
-:meth:`ChatModel.openai_logprobs` writes them as the chat API's ``choices[i].logprobs``.
+``on_token`` hands them over as they are generated (a stream's chunk carries its own tokens'),
+and :meth:`ChatModel.openai_logprobs` writes them as the chat API's ``choices[i].logprobs``.
+It also reports ``cached_tokens``, the prompt tokens the engine's prefix cache served (the
+API's ``usage.prompt_tokens_details.cached_tokens``).
 """
 
 from __future__ import annotations
@@ -247,6 +250,7 @@ class _Turn(NamedTuple):
     text: str
     finish_reason: str
     logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens the text shows (no special tokens)
+    cached_tokens: int = 0  # prompt tokens the prefix cache served
 
 
 class TextStream:
@@ -290,6 +294,7 @@ class Generation:
     completion_tokens: int
     # the text's tokens (a call's are not text), as ChatModel.openai_logprobs writes them
     logprobs: tuple[TokenLogprob, ...] = ()
+    cached_tokens: int = 0  # of the prompt tokens, those the engine's prefix cache served
 
 
 class ChatModel:
@@ -388,22 +393,28 @@ class ChatModel:
         on_text: Callable[[str], None] | None,
         constraint: TokenConstraint | None = None,
         top_logprobs: int = 0,
+        on_token: Callable[[TokenLogprob], None] | None = None,
     ) -> _Turn:
-        """Phase 1: a free-running completion, under ``constraint`` if one is given."""
+        """Phase 1: a free-running completion, under ``constraint`` if one is given.
+        ``on_token`` gets each text token's :class:`TokenLogprob` before ``on_text`` gets the
+        text it adds (a stream's chunk can then carry its own tokens' log-probabilities)."""
         stream = TextStream(self.tokenizer, params.stop_strings)
-        tokens, logprobs, finish = [], [], "stop"
+        tokens, logprobs, finish, cached = [], [], "stop", 0
         events = self.loop.submit(prompt, params, constraint=constraint, top_logprobs=top_logprobs)
         with contextlib.closing(events):  # on_text may raise
             for event in events:
                 tokens.append(event.token)
                 if event.token not in self._special_ids:
                     logprobs.append(TokenLogprob(event.token, event.logprob, event.top_logprobs))
+                    if on_token is not None:
+                        on_token(logprobs[-1])
                 delta = stream.push(event.token, event.finished)
                 if delta and on_text is not None:
                     on_text(delta)
                 if event.finished:
                     finish = event.completion.finish_reason
-        return _Turn(tokens, stream.text, finish, tuple(logprobs))
+                    cached = event.completion.cached_tokens
+        return _Turn(tokens, stream.text, finish, tuple(logprobs), cached)
 
     def _check_length(
         self, prompt: Sequence[int], params: SamplingParams, strict_max_tokens: bool
@@ -429,18 +440,26 @@ class ChatModel:
         *,
         strict_max_tokens: bool = False,
         top_logprobs: int = 0,
+        on_token: Callable[[TokenLogprob], None] | None = None,
     ) -> Generation:
         """A raw completion of ``prompt`` (``/v1/completions``).  With ``strict_max_tokens`` a
         ``max_tokens`` that does not fit beside the prompt is a :class:`RequestError` (the
         OpenAI API's rule); without, the completion stops at ``max_model_len``.
-        ``top_logprobs``: the likeliest tokens to keep beside each token's log-probability."""
+        ``top_logprobs``: the likeliest tokens to keep beside each token's log-probability;
+        ``on_token`` gets each text token's as it comes, before ``on_text`` gets its text."""
         ids = self.encode(prompt)
         self._check_length(ids, params, strict_max_tokens)
         eos = self.tokenizer.eos_id
         params = dataclasses.replace(params, stop_token_ids=() if eos is None else (eos,))
-        turn = self._stream(ids, params, on_text, None, top_logprobs)
+        turn = self._stream(ids, params, on_text, None, top_logprobs, on_token)
         return Generation(
-            turn.text, (), turn.finish_reason, len(ids), len(turn.tokens), turn.logprobs
+            turn.text,
+            (),
+            turn.finish_reason,
+            len(ids),
+            len(turn.tokens),
+            turn.logprobs,
+            turn.cached_tokens,
         )
 
     # ----------------------------------------------------------------------------- chat
@@ -463,9 +482,12 @@ class ChatModel:
         strict_max_tokens: bool = False,
         response_format: Mapping | None = None,
         top_logprobs: int = 0,
+        on_token: Callable[[TokenLogprob], None] | None = None,
     ) -> Generation:
         """The next assistant turn; ``on_text`` receives its text as it is generated
-        (``strict_max_tokens`` and ``top_logprobs`` as in :meth:`complete`).
+        (``strict_max_tokens``, ``top_logprobs`` and ``on_token`` as in :meth:`complete`;
+        ``on_token`` is not called for a turn read by a Hugging Face tool-call format, whose
+        text comes at its end).
         ``response_format`` (the OpenAI API's; see the module docstring) constrains the reply
         to JSON, and cannot be combined with tools a turn may call."""
         schema = response_schema(response_format)
@@ -488,15 +510,25 @@ class ChatModel:
                 turn = self._stream(prompt, phase1, None, None, top_logprobs)
                 return self._parsed_turn(prompt, _Turn(*turn), on_text)
             constraint = None if schema is None else self._schema_constraint(schema)
-            turn = self._stream(prompt, phase1, on_text, constraint, top_logprobs)
+            turn = self._stream(prompt, phase1, on_text, constraint, top_logprobs, on_token)
         tokens = turn.tokens
         if not (forced or (specs and tokens and tokens[-1] == self._open_id)):
             return Generation(
-                turn.text, (), turn.finish_reason, len(prompt), len(tokens), turn.logprobs
+                turn.text,
+                (),
+                turn.finish_reason,
+                len(prompt),
+                len(tokens),
+                turn.logprobs,
+                turn.cached_tokens,
             )
-        calls, used = self._tool_call(prompt + tokens, specs, params)
+        calls, used, cached = self._tool_call(prompt + tokens, specs, params)
         finish = "tool_calls" if calls else "length"
-        return Generation(turn.text, calls, finish, len(prompt), len(tokens) + used, turn.logprobs)
+        # A forced call is the turn's only request: its prompt's cached tokens are the turn's.
+        cached = min(cached, len(prompt)) if forced else turn.cached_tokens
+        return Generation(
+            turn.text, calls, finish, len(prompt), len(tokens) + used, turn.logprobs, cached
+        )
 
     def _parsed_turn(
         self, prompt: Sequence[int], turn: _Turn, on_text: Callable[[str], None] | None
@@ -514,7 +546,9 @@ class ChatModel:
             calls = ()
         if text and on_text is not None:
             on_text(text)
-        return Generation(text, calls, finish, len(prompt), len(tokens), turn.logprobs)
+        return Generation(
+            text, calls, finish, len(prompt), len(tokens), turn.logprobs, turn.cached_tokens
+        )
 
     def _cached_constraint(self, key: str, regex: Callable[[], str], end_id: int, what: str):
         """The token automaton of ``regex()`` ending with ``end_id``, built once per ``key``
@@ -578,30 +612,31 @@ class ChatModel:
         data = exact if exact is not None else text.encode("utf-8")
         return {"token": text, "logprob": logprob, "bytes": list(data)}
 
-    def openai_logprobs(self, generation: Generation) -> dict:
-        """``generation``'s log-probabilities as the chat API's ``choices[i].logprobs``:
-        ``{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}],
-        "refusal": None}``, one entry per token of its text.  ``bytes`` are the token's own
-        bytes (a byte-level token may hold part of a UTF-8 character; ``token`` then shows
-        U+FFFD)."""
+    def openai_logprobs(self, logprobs: Generation | Sequence[TokenLogprob]) -> dict:
+        """A generation's log-probabilities (or those of some of its tokens, a stream's chunk)
+        as the chat API's ``choices[i].logprobs``: ``{"content": [{token, logprob, bytes,
+        top_logprobs: [{token, logprob, bytes}]}], "refusal": None}``, one entry per token of
+        its text.  ``bytes`` are the token's own bytes (a byte-level token may hold part of a
+        UTF-8 character; ``token`` then shows U+FFFD)."""
+        tokens = logprobs.logprobs if isinstance(logprobs, Generation) else logprobs
         content = [
             {
                 **self._token_json(t.token, t.logprob),
                 "top_logprobs": [self._token_json(i, lp) for i, lp in t.top],
             }
-            for t in generation.logprobs
+            for t in tokens
         ]
         return {"content": content, "refusal": None}
 
     def _tool_call(
         self, ids: list[int], specs: Sequence[ToolSpec], params: SamplingParams
-    ) -> tuple[tuple[ToolCall, ...], int]:
+    ) -> tuple[tuple[ToolCall, ...], int, int]:
         """Phase 2: the call after its opening (a token of its own, or text the constraint
         writes) under the tools' constraint, to its closing token or the end of the turn;
-        (calls, none if cut off; tokens used)."""
+        (calls, none if cut off; tokens used; of ``ids``, those the prefix cache served)."""
         max_new = min(self.max_tool_call_tokens, self.engine.max_model_len - len(ids))
         if max_new <= 0:
-            return (), 0
+            return (), 0, 0
         sampling = SamplingParams(
             temperature=params.temperature,
             top_p=params.top_p,
@@ -612,11 +647,13 @@ class ChatModel:
         )
         constraint = self._constraint(specs)
         with contextlib.closing(self.loop.submit(ids, sampling, constraint=constraint)) as events:
-            tokens = [event.token for event in events]
-        n = len(tokens)
+            done = list(events)
+        tokens = [event.token for event in done]
+        n, cached = len(tokens), done[-1].completion.cached_tokens if done else 0
         if not tokens or tokens[-1] != self._call_end_id:
-            return (), n
+            return (), n, cached
         fmt = self.tool_format
         opening = fmt.open if self._open_id is not None else ""
         closing = fmt.close if self._close_id is not None else ""
-        return fmt.parse(opening + self.tokenizer.decode(tokens[:-1]) + closing).calls, n
+        calls = fmt.parse(opening + self.tokenizer.decode(tokens[:-1]) + closing).calls
+        return calls, n, cached

@@ -1,11 +1,20 @@
 """An OpenAI-compatible HTTP API over a checkpoint (``agentic-jax serve``).
 
-Endpoints: ``POST /v1/chat/completions`` (messages, tools, ``tool_choice``, ``n``, streaming),
-``POST /v1/completions`` (a prompt or a list of prompts), ``GET /v1/models``,
-``GET /v1/models/{model}``, ``GET /health`` and ``GET /openapi.json`` (an OpenAPI 3.1 document
-whose request schemas are the pydantic request models' own).  Anything that speaks the OpenAI API
-(the ``openai`` client, LangGraph/LangChain's ``ChatOpenAI``, smolagents' ``OpenAIServerModel``,
-the OpenAI Agents SDK, :class:`HTTPPolicy`) can then use an agentic-jax model.
+Endpoints: ``POST /v1/chat/completions`` (messages; tools with ``tool_choice`` ``auto``,
+``none``, ``required`` or a named function, a Hugging Face format's several calls per turn;
+``response_format`` ``text``, ``json_object`` or ``json_schema``, decoded under its automaton in
+the engine's batch; ``logprobs`` and ``top_logprobs``; ``n``, ``seed``, ``stop``,
+``max_completion_tokens`` or ``max_tokens``; streaming, ``n > 1`` too), ``POST /v1/completions``
+(prompts, ``n``, the legacy integer ``logprobs``; streaming), ``GET /v1/models``,
+``GET /v1/models/{model}``, ``GET /health``, ``GET /metrics`` (Prometheus, the model's
+:class:`ServingMetrics`) and ``GET /openapi.json`` (an OpenAPI 3.1 document whose request
+schemas are the pydantic request models' own).  Usage reports the prompt tokens the prefix
+cache served (``prompt_tokens_details.cached_tokens``).  A streamed chunk carries its own
+tokens' log-probabilities; a tool call streams as the API's deltas, its name and then its
+arguments, which come whole when the call ends (they are decoded under the tools' automaton).
+Anything that speaks the OpenAI API (the ``openai`` client, LangGraph/LangChain's
+``ChatOpenAI``, smolagents' ``OpenAIServerModel``, the OpenAI Agents SDK, :class:`HTTPPolicy`)
+can then use an agentic-jax model.
 
 An ASGI application on Starlette (:attr:`OpenAIServer.app`, which any ASGI server can serve),
 served by uvicorn from a background thread (:meth:`OpenAIServer.start`) or from the calling one
@@ -13,7 +22,16 @@ served by uvicorn from a background thread (:meth:`OpenAIServer.start`) or from 
 which block, run in worker threads, and all of them feed one :class:`EngineLoop`, so concurrent
 requests are batched continuously by the engine.  Streaming is server-sent events
 (sse-starlette), ending with ``data: [DONE]``.  With an ``api_key`` every endpoint but
-``/health`` needs ``Authorization: Bearer <key>`` (401 otherwise).
+``/health`` needs ``Authorization: Bearer <key>`` (401 otherwise), ``/metrics`` too: Prometheus
+sends the key as its scrape config's ``authorization`` credentials.
+
+**Observed.**  Every finished request is counted in ``/metrics`` by route and status (errors and
+401s included; a path no route has is counted as ``other``), beside the engine's own metrics
+(tokens, latencies, queue depth, batch, KV-cache use, prefix-cache hits, preemptions).  Each model
+call is an OpenTelemetry span named and attributed by the GenAI semantic conventions (``chat
+<model>`` or ``text_completion <model>``; ``gen_ai.request.*``, ``gen_ai.response.*``,
+``gen_ai.usage.*``), through the ``tracer_provider`` given or the process's; without a configured
+SDK the spans are the API's no-ops.
 
 **No request can take the server down.**  Every field has a range the engine can hold, and the
 limits of :class:`ServerLimits` (gin) bound what one request may ask for.  The client's mistakes
@@ -36,7 +54,9 @@ Face model offered tools, produce no text until they end: they run to their end 
 finish for ``shutdown_grace_s`` and then stops the rest: each gets a 503 error object, as its
 stream's last event if its stream has begun.
 
-Not supported: streaming with ``n > 1``, logprobs, images.
+Not supported (a 400 naming the field): images and other non-text content, ``logit_bias``,
+``parallel_tool_calls``, ``audio``, ``modalities``, ``prediction``, ``echo``, ``suffix``,
+``best_of``, ``user`` and ``/v1/embeddings`` (retrieval's encoders are not this package's).
 """
 
 from __future__ import annotations
@@ -54,7 +74,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import anyio
@@ -64,6 +84,8 @@ import gin
 import pydantic
 import uvicorn
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
+from anyio.lowlevel import EventLoopToken, current_token
+from opentelemetry import trace
 from pydantic.json_schema import models_json_schema
 from sse_starlette.sse import EventSourceResponse, SendTimeoutError
 from starlette.applications import Starlette
@@ -71,14 +93,21 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentic_jax.data.chat import Message, ToolCall, ToolSpec
 from agentic_jax.inference.decoding.sampling import INT32_MAX, SEED_RANGE
 from agentic_jax.inference.errors import EngineFailure, RequestError
-from agentic_jax.inference.serving.chat_model import ChatModel, Generation, sampling_params
+from agentic_jax.inference.serving.chat_model import (
+    ChatModel,
+    Generation,
+    TokenLogprob,
+    sampling_params,
+)
+from agentic_jax.inference.serving.engine import MAX_TOP_LOGPROBS
+from agentic_jax.inference.serving.metrics import ServingMetrics
 from agentic_jax.inference.serving.request_body import BodyError, parse_json_body, read_body
 
 log = logging.getLogger(__name__)
@@ -246,8 +275,6 @@ class _Sampling(_Request):
             )
         if self.n > limits.max_n:
             raise APIError(400, f"n={self.n}: at most {limits.max_n}", param="n")
-        if self.stream and self.n > 1:
-            raise APIError(400, "streaming supports n=1", param="n")
 
 
 class ChatCompletionRequest(_Sampling):
@@ -255,6 +282,9 @@ class ChatCompletionRequest(_Sampling):
     tools: list[_ToolIn] | None = None
     tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = None
     max_completion_tokens: int | None = pydantic.Field(None, ge=1, le=INT32_MAX)
+    response_format: dict[str, Any] | None = None  # checked by ChatModel.chat
+    logprobs: bool = False
+    top_logprobs: int | None = pydantic.Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -262,6 +292,17 @@ class ChatCompletionRequest(_Sampling):
 
     def check(self, limits: ServerLimits) -> None:
         super().check(limits)
+        if None not in (self.max_tokens, self.max_completion_tokens) and (
+            self.max_tokens != self.max_completion_tokens
+        ):
+            raise APIError(
+                400,
+                f"max_completion_tokens={self.max_completion_tokens} and its older name "
+                f"max_tokens={self.max_tokens} differ; give one",
+                param="max_completion_tokens",
+            )
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         if len(self.messages) > limits.max_messages:
             raise APIError(
                 400,
@@ -276,6 +317,8 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str]
+    # the legacy API's: how many likeliest alternatives to give beside each token's logprob
+    logprobs: int | None = pydantic.Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @property
     def prompts(self) -> list[str]:
@@ -289,8 +332,6 @@ class CompletionRequest(_Sampling):
             raise APIError(
                 400, f"{len(self.prompts)} prompts: at most {limits.max_prompts}", param="prompt"
             )
-        if self.stream and len(self.prompts) != 1:
-            raise APIError(400, "streaming supports one prompt", param="prompt")
 
 
 def _text(content: str | list[_ContentPart] | None) -> str:
@@ -322,17 +363,32 @@ def _validation_error(e: pydantic.ValidationError) -> APIError:
 
 
 # ------------------------------------------------------------------------------- responses
-def _usage(g: Generation) -> dict:
+def _usage(done: Sequence[Generation]) -> dict:
+    """The usage of a reply's generations (each choice's prompt counts: each was prefilled)."""
+    prompt = sum(g.prompt_tokens for g in done)
+    completion = sum(g.completion_tokens for g in done)
     return {
-        "prompt_tokens": g.prompt_tokens,
-        "completion_tokens": g.completion_tokens,
-        "total_tokens": g.prompt_tokens + g.completion_tokens,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(g.cached_tokens for g in done)},
     }
 
 
-def _total(done: list[Generation]) -> dict:
-    usages = [_usage(g) for g in done]
-    return {k: sum(u[k] for u in usages) for k in usages[0]}
+def _completion_logprobs(tokenizer, tokens: Sequence[TokenLogprob], before: Sequence[int]) -> dict:
+    """``tokens``' log-probabilities in ``/v1/completions``' legacy shape: each token's text, its
+    log-probability, its likeliest alternatives as ``{text: logprob}`` and its ``text_offset``,
+    where its text starts in the choice's text (``before``: the ids of the choice's tokens
+    before these, a stream's earlier chunks')."""
+    ids, shape = list(before), {"tokens": [], "token_logprobs": [], "top_logprobs": []}
+    offsets = []
+    for t in tokens:
+        offsets.append(len(tokenizer.decode(ids, skip_special_tokens=True)))
+        ids.append(t.token)
+        shape["tokens"].append(tokenizer.decode([t.token]))
+        shape["token_logprobs"].append(t.logprob)
+        shape["top_logprobs"].append({tokenizer.decode([i]): lp for i, lp in t.top})
+    return {**shape, "text_offset": offsets}
 
 
 def _tool_calls(g: Generation) -> list[dict]:
@@ -448,12 +504,12 @@ async def _stop_on_disconnect(receive: Receive, slot: _Slot) -> None:
     slot.stop(CLIENT_GONE)
 
 
-def _emit(slot: _Slot, sender: ObjectSendStream, chunk: dict) -> None:
-    """Sends ``chunk`` from a worker thread to its stream, or stops the generation: the server
-    has stopped it, or the stream's response has ended."""
+def _emit(slot: _Slot, sender: ObjectSendStream, loop: EventLoopToken, chunk: dict) -> None:
+    """Sends ``chunk`` from any thread to its stream on the event loop ``loop``, or stops the
+    generation: the server has stopped it, or the stream's response has ended."""
     slot.check()
     try:
-        anyio.from_thread.run_sync(sender.send_nowait, chunk)
+        anyio.from_thread.run_sync(sender.send_nowait, chunk, token=loop)
     except anyio.BrokenResourceError:
         raise _Stopped(CLIENT_GONE) from None
 
@@ -503,7 +559,7 @@ class _EventStream:
         with sender:
             try:
                 with server._generating() as slot:
-                    emit = functools.partial(_emit, slot, sender)
+                    emit = functools.partial(_emit, slot, sender, current_token())
                     await server._in_worker(receive, slot, lambda: self.work(emit))
             except Exception as e:
                 with contextlib.suppress(anyio.BrokenResourceError):  # the response has ended
@@ -511,6 +567,33 @@ class _EventStream:
 
 
 # ------------------------------------------------------------------------------- the server
+class _CountRequests:
+    """ASGI middleware: counts each finished HTTP request in ``metrics`` by its route's path
+    (``/v1/models/{model}``; ``other`` where no route has the path, so that requests to made-up
+    paths cannot grow the label set) and the status it was answered with."""
+
+    def __init__(self, app: ASGIApp, metrics: ServingMetrics, routes: Sequence[Route]):
+        self.app, self.metrics, self.routes = app, metrics, routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        matched = (r.path for r in self.routes if r.matches(scope)[0] is not Match.NONE)
+        endpoint, status = next(matched, "other"), 500  # 500: raised before answering
+
+        async def sending(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            self.metrics.request_finished(endpoint, status)
+
+
 class _BearerAuth:
     """ASGI middleware: a request to any path but ``open_paths`` needs ``Authorization: Bearer
     <key>``, compared in constant time (``hmac.compare_digest``), or it is a 401."""
@@ -559,7 +642,10 @@ class OpenAIServer:
 
     ``api_key``: the bearer token every endpoint but ``/health`` then requires (gin, or
     ``agentic-jax serve --api_key``); ``shutdown_grace_s``: how long :meth:`close` lets the
-    requests in flight finish before it stops them.
+    requests in flight finish before it stops them; ``tracer_provider``: where the model calls'
+    spans go (the process's, set by ``opentelemetry.trace.set_tracer_provider``, by default).
+    ``metrics`` are the model's (``ChatModel.metrics``, which its engine loop records), or the
+    server's own (its requests alone) for a model that keeps none.
     """
 
     def __init__(
@@ -572,6 +658,7 @@ class OpenAIServer:
         limits: ServerLimits | None = None,
         api_key: str | None = None,
         shutdown_grace_s: float = 5.0,
+        tracer_provider: trace.TracerProvider | None = None,
     ):
         if api_key == "":
             raise ValueError("OpenAIServer.api_key is empty; leave it unset to serve without one")
@@ -584,6 +671,9 @@ class OpenAIServer:
         # that, uvicorn cancels whatever is left.
         self._drain_s = shutdown_grace_s + self.limits.read_timeout_s
         self.created = int(time.time())
+        model_metrics = getattr(model, "metrics", None)
+        self.metrics = ServingMetrics() if model_metrics is None else model_metrics
+        self._tracer = trace.get_tracer(__name__, tracer_provider=tracer_provider)
         self._slots: set[_Slot] = set()  # the requests generating; only the event loop uses it
         self._threads = anyio.CapacityLimiter(self.limits.max_concurrent_requests)
         self.app = self._app()
@@ -659,17 +749,20 @@ class OpenAIServer:
     def _app(self) -> Starlette:
         routes = [
             Route("/health", _answering_errors(self._health), methods=["GET"]),
+            Route("/metrics", _answering_errors(self._metrics), methods=["GET"]),
             Route("/openapi.json", _answering_errors(self._openapi), methods=["GET"]),
             Route("/v1/models", _answering_errors(self._models), methods=["GET"]),
             Route("/v1/models/{model}", _answering_errors(self._model), methods=["GET"]),
             Route("/v1/chat/completions", _answering_errors(self._chat), methods=["POST"]),
             Route("/v1/completions", _answering_errors(self._completions), methods=["POST"]),
         ]
-        auth = [Middleware(_BearerAuth, key=self.api_key, open_paths=frozenset({"/health"}))]
+        middleware = [Middleware(_CountRequests, metrics=self.metrics, routes=routes)]
+        if self.api_key:
+            middleware.append(
+                Middleware(_BearerAuth, key=self.api_key, open_paths=frozenset({"/health"}))
+            )
         return Starlette(
-            routes=routes,
-            middleware=auth if self.api_key else [],
-            exception_handlers={HTTPException: _route_error},
+            routes=routes, middleware=middleware, exception_handlers={HTTPException: _route_error}
         )
 
     @functools.cached_property
@@ -719,6 +812,18 @@ class OpenAIServer:
                 "/health": {
                     "get": operation("the engine loop's state", "running (503: not)", security=[])
                 },
+                "/metrics": {
+                    "get": {
+                        "summary": "the server's and the engine's metrics",
+                        "responses": {
+                            "200": {
+                                "description": "the Prometheus text format",
+                                "content": {"text/plain": {"schema": {"type": "string"}}},
+                            },
+                            "default": error,
+                        },
+                    }
+                },
                 "/openapi.json": {"get": operation("this document", "OpenAPI 3.1")},
             },
             "components": {"schemas": {**defs["$defs"], "Error": ERROR_SCHEMA}},
@@ -732,6 +837,10 @@ class OpenAIServer:
 
     async def _openapi(self, request: Request) -> JSONResponse:
         return JSONResponse(self.openapi)
+
+    async def _metrics(self, request: Request) -> Response:
+        body, content_type = self.metrics.exposition()
+        return Response(body, headers={"Content-Type": content_type})
 
     async def _health(self, request: Request) -> JSONResponse:
         loop = self.model.loop.health()
@@ -846,6 +955,51 @@ class OpenAIServer:
         with concurrent.futures.ThreadPoolExecutor(min(len(jobs), PROMPT_THREADS)) as pool:
             return list(pool.map(fn, jobs))
 
+    def _traced(
+        self, operation: str, r: _Sampling, id_: str, generate: Callable[[], list[Generation]]
+    ) -> list[Generation]:
+        """``generate()``, one request's generations, in an OpenTelemetry span named and
+        attributed by the GenAI semantic conventions: ``{operation} {model}``, the request's
+        settings, then the reply's id, finish reasons and token usage (an exception is recorded
+        on it).  Its kind is internal: the model runs in this process."""
+        attributes = {
+            "gen_ai.operation.name": operation,
+            "gen_ai.provider.name": "agentic_jax",
+            "gen_ai.request.model": self.model_name,
+            "gen_ai.request.temperature": r.temperature,
+            "gen_ai.request.top_p": r.top_p,
+            "gen_ai.response.id": id_,
+        }
+        optional = {
+            "gen_ai.request.max_tokens": r.requested_max_tokens,
+            "gen_ai.request.seed": r.seed,
+            "gen_ai.request.choice.count": r.n if r.n != 1 else None,
+        }
+        attributes.update({k: v for k, v in optional.items() if v is not None})
+        name = f"{operation} {self.model_name}"
+        with self._tracer.start_as_current_span(name, attributes=attributes) as span:
+            done = generate()
+            span.set_attributes(
+                {
+                    "gen_ai.response.model": self.model_name,
+                    "gen_ai.response.finish_reasons": [g.finish_reason for g in done],
+                    "gen_ai.usage.input_tokens": sum(g.prompt_tokens for g in done),
+                    "gen_ai.usage.output_tokens": sum(g.completion_tokens for g in done),
+                }
+            )
+        return done
+
+    def _streamed(self, operation: str, kind: str, r: _Sampling, id_: str, choices: list):
+        """A streamed reply: every ``choice(emit)``, which streams its own chunks, batched by the
+        engine in one span; then, if asked for, the usage in a chunk of its own."""
+
+        def work(emit: Callable[[dict], None]) -> None:
+            done = self._traced(operation, r, id_, lambda: self._all(lambda c: c(emit), choices))
+            if r.include_usage:
+                emit(self._chunk(kind, id_, {}, _usage(done)))
+
+        return _EventStream(self, work)
+
     async def _chat(self, request: Request):
         r = await self._parse(request, ChatCompletionRequest)
         messages = [_message(m) for m in r.messages]
@@ -859,17 +1013,27 @@ class OpenAIServer:
             specs,
             tool_choice=r.tool_choice or "auto",
             strict_max_tokens=r.requested_max_tokens is not None,
+            response_format=r.response_format,
+            top_logprobs=r.top_logprobs or 0,
         )
         params = [r.params(i) for i in range(r.n)]
         id_ = f"chatcmpl-{uuid.uuid4().hex}"
         if r.stream:
-            work = functools.partial(self._chat_stream, chat, params[0], r.include_usage, id_)
-            return _EventStream(self, work)
+            choices = [
+                functools.partial(self._stream_chat_choice, chat, p, i, id_, r.logprobs)
+                for i, p in enumerate(params)
+            ]
+            return self._streamed("chat", "chat.completion.chunk", r, id_, choices)
         with self._generating() as slot:
             done = await self._in_worker(
                 request.receive,
                 slot,
-                lambda: self._all(lambda p: chat(params=p, on_text=slot.check), params),
+                lambda: self._traced(
+                    "chat",
+                    r,
+                    id_,
+                    lambda: self._all(lambda p: chat(params=p, on_text=slot.check), params),
+                ),
             )
         choices = []
         for i, g in enumerate(done):
@@ -878,7 +1042,12 @@ class OpenAIServer:
             if calls:
                 message["tool_calls"] = calls
             choices.append(
-                {"index": i, "message": message, "logprobs": None, "finish_reason": g.finish_reason}
+                {
+                    "index": i,
+                    "message": message,
+                    "logprobs": self.model.openai_logprobs(g) if r.logprobs else None,
+                    "finish_reason": g.finish_reason,
+                }
             )
         return JSONResponse(
             {
@@ -887,58 +1056,79 @@ class OpenAIServer:
                 "created": int(time.time()),
                 "model": self.model_name,
                 "choices": choices,
-                "usage": _total(done),
+                "usage": _usage(done),
             }
         )
 
-    def _chat_stream(self, chat, params, include_usage: bool, id_: str, emit) -> None:
-        """One streamed chat turn, run in a worker thread: the role, the text as it comes, the
-        tool calls, the finish reason and, if asked for, the usage."""
+    def _stream_chat_choice(
+        self, chat, params, index: int, id_: str, logprobs: bool, emit
+    ) -> Generation:
+        """One streamed chat choice, run in a worker thread: the role, the text as it comes
+        (each piece with its tokens' log-probabilities, when asked for), each tool call as the
+        API's deltas (its id and name, then its arguments), the finish reason (with the
+        log-probabilities of tokens whose text never came: a stop string's)."""
 
-        def delta(content: dict, finish: str | None = None) -> dict:
-            return self._chunk(
-                "chat.completion.chunk",
-                id_,
-                {"index": 0, "delta": content, "finish_reason": finish},
-            )
+        def delta(content: dict, finish: str | None = None, tokens=()) -> dict:
+            choice = {
+                "index": index,
+                "delta": content,
+                "logprobs": self.model.openai_logprobs(tokens) if logprobs and tokens else None,
+                "finish_reason": finish,
+            }
+            return self._chunk("chat.completion.chunk", id_, choice)
 
-        opened = False
+        pending: list[TokenLogprob] = []  # tokens whose text has not been sent yet
+        opened, sent = False, 0
 
         def on_text(text: str) -> None:
-            nonlocal opened
+            nonlocal opened, sent
             if not opened:
                 emit(delta({"role": "assistant", "content": ""}))
                 opened = True
             if text:
-                emit(delta({"content": text}))
+                emit(delta({"content": text}, tokens=pending))
+                sent += len(pending)
+                pending.clear()
 
-        g = chat(params=params, on_text=on_text)
+        g = chat(params=params, on_text=on_text, on_token=pending.append)
         on_text("")  # opens the stream if no text came
-        calls = _tool_calls(g)
-        if calls:
-            emit(delta({"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}))
-        emit(delta({}, g.finish_reason))
-        if include_usage:
-            emit(self._chunk("chat.completion.chunk", id_, {}, _usage(g)))
+        for i, call in enumerate(_tool_calls(g)):
+            name, arguments = call["function"]["name"], call["function"]["arguments"]
+            function = {"name": name, "arguments": ""}  # what a client appends the deltas to
+            opening = {"index": i, "id": call["id"], "type": "function", "function": function}
+            emit(delta({"tool_calls": [opening]}))
+            emit(delta({"tool_calls": [{"index": i, "function": {"arguments": arguments}}]}))
+        emit(delta({}, g.finish_reason, g.logprobs[sent:]))
+        return g
 
     async def _completions(self, request: Request):
         r = await self._parse(request, CompletionRequest)
+        # Log-probabilities are asked of the model only for a request that wants them.
+        asked = {} if r.logprobs is None else {"top_logprobs": r.logprobs}
         complete = functools.partial(
-            self.model.complete, strict_max_tokens=r.requested_max_tokens is not None
+            self.model.complete, strict_max_tokens=r.requested_max_tokens is not None, **asked
         )
         id_ = f"cmpl-{uuid.uuid4().hex}"
-        if r.stream:
-            work = functools.partial(
-                self._completion_stream, complete, r.prompts[0], r.params(), r.include_usage, id_
-            )
-            return _EventStream(self, work)
         # Choice p * n + i is sample i of prompt p, as the OpenAI API numbers them.
         jobs = [(p, r.params(i)) for p in r.prompts for i in range(r.n)]
+        if r.stream:
+            choices = [
+                functools.partial(
+                    self._stream_completion_choice, complete, *job, i, id_, r.logprobs
+                )
+                for i, job in enumerate(jobs)
+            ]
+            return self._streamed("text_completion", "text_completion", r, id_, choices)
         with self._generating() as slot:
             done = await self._in_worker(
                 request.receive,
                 slot,
-                lambda: self._all(lambda job: complete(*job, slot.check), jobs),
+                lambda: self._traced(
+                    "text_completion",
+                    r,
+                    id_,
+                    lambda: self._all(lambda job: complete(*job, slot.check), jobs),
+                ),
             )
         return JSONResponse(
             {
@@ -946,21 +1136,42 @@ class OpenAIServer:
                 "object": "text_completion",
                 "created": int(time.time()),
                 "model": self.model_name,
-                "usage": _total(done),
+                "usage": _usage(done),
                 "choices": [
-                    {"index": i, "text": g.text, "logprobs": None, "finish_reason": g.finish_reason}
+                    {
+                        "index": i,
+                        "text": g.text,
+                        "logprobs": None
+                        if r.logprobs is None
+                        else _completion_logprobs(self.model.tokenizer, g.logprobs, ()),
+                        "finish_reason": g.finish_reason,
+                    }
                     for i, g in enumerate(done)
                 ],
             }
         )
 
-    def _completion_stream(self, complete, prompt: str, params, include_usage: bool, id_, emit):
-        """One streamed completion, run in a worker thread: its text as it comes, then the
-        finish reason (and the usage, if asked for)."""
+    def _stream_completion_choice(
+        self, complete, prompt: str, params, index: int, id_: str, logprobs: int | None, emit
+    ) -> Generation:
+        """One streamed completion choice, run in a worker thread: its text as it comes (each
+        piece with its tokens' log-probabilities, when asked for), then its finish reason."""
+        pending: list[TokenLogprob] = []  # tokens whose text has not been sent yet
+        sent: list[int] = []  # the ids of those whose log-probabilities have been
 
-        def piece(text: str, finish: str | None = None, usage: dict | None = None) -> dict:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-            return self._chunk("text_completion", id_, choice, usage)
+        def piece(text: str, finish: str | None = None, tokens=()) -> dict:
+            shape = None
+            if logprobs is not None:
+                shape = _completion_logprobs(self.model.tokenizer, tokens, sent)
+                sent.extend(t.token for t in tokens)
+            choice = {"index": index, "text": text, "logprobs": shape, "finish_reason": finish}
+            return self._chunk("text_completion", id_, choice)
 
-        g = complete(prompt, params, lambda text: emit(piece(text)))
-        emit(piece("", g.finish_reason, _usage(g) if include_usage else None))
+        def on_text(text: str) -> None:
+            emit(piece(text, tokens=pending))
+            pending.clear()
+
+        hooks = {} if logprobs is None else {"on_token": pending.append}
+        g = complete(prompt, params, on_text, **hooks)
+        emit(piece("", g.finish_reason, g.logprobs[len(sent) :]))
+        return g
