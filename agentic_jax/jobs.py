@@ -2,7 +2,8 @@
 
 Pretraining (``training.loop.train``) unless the config names another job: the main
 pipeline ``@post_training``, or one stage of it (``@train_sft``, ``@train_rl``,
-``@train_preference``, ``@train_reward_model``, ``@train_rft``), or a retrieval model
+``@train_preference``, ``@train_reward_model``, ``@train_rft``), or a solver and a verifier
+trained together (``@train_team_rl``), or a retrieval model
 (``@train_encoder``, ``@train_reranker``, ``@train_ra_rft`` after
 ``@measure_demonstration_utilities``), or memory's sleep-time consolidation
 (``@consolidation_job``), or speculative decoding's draft heads (``@train_draft_heads``), or

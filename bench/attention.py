@@ -11,10 +11,10 @@ lowered to XLA loops); its memory is what the algorithm needs, its speed means n
 Going from T to 4T the reference grows ~16x (quadratic), xla_chunked and flash ~4x (linear).
 
 Speed (GPU only): causal bf16 attention, forward and forward+backward, for XLA (the
-dense reference), ``xla_chunked``, cuDNN (``jax.nn.dot_product_attention``) and tokamax
-when installed.  The Pallas kernel targets Mosaic TPU and does not lower on GPU, which the
-table says rather than timing it.  FLOPs count the visible half of the causal T x S
-score matrix: forward 4 B N T S H / 2, backward 2.5x forward.
+dense reference), ``xla_chunked``, cuDNN (``jax.nn.dot_product_attention``), tokamax
+when installed, and ``pallas``: this package's ``flash_attention``, which on a GPU runs its
+Triton kernels (``pallas_kernels.flash_triton``, default tiles).  FLOPs count the visible
+half of the causal T x S score matrix: forward 4 B N T S H / 2, backward 2.5x forward.
 """
 
 from __future__ import annotations
@@ -47,11 +47,15 @@ def _with_grad(fn):
 def memory_table(seq_lens, b, n, k, h, dtype, blocks):
     """Peak memory of the dense reference, the jnp online-softmax scan (``xla_chunked``, the
     model's memory-linear XLA path) and the Pallas kernel, with ratios to the reference."""
-    interpret = jax.default_backend() != "tpu"
+    backend = jax.default_backend()
+    interpret = backend not in ("tpu", "gpu")
     impls = {
         "reference": reference_attention,
         "xla_chunked": functools.partial(chunked_attention, chunk_size=blocks.block_kv),
-        "flash": functools.partial(flash_attention, block_sizes=blocks, interpret=interpret),
+        # On GPU the Triton kernels keep their own register-sized default tiles.
+        "flash": functools.partial(
+            flash_attention, block_sizes=None if backend == "gpu" else blocks, interpret=interpret
+        ),
     }
     print(
         f"\nPeak compiled memory (MiB), causal {jnp.dtype(dtype).name}, B={b} N={n} K={k} H={h}; "
@@ -81,10 +85,10 @@ def memory_table(seq_lens, b, n, k, h, dtype, blocks):
 
 
 def _implementations():
-    """The GPU contenders.  The Pallas kernel is not among them: it is written for Mosaic TPU
-    (VMEM scratch, TPU grid semantics) and ``flash_attention`` refuses to compile it on GPU."""
+    """The GPU contenders; ``pallas`` is ``flash_attention``, i.e. its Triton kernels."""
     impls = {
         "xla": reference_attention,
+        "pallas": functools.partial(flash_attention, causal=True),
         "xla_chunked": functools.partial(chunked_attention, chunk_size=512),
         "cudnn": functools.partial(
             jax.nn.dot_product_attention, is_causal=True, implementation="cudnn"
@@ -99,10 +103,6 @@ def _implementations():
 def speed_table(configs, h, k, iters):
     print(f"\nCausal bf16 attention on {describe_device()}: ms (TFLOP/s), H={h} K={k}")
     impls = _implementations()
-    print(
-        "pallas: not run (flash_attention compiles for Mosaic TPU only; on GPU the model's "
-        "attention dispatch uses cuDNN or tokamax)"
-    )
     print(f"{'B':>3} {'T':>6} {'N':>3} {'pass':>8} " + "".join(f"{name:>20}" for name in impls))
     failures = []
     for b, t, n in configs:

@@ -1,11 +1,12 @@
 """Where a Pallas kernel of this package may run, and with which compiler parameters.
 
-The kernels are written against the Mosaic TPU programming model (VMEM scratch, a
-sequential innermost grid axis).  The same source runs on any host in Pallas'
-interpreter, which is how the CPU tests exercise it; on GPU the fast paths are cuDNN and
-tokamax (see ``pallas_kernels.dispatch``), and a Mosaic GPU port is later work.  A CPU host
-can also lower the kernels for a TPU it does not have (``lower_for_tpu``), which checks them
-against Mosaic's rules without running them.
+Most kernels are written against the Mosaic TPU programming model (VMEM scratch, a
+sequential innermost grid axis); flash attention also has a Triton family for NVIDIA GPUs
+(``flash_triton``).  Every kernel source runs on any host in Pallas' interpreter, which is
+how the CPU tests exercise it; on GPU the fused paths chosen automatically are cuDNN and
+tokamax (see ``pallas_kernels.dispatch``).  A CPU host can also lower the kernels for a
+TPU or GPU it does not have (``lower_for_tpu``, ``lower_for_gpu``), which checks them against
+Mosaic's or Triton's rules without running them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ def target_platform() -> str:
     return jax.default_backend() if device is None else device.platform
 
 
+def _lower_for(fn, args, jit_kwargs, device, lowering_platform: str) -> jax.stages.Lowered:
+    mesh = jax.sharding.AbstractMesh((1,), ("_target",), abstract_device=device)
+    with jax.sharding.use_abstract_mesh(mesh):
+        return jax.jit(fn, **jit_kwargs).trace(*args).lower(lowering_platforms=(lowering_platform,))
+
+
 def lower_for_tpu(
     fn, *args, device_kind: str = "TPU v5 lite", num_cores: int = 1, **jit_kwargs
 ) -> jax.stages.Lowered:
@@ -40,21 +47,36 @@ def lower_for_tpu(
     device = jax.sharding.AbstractDevice(
         device_kind=device_kind, num_cores=num_cores, platform="tpu"
     )
-    mesh = jax.sharding.AbstractMesh((1,), ("_target",), abstract_device=device)
-    with jax.sharding.use_abstract_mesh(mesh):
-        return jax.jit(fn, **jit_kwargs).trace(*args).lower(lowering_platforms=("tpu",))
+    return _lower_for(fn, args, jit_kwargs, device, "tpu")
 
 
-def resolve_interpret(interpret: bool | None, kernel: str) -> bool:
-    """``interpret=None`` means: compile on TPU, interpret on CPU, refuse elsewhere."""
+def lower_for_gpu(fn, *args, device_kind: str = "NVIDIA H200", **jit_kwargs) -> jax.stages.Lowered:
+    """``jax.jit(fn)`` lowered for an NVIDIA GPU this host need not have.
+
+    Inside, :func:`target_platform` is ``"gpu"``, so the Triton kernels compile instead of
+    interpreting and Pallas lowers them to Triton IR (every op of the kernel bodies needs a
+    Triton rule, every array a power-of-two shape); Triton's own compile to PTX, done by
+    XLA on the GPU host, is left out.
+    """
+    device = jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=None, platform="gpu")
+    return _lower_for(fn, args, jit_kwargs, device, "cuda")
+
+
+_COMPILERS = {"tpu": "Mosaic TPU", "gpu": "Pallas' Triton lowering (NVIDIA GPUs)"}
+
+
+def resolve_interpret(interpret: bool | None, kernel: str, compiles_for: str = "tpu") -> bool:
+    """``interpret=None`` means: compile on ``compiles_for`` (the platform the kernel is written
+    for, ``"tpu"`` or ``"gpu"``), interpret on CPU, refuse elsewhere."""
     platform = target_platform()
     if interpret is None:
         interpret = platform == "cpu"
-    if not interpret and platform != "tpu":
+    if not interpret and platform != compiles_for:
         raise NotImplementedError(
-            f"{kernel} compiles with Mosaic TPU only (backend is {platform!r}). On GPU use "
-            "pallas_kernels.gpu_attention (cuDNN / tokamax); pass interpret=True to run the "
-            "kernel source in Pallas' (slow) interpreter."
+            f"{kernel} compiles with {_COMPILERS[compiles_for]} only (backend is "
+            f"{platform!r}). On GPU, flash_attention runs its Triton kernels and "
+            "pallas_kernels.gpu_attention picks cuDNN / tokamax; pass interpret=True to run "
+            "the kernel source in Pallas' (slow) interpreter."
         )
     return bool(interpret)
 

@@ -4,7 +4,8 @@
   Triton flash kernels, with soft-capping); otherwise cuDNN's fused flash attention through
   ``jax.nn.dot_product_attention(implementation="cudnn")`` when cuDNN supports the call
   (bf16/f16, head_dim a multiple of 8 up to 256, no soft cap, no two-sided window);
-  otherwise XLA.
+  otherwise XLA.  The package's own Triton kernels (``flash_attention`` on a GPU) are not
+  chosen here until the benchmark has measured them against these.
 * TPU: this package's Pallas ``flash_attention`` (compiled by Mosaic).
 * anything else: XLA (``reference_attention``; the Pallas kernel would only run
   interpreted).

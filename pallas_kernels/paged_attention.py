@@ -28,7 +28,7 @@ from pallas_kernels.masks import MASK_VALUE
 from pallas_kernels.reference import reference_attention
 
 
-def _page_span(lengths_ref, b, page_size: int, sliding_window: int | None):
+def page_span(lengths_ref, b, page_size: int, sliding_window: int | None):
     """First and last logical page holding a key that the decode token of sequence b sees."""
     length = lengths_ref[b]
     last = jnp.maximum(length - 1, 0) // page_size
@@ -56,7 +56,7 @@ def _paged_kernel(
 ):
     b, j = pl.program_id(0), pl.program_id(1)
     length = lengths_ref[b]
-    first, last = _page_span(lengths_ref, b, page_size, sliding_window)
+    first, last = page_span(lengths_ref, b, page_size, sliding_window)
 
     @pl.when(j == 0)
     def _init():
@@ -96,7 +96,7 @@ def _paged_kernel(
         o_ref[...] = (acc_scr[...] / jnp.where(l == 0.0, 1.0, l)).astype(o_ref.dtype)
 
 
-def _check_paged_inputs(q, k_pages, v_pages, block_tables, lengths):
+def check_paged_inputs(q, k_pages, v_pages, block_tables, lengths):
     if q.ndim != 3 or k_pages.ndim != 4 or k_pages.shape != v_pages.shape:
         raise ValueError(
             f"expected q [B,N,H] and k/v pages [P,page,K,H]; got {q.shape}, "
@@ -140,7 +140,7 @@ def paged_attention(
     ``max_pages * page_size``.  Returns [B,N,H];
     a sequence of length 0 gets zeros.  ``sliding_window=w``: only the last w keys count.
     """
-    _check_paged_inputs(q, k_pages, v_pages, block_tables, lengths)
+    check_paged_inputs(q, k_pages, v_pages, block_tables, lengths)
     interpret = resolve_interpret(interpret, "paged_attention")
     b, n, h = q.shape
     _, page_size, kv_heads, _ = k_pages.shape
@@ -148,7 +148,7 @@ def paged_attention(
     scale = float(h**-0.5 if sm_scale is None else sm_scale)
 
     def page_index(bi, j, tables_ref, lengths_ref):
-        first, last = _page_span(lengths_ref, bi, page_size, sliding_window)
+        first, last = page_span(lengths_ref, bi, page_size, sliding_window)
         return tables_ref[bi, jnp.minimum(jnp.clip(j, first, last), max_pages - 1)], 0, 0, 0
 
     page_spec = pl.BlockSpec((pl.squeezed, page_size, kv_heads, h), page_index)
@@ -195,7 +195,7 @@ def paged_attention_reference(
 ):
     """Gathers each sequence's pages into contiguous K/V and runs ``reference_attention``."""
     del interpret
-    _check_paged_inputs(q, k_pages, v_pages, block_tables, lengths)
+    check_paged_inputs(q, k_pages, v_pages, block_tables, lengths)
     b = q.shape[0]
     _, _page_size, kv_heads, h = k_pages.shape
 

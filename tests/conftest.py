@@ -5,12 +5,25 @@ are off by default (``JAX_DISABLE_MOST_OPTIMIZATIONS=1``, inherited by the subpr
 tests start).  That flag keeps every HLO pass (fusion, buffer assignment), so compiled memory
 analysis is unchanged; it saves about a third of the suite's time.  Set it to 0 to test the
 fully optimised code.
+
+Compiled programs also go to a persistent cache shared by the workers and by the subprocesses
+tests start (``JAX_COMPILATION_CACHE_DIR``, one directory per user, at most 2 GB): many tests
+compile the same tiny model's programs through jit objects of their own, and the cache compiles
+each once.  Its key is the program, the flags and the versions, so a stale entry is never hit.
 """
 
 import os
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.join(tempfile.gettempdir(), f"agentic-jax-xla-cache-{os.getuid()}"),
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 * 2**30))
 flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in flags:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=8".strip()

@@ -55,7 +55,7 @@ def profiles(draw):
     return name, np.asarray(rows) / np.sum(rows, axis=1, keepdims=True)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(profiles())
 def test_nash_conv_is_the_gain_of_the_best_unilateral_deviation(profile):
     name, p = profile

@@ -1,4 +1,5 @@
-"""The fused GPU attention paths on a real GPU: cuDNN and tokamax against the f32 reference.
+"""The GPU attention paths on a real GPU: cuDNN, tokamax and this package's Triton kernels
+(flash attention, paged decode) against the f32 reference.
 
 Runs only where JAX's default backend is a GPU, e.g.
 ``JAX_PLATFORMS=cuda python -m pytest tests/test_gpu_attention.py``; elsewhere it is skipped.
@@ -13,7 +14,14 @@ import numpy as np
 import pytest
 
 from agentic_jax.models import TransformerConfig, forward, init_params
-from pallas_kernels import dispatch, gpu_attention, reference_attention
+from pallas_kernels import (
+    dispatch,
+    flash_attention,
+    gpu_attention,
+    paged_attention_reference,
+    paged_attention_triton,
+    reference_attention,
+)
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
 
@@ -62,6 +70,19 @@ def _value_and_grads(fn, qkv, cotangent):
     return out, vjp(cotangent)
 
 
+def assert_matches_f32_reference(got, got_grads, qkv, cotangent, options):
+    """bf16 output and gradients within 2e-2 of the f32 reference (relative to each
+    gradient's largest entry)."""
+    f32 = tuple(x.astype(jnp.float32) for x in qkv)
+    want, want_grads = jax.jit(
+        lambda *a: _value_and_grads(lambda *b: reference_attention(*b, **options), a, cotangent)
+    )(*f32)
+    np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
+    for label, g, w in zip("qkv", got_grads, want_grads):
+        scale = float(jnp.max(jnp.abs(w)))
+        np.testing.assert_allclose(g, w, atol=2e-2 * scale, err_msg=f"d{label}")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name, t, options, takes", CASES, ids=[c[0] for c in CASES])
 def test_fused_backend_equals_reference(monkeypatch, backend, name, t, options, takes):
@@ -78,14 +99,42 @@ def test_fused_backend_equals_reference(monkeypatch, backend, name, t, options, 
 
     got, got_grads = jax.jit(lambda *a: _value_and_grads(fused, a, cotangent))(*qkv)
     assert used == [backend], f"{backend} rejected the call and fell back to {used}"
-    f32 = tuple(x.astype(jnp.float32) for x in qkv)
-    want, want_grads = jax.jit(
-        lambda *a: _value_and_grads(lambda *b: reference_attention(*b, **options), a, cotangent)
-    )(*f32)
-    np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
-    for label, g, w in zip("qkv", got_grads, want_grads):
-        scale = float(jnp.max(jnp.abs(w)))
-        np.testing.assert_allclose(g, w, atol=2e-2 * scale, err_msg=f"d{label}")
+    assert_matches_f32_reference(got, got_grads, qkv, cotangent, options)
+
+
+# bf16 inputs, f32 accumulation: the kernel rounds P to bf16 before P V (and dS before dS K,
+# dS^T Q), as cuDNN and FlashAttention-2 do, so its error against the f32 reference is a few
+# bf16 ulps (2^-8 relative) of the largest value, the bound the cuDNN test above uses.
+@pytest.mark.parametrize("name, t, options, takes", CASES, ids=[c[0] for c in CASES])
+def test_triton_flash_kernel_equals_reference(name, t, options, takes):
+    del takes  # the Triton kernels take every case
+    qkv, cotangent, options = _inputs(t, options)
+    got, got_grads = jax.jit(
+        lambda *a: _value_and_grads(
+            lambda *b: flash_attention(*b, kernels="triton", **options), a, cotangent
+        )
+    )(*qkv)
+    assert_matches_f32_reference(got, got_grads, qkv, cotangent, options)
+
+
+@pytest.mark.parametrize("options", [{}, dict(sliding_window=40), dict(logits_soft_cap=5.0)])
+def test_triton_paged_decode_equals_reference(options):
+    """Serving-sized pages (16 tokens, head_dim 128, 8 query heads over 2 kv heads) scattered
+    through the pool; lengths from empty to the table's capacity."""
+    rng = np.random.default_rng(0)
+    b, max_pages, num_pages = 4, 8, 40
+    q = jnp.asarray(rng.standard_normal((b, 8, 128)), jnp.bfloat16)
+    k_pages, v_pages = (
+        jnp.asarray(rng.standard_normal((num_pages, 16, 2, 128)), jnp.bfloat16) for _ in range(2)
+    )
+    table = jnp.asarray(rng.permutation(num_pages)[: b * max_pages].reshape(b, max_pages))
+    lengths = jnp.asarray([128, 77, 1, 0], jnp.int32)
+    got = jax.jit(lambda *a: paged_attention_triton(*a, **options))(
+        q, k_pages, v_pages, table, lengths
+    )
+    f32 = (x.astype(jnp.float32) for x in (q, k_pages, v_pages))
+    want = paged_attention_reference(*f32, table, lengths, **options)
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, atol=2e-2, rtol=2e-2)
 
 
 def test_model_logits_through_the_gpu_dispatch_equal_xla():
@@ -106,7 +155,8 @@ def test_model_logits_through_the_gpu_dispatch_equal_xla():
         impl: jax.jit(lambda p, c=cfg.replace(attention_impl=impl): forward(p, c, tokens))(
             params
         ).astype(jnp.float32)
-        for impl in ("xla", "cudnn")
+        for impl in ("xla", "cudnn", "pallas")
     }
     scale = float(jnp.max(jnp.abs(logits["xla"])))
-    np.testing.assert_allclose(logits["cudnn"], logits["xla"], atol=2e-2 * scale)
+    for impl in ("cudnn", "pallas"):
+        np.testing.assert_allclose(logits[impl], logits["xla"], atol=2e-2 * scale, err_msg=impl)

@@ -27,7 +27,7 @@ def cases(draw):
     return q, policy.astype(np.float32), taken
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(cases())
 def test_counterfactual_advantages_match_a_loop_and_average_zero_under_the_policy(case):
     q, policy, taken = case

@@ -20,7 +20,7 @@ from agentic_jax.training.pbt import (
 SPACE = {"learning_rate": Range(1e-3, 1.0, log=True), "momentum": Range(0.0, 0.9)}
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(
     population=st.integers(2, 6),
     truncation=st.sampled_from([0.1, 0.25, 0.5]),

@@ -65,10 +65,11 @@ def save_model(path, config: TransformerConfig, params) -> Path:
     path = Path(path).absolute()  # orbax wants absolute paths
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(path / PARAMS_DIR, params)
-    spec = quantization_spec(params)
-    if spec:
-        (path / QUANTIZATION_FILE).write_text(json.dumps(spec, indent=2))
-    (path / CONFIG_FILE).write_text(json.dumps(config_to_dict(config), indent=2))
+    if jax.process_index() == 0:  # orbax saved collectively; the small files are one process's
+        spec = quantization_spec(params)
+        if spec:
+            (path / QUANTIZATION_FILE).write_text(json.dumps(spec, indent=2))
+        (path / CONFIG_FILE).write_text(json.dumps(config_to_dict(config), indent=2))
     return path
 
 

@@ -134,6 +134,7 @@ def _save_final_model(workdir: str, model: TransformerConfig, params) -> None:
         shutil.rmtree(fresh, ignore_errors=True)  # a crashed save's leftovers
     multihost_utils.sync_global_devices("final model: clean")
     save_model(fresh, model, params)
+    multihost_utils.sync_global_devices("final model: written")  # every process done with it
     if primary:
         shutil.rmtree(old, ignore_errors=True)
         if os.path.exists(final):
