@@ -7,9 +7,11 @@ analysis is unchanged; it saves about a third of the suite's time.  Set it to 0 
 fully optimised code.
 
 Compiled programs also go to a persistent cache shared by the workers and by the subprocesses
-tests start (``JAX_COMPILATION_CACHE_DIR``, one directory per user, at most 2 GB): many tests
-compile the same tiny model's programs through jit objects of their own, and the cache compiles
-each once.  Its key is the program, the flags and the versions, so a stale entry is never hit.
+tests start (``JAX_COMPILATION_CACHE_DIR``, one directory per user under the temp dir; delete it
+freely): many tests compile the same tiny model's programs through jit objects of their own, and
+the cache compiles each once.  Its key is the program, the flags and the versions, so a stale
+entry is never hit.  It has no size limit: with one, every write lists the whole directory under
+a lock to evict, which costs more than the cache saves.
 """
 
 import os
@@ -23,7 +25,6 @@ os.environ.setdefault(
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 * 2**30))
 flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in flags:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=8".strip()
