@@ -8,7 +8,7 @@
     agentic-jax generate --checkpoint DIR --prompt TEXT [--chat | --no-chat] [--temperature T]
                          [--top_p P] [--top_k K] [--max_tokens N] [--seed S] [--gin_param P]...
     agentic-jax serve --checkpoint DIR [--host H] [--port P] [--model_name NAME] [--api_key KEY]
-                      [--gin_param P]...
+                      [--embedding_checkpoint DIR] [--gin_param P]...
     agentic-jax mcp-server [--checkpoint DIR] [--corpus DIR|FILE] [--skills DIR]
                            [--transport stdio|streamable-http] [--host H] [--port P]
     agentic-jax a2a-server --gin_file F [--checkpoint DIR] [--host H] [--port P] [--url URL]
@@ -16,6 +16,7 @@
     agentic-jax agent --gin_file F [--checkpoint DIR] [--task TEXT | --task_file FILE]
                       [--trace FILE] [--yes] [--gin_param P]...
     agentic-jax team --gin_file F [--task TEXT] [--trace FILE] [--gin_param P]...
+    agentic-jax route --gin_file F [--host H] [--port P] [--gin_param P]...
     agentic-jax ui --gin_file F [--checkpoint DIR] [--host H] [--port P] [--trace FILE]
                    [--approval_timeout_s S] [--gin_param P]...
     agentic-jax eval --suite NAME (--checkpoint DIR | --endpoint URL [--model M]) [--out DIR]
@@ -164,6 +165,12 @@ def _parser() -> argparse.ArgumentParser:
         help="the bearer token every endpoint but /health requires "
         "(default: OpenAIServer.api_key (gin), else none)",
     )
+    serve.add_argument(
+        "--embedding_checkpoint",
+        default=None,
+        help="a trained retrieval encoder's run (train_encoder) to serve at /v1/embeddings, "
+        "named by its directory (default: none, and that route is a 404)",
+    )
     mcp = job(
         "mcp-server",
         "serve agentic-jax tools, run files and skills over the Model "
@@ -227,6 +234,13 @@ def _parser() -> argparse.ArgumentParser:
     team = job("team", "run a multi-agent team on a task, streaming its messages", workdir=False)
     team.add_argument("--task", default=None, help="the task (default: the config's)")
     team.add_argument("--trace", default=None, help="append the run's events to this JSONL file")
+    route = job(
+        "route",
+        "serve an OpenAI-compatible proxy that routes each chat request to one of the config's "
+        "upstreams by a contextual bandit learned from feedback",
+        workdir=False,
+    )
+    listen(route, 8100)
     ui = job(
         "ui",
         "serve a web page that runs the agent (or team) a config describes, showing its steps",
@@ -356,6 +370,29 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+class EncoderEmbedder:
+    """A trained retrieval encoder (``retrieval.encoders.Encoder``) as the server's
+    ``Embedder``: each text embedded as a passage (cut at ``EncoderConfig.passage_length``
+    tokens), its trained shorter Matryoshka prefixes offered as ``dimensions``.  A
+    late-interaction encoder has one vector per token, not per text, and is refused."""
+
+    def __init__(self, encoder, name: str):
+        if encoder.encoder.pooling == "tokens":
+            raise ValueError(
+                "a late-interaction encoder (pooling='tokens') has no single embedding per text "
+                "to serve at /v1/embeddings"
+            )
+        self.encoder, self.name = encoder, name
+        self.dimension = encoder.encoder.width(encoder.config)
+        self.matryoshka_dimensions = tuple(d for d in encoder.dims if d < self.dimension)
+
+    def embed(self, texts):
+        from agentic_jax.inference.serving.openai_server import Embeddings
+
+        tokens, mask = self.encoder.rows(texts, query=False)
+        return Embeddings(self.encoder.embed_rows(tokens, mask), int(mask.sum()))
+
+
 def _serve(args) -> None:
     """Serves until Ctrl-C or SIGTERM; EngineConfig, ServerLimits and the rest of OpenAIServer
     come from gin.
@@ -371,10 +408,22 @@ def _serve(args) -> None:
     from agentic_jax.inference.serving.openai_server import OpenAIServer, ServerLimits
 
     name = args.model_name or os.path.basename(os.path.abspath(args.checkpoint))
+    embedder = None
+    if args.embedding_checkpoint is not None:
+        from agentic_jax.retrieval.encoders import load_encoder
+
+        path = os.path.abspath(args.embedding_checkpoint)
+        embedder = EncoderEmbedder(load_encoder(path), os.path.basename(path))
     model = ChatModel.from_checkpoint(args.checkpoint)
     key = {} if args.api_key is None else {"api_key": args.api_key}  # else gin's, if bound
     server = OpenAIServer(
-        model, host=args.host, port=args.port, model_name=name, limits=ServerLimits(), **key
+        model,
+        host=args.host,
+        port=args.port,
+        model_name=name,
+        limits=ServerLimits(),
+        embedder=embedder,
+        **key,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     print(f"serving {name!r} at {server.url} (Ctrl-C stops)", flush=True)
@@ -488,24 +537,27 @@ def _ui(args) -> None:
     import uvicorn
 
     from agentic_jax.agents.multi_agent.session import TeamConfig
-    from agentic_jax.agents.session import AgentConfig
+    from agentic_jax.agents.session import AgentConfig, model_name
     from agentic_jax.agents.ui.app import ui_app
     from agentic_jax.agents.ui.runs import agent_work, team_work
 
     team = TeamConfig()
     with contextlib.ExitStack() as stack:
+        model = None
         if team.team is not None:
             work, task, who = team_work(team.team), team.task, "team"
         else:
             config = AgentConfig()
             policy, mcp_tools = stack.enter_context(_configured_policy(config, args.checkpoint))
             work, task, who = agent_work(config, policy, mcp_tools), config.task, "agent"
+            model = model_name(config, policy, args.checkpoint)
         app = ui_app(
             work,
             trace_path=args.trace,
             task=task or "",
             title=f"agentic-jax {who}",
             approval_timeout_s=args.approval_timeout_s,
+            model=model,
         )
         print(
             f"serving the {who}'s UI at http://{args.host}:{args.port} (Ctrl-C stops)", flush=True
@@ -521,6 +573,21 @@ def _team(args) -> int:
         TeamConfig(), args.task, trace_path=args.trace, write=lambda line: print(line, flush=True)
     )
     return 0 if result.ok else 1
+
+
+def _route(args) -> None:
+    """Serves the router proxy of the config (``multi_agent.RouterProxy``) until interrupted."""
+    import uvicorn
+
+    from agentic_jax.agents.multi_agent.router_proxy import RouterProxy
+
+    proxy = RouterProxy()
+    print(
+        f"routing at http://{args.host}:{args.port}/v1 over {', '.join(proxy.upstreams)} "
+        "(Ctrl-C stops)",
+        flush=True,
+    )
+    uvicorn.run(proxy.app, host=args.host, port=args.port)
 
 
 def _eval(args, workdir: str) -> int:
@@ -620,6 +687,8 @@ def main(argv: list[str] | None = None) -> int:
             return _agent(args)
         elif args.verb == "team":
             return _team(args)
+        elif args.verb == "route":
+            _route(args)
         elif args.verb == "ui":
             _ui(args)
         elif args.verb == "eval":

@@ -7,7 +7,9 @@ trained together (``@train_team_rl``), or a retrieval model
 (``@train_encoder``, ``@train_reranker``, ``@train_ra_rft`` after
 ``@measure_demonstration_utilities``), or memory's sleep-time consolidation
 (``@consolidation_job``), or speculative decoding's draft heads (``@train_draft_heads``), or
-post-training compression of a trained model (``@compress_model``: quantised or 2:4-pruned).
+post-training compression of a trained model (``@compress_model``: quantised or 2:4-pruned), or
+multi-agent RL on a Markov game (``@train_marl``: IPPO, MAPPO, COMA) or league self-play on a
+pgx board game (``@train_board_self_play``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
 """Imports every module that defines gin configurables, so any config can bind any of them."""
 
+import agentic_jax.agents.multi_agent.router_proxy
 import agentic_jax.agents.multi_agent.session
 import agentic_jax.agents.policies.search
 import agentic_jax.agents.policies.voting
 import agentic_jax.agents.protocols.a2a_server
 import agentic_jax.agents.rag
 import agentic_jax.agents.session
+import agentic_jax.classic_rl.jobs
 import agentic_jax.data.pipeline
 import agentic_jax.data.tokenizer
 import agentic_jax.data.tool_formats

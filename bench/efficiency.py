@@ -1,9 +1,12 @@
-"""Efficiency side by side in one run: weight quantisation, speculative decoding, FP8 training.
+"""Efficiency side by side in one run: weight quantisation, speculative decoding, FP8 training,
+and what quantisation costs a trained agent's task success.
 
     python -m bench.efficiency --init_from runs/quickstart/pretrain --out runs/efficiency
     python -m bench.efficiency --init_from runs/quickstart/pretrain --out /tmp/eff --quick
+    python -m bench.efficiency --checkpoint runs/quickstart/rl/model --out runs/efficiency_tasks \
+        --plot runs/efficiency_tasks/efficiency.png
 
-Every comparison uses the model of ``--init_from`` (a run directory: ``model/`` and its
+The first three comparisons use the model of ``--init_from`` (a run directory: ``model/`` and its
 ``tokenizer.json``), held-out prompts and text cut from the shipped corpus
 (``models.calibration.calibration_tokens(split="heldout")``), greedy decoding with EOS off so
 that every row generates exactly ``--new_tokens``, and times the fastest of ``--repeats`` calls
@@ -37,10 +40,21 @@ after one untimed, compiling call (``bench.decode.best_time``).
   after the last step.  Without an FP8 matrix unit (a CPU) the FP8 matmuls are simulated
   (quantised operands dequantised to float32), so the step-time ratio measures the
   simulation's cost, not FP8's speed; the loss is what FP8's rounding costs.
+* **Task success** (``--checkpoint``: a trained tool-using model, an SFT or RL run or its
+  ``model/``): the same compressed variants of that model (calibrated as above on its own
+  tokenizer) play the first ``--problems`` held-out problems of the pipeline config's RL task
+  (``rl/TaskSpec`` of ``--gin_file``, default ``quickstart``, with ``--gin_param`` bindings)
+  through ``post_training.evaluate_policy``: greedy success, and pass@1 from ``--samples``
+  episodes per problem at ``--temperature``.  Every variant plays with the same PRNG key, so
+  the sampled episodes share their random numbers (common random numbers: less noise in the
+  differences).  Per variant, the paired difference to the float model on the same problems
+  and its bootstrap 95% interval, resampled by problem (``eval.bootstrap_ci``, BCa).
 
 ``OUT/results.json`` holds every number, ``OUT/report.md`` the tables (also printed), ``--plot``
 (default ``docs/efficiency.png``) the figure: memory against perplexity, speculative speedups,
-and the training losses.  ``--parts`` runs a subset of the three (all by default).
+the training losses and the task-success differences.  ``--parts`` runs a subset (by default
+every part whose model is given: the first three need ``--init_from``, task success
+``--checkpoint``).
 """
 
 from __future__ import annotations
@@ -50,11 +64,15 @@ import math
 import tempfile
 import time
 
+import gin
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+import agentic_jax.registry  # noqa: F401  (every configurable, before --gin_file is parsed)
+from agentic_jax import config as gin_config
 from agentic_jax.data.pipeline import train_data
+from agentic_jax.eval import bootstrap_ci
 from agentic_jax.eval.suites.report import write_files
 from agentic_jax.inference import generate, speculative_generate
 from agentic_jax.inference.decoding.draft_heads import load_head
@@ -67,6 +85,8 @@ from agentic_jax.models.compression import compressed_variants, perplexity
 from agentic_jax.models.export import load_checkpoint
 from agentic_jax.models.quantization import param_bytes
 from agentic_jax.post_training.draft_heads import train_draft_heads
+from agentic_jax.post_training.evaluate import Evaluation, evaluate_policy
+from agentic_jax.post_training.tasks import TaskSpec
 from agentic_jax.training import TrainState, make_optimizer, make_schedule, make_train_step
 from bench.decode import best_time
 from bench.figures import save_figure
@@ -85,30 +105,45 @@ QUICK = {
     "head_steps": 4,
     "train_steps": 3,
     "repeats": 1,
+    "problems": 8,
+    "samples": 2,
 }
+INIT_FROM_PARTS = ("compression", "speculation", "fp8")
+MODEL_OF = {**dict.fromkeys(INIT_FROM_PARTS, "init_from"), "task_success": "checkpoint"}
+
+
+def describe(config: TransformerConfig) -> str:
+    return (
+        f"d={config.d_model}, {config.n_layers} layers, vocab {config.vocab_size}, {config.dtype}"
+    )
 
 
 def greedy(args) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=args.new_tokens)
 
 
-def compression_rows(params, config, tokenizer, prompts, heldout, args) -> dict[str, dict]:
-    """``{variant: row}``: bytes, decode tokens/s, perplexity on ``heldout [B, T]`` and its
-    delta, greedy agreement."""
+def compressed_models(params, config, tokenizer, args) -> dict:
+    """``{variant: parameters}``: the model as stored (``"float32"``) and its
+    ``compressed_variants`` (``--group_size``, ``--nf4_block``), AWQ and Wanda calibrated on
+    ``--calibration_rows`` x ``--ppl_len`` tokens of the shipped corpus's training split."""
     calibration = calibration_tokens(
         tokenizer, rows=args.calibration_rows, length=args.ppl_len, split="train"
     )
-    variants = {
-        name: (p, config)
-        for name, p in compressed_variants(
-            params, config, calibration, group_size=args.group_size, nf4_block=args.nf4_block
-        ).items()
-    }
+    variants = compressed_variants(
+        params, config, calibration, group_size=args.group_size, nf4_block=args.nf4_block
+    )
+    return {"float32": variants.pop("float"), **variants}
+
+
+def compression_rows(params, config, tokenizer, prompts, heldout, args) -> dict[str, dict]:
+    """``{variant: row}``: bytes, decode tokens/s, perplexity on ``heldout [B, T]`` and its
+    delta, greedy agreement."""
+    models = compressed_models(params, config, tokenizer, args)
     bf16 = config.replace(dtype="bfloat16", param_dtype="bfloat16")
     variants = {
-        "float32": variants.pop("float"),
+        "float32": (models.pop("float32"), config),
         "bfloat16": (jax.tree.map(lambda x: x.astype(jnp.bfloat16), params), bf16),
-        **variants,
+        **{name: (p, config) for name, p in models.items()},
     }
     key, rows, reference = jax.random.key(0), {}, None
     for name, (p, c) in variants.items():
@@ -278,6 +313,76 @@ def fp8_training(config, tokenizer, heldout, args) -> dict:
     return rows
 
 
+def pipeline_tasks(gin_files: list[str], gin_params: list[str]) -> TaskSpec:
+    """The RL stage's problems of a pipeline config: ``rl/TaskSpec`` after parsing
+    ``gin_files`` and ``gin_params`` (gin is cleared again afterwards)."""
+    gin_config.parse(gin_files, gin_params)
+    try:
+        with gin.config_scope("rl"):
+            return TaskSpec()
+    finally:
+        gin.clear_config()
+
+
+def paired_deltas(evaluations: dict[str, Evaluation], *, seed: int = 0) -> dict[str, dict]:
+    """``{variant: row}`` for evaluations of the same problems, the first the reference: greedy
+    success and pass@1 (successes over samples, per problem), their per-problem lists, and
+    each one's paired difference to the reference with its bootstrap 95% interval
+    (``bootstrap_ci(paired_with=...)``: problems resampled, both variants' outcomes together)."""
+    base = next(iter(evaluations.values()))
+
+    def per_problem(e: Evaluation) -> dict[str, np.ndarray]:
+        return {"success": e.success.astype(float), "pass@1": e.sampled_correct / e.samples}
+
+    reference = per_problem(base)
+    rows = {}
+    for name, evaluation in evaluations.items():
+        if evaluation.success.shape != base.success.shape:
+            raise ValueError(
+                f"paired_deltas: {name!r} played {evaluation.success.size} problems, the "
+                f"reference {base.success.size}"
+            )
+        row = {"tool_calls": float(evaluation.tool_calls.mean())}
+        for metric, values in per_problem(evaluation).items():
+            delta, low, high = bootstrap_ci(values, paired_with=reference[metric], seed=seed)
+            row |= {
+                metric: float(values.mean()),
+                f"{metric}_delta": delta,
+                f"{metric}_ci95": [low, high],
+                f"per_problem_{metric}": values.tolist(),
+            }
+        rows[name] = row
+    return rows
+
+
+def task_success_rows(tasks: TaskSpec, args) -> dict:
+    """``{"setup", "rows"}``: every compressed variant of ``--checkpoint``'s model on the first
+    ``--problems`` held-out problems of ``tasks`` (module docstring), rows as
+    :func:`paired_deltas`."""
+    config, params, tokenizer = load_checkpoint(args.checkpoint)
+    env = tasks.env(tokenizer, "heldout")
+    problems = np.arange(min(args.problems, np.shape(env.default_params.task_weights)[0]))
+    if problems.size < 2:
+        raise ValueError(f"task success needs at least 2 held-out problems, got {problems.size}")
+    key = jax.random.key(args.seed)
+    evaluations = {
+        name: evaluate_policy(
+            p,
+            config,
+            env,
+            samples=args.samples,
+            temperature=args.temperature,
+            key=key,  # the same for every variant: common random numbers
+            batch_rows=args.eval_rows,
+            tasks=problems,
+        )
+        for name, p in compressed_models(params, config, tokenizer, args).items()
+    }
+    generators = ", ".join(f"{g.family}/{g.difficulty}" for g in tasks.generators)
+    setup = {"problems": int(problems.size), "tasks": generators, "model": describe(config)}
+    return {"setup": setup, "rows": paired_deltas(evaluations, seed=args.seed)}
+
+
 def _compression_report(s: dict, quant: dict) -> list[str]:
     lines = [
         f"**Weight compression** ({s['quant_batch']} rows, {s['quant_batch'] * s['new_tokens']} "
@@ -350,21 +455,47 @@ def _fp8_report(s: dict, train: dict) -> list[str]:
     return lines
 
 
+def _task_success_report(s: dict, tasks: dict) -> list[str]:
+    ts = tasks["setup"]
+    lines = [
+        f"**Task success** (model `{s['checkpoint']}`, {ts['model']}; the first "
+        f"{ts['problems']} held-out problems of {ts['tasks']}; greedy success, and pass@1 from "
+        f"{s['samples']} samples per problem at temperature {s['temperature']}; Δ: the paired "
+        "difference to float32 on the same problems, bootstrap 95% interval over problems):",
+        "",
+        "| variant | greedy success | Δ (95% CI) | pass@1 | Δ (95% CI) | tool calls / episode |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in tasks["rows"].items():
+        delta = {
+            m: f"{r[f'{m}_delta']:+.3f} [{r[f'{m}_ci95'][0]:+.3f}, {r[f'{m}_ci95'][1]:+.3f}]"
+            for m in ("success", "pass@1")
+        }
+        lines.append(
+            f"| {name} | {r['success']:.3f} | {delta['success']} | {r['pass@1']:.3f} | "
+            f"{delta['pass@1']} | {r['tool_calls']:.2f} |"
+        )
+    return lines
+
+
 REPORTS = {
     "compression": _compression_report,
     "speculation": _speculation_report,
     "fp8": _fp8_report,
+    "task_success": _task_success_report,
 }
 
 
 def report(results: dict) -> str:
     """The comparisons that ran, as Markdown tables, each with its budget."""
     s = results["setup"]
-    lines = [
-        f"Model `{s['init_from']}` ({s['model']}) on {s['device']}; greedy decoding of "
-        f"{s['new_tokens']} new tokens after {s['prompt_len']}-token held-out prompts, EOS off, "
-        f"fastest of {s['repeats']} timed calls after a compiling one.",
-    ]
+    lines = [f"On {s['device']}."]
+    if any(name in results for name in INIT_FROM_PARTS):
+        lines = [
+            f"Model `{s['init_from']}` ({s['model']}) on {s['device']}; greedy decoding of "
+            f"{s['new_tokens']} new tokens after {s['prompt_len']}-token held-out prompts, EOS "
+            f"off, fastest of {s['repeats']} timed calls after a compiling one.",
+        ]
     for name, part in REPORTS.items():
         if name in results:
             lines += ["", *part(s, results[name])]
@@ -402,12 +533,33 @@ def _plot_fp8(ax, train: dict) -> None:
     ax.legend(fontsize=8)
 
 
-PLOTS = {"compression": _plot_compression, "speculation": _plot_speculation, "fp8": _plot_fp8}
+def _plot_task_success(ax, tasks: dict) -> None:
+    names = [n for n in tasks["rows"] if n != "float32"]
+    width = 0.4
+    for i, metric in enumerate(("success", "pass@1")):
+        rows = [tasks["rows"][n] for n in names]
+        deltas = np.array([r[f"{metric}_delta"] for r in rows])
+        ci = np.array([r[f"{metric}_ci95"] for r in rows]).reshape(-1, 2)
+        error = np.stack([deltas - ci[:, 0], ci[:, 1] - deltas])
+        label = "greedy success" if metric == "success" else metric
+        ax.bar(np.arange(len(names)) + i * width, deltas, width, yerr=error, label=label)
+    ax.axhline(0.0, color="gray", lw=0.8)
+    ax.set_xticks(np.arange(len(names)) + width / 2, names, rotation=20, fontsize=7)
+    ax.set(ylabel="difference to float32 (95% CI)", title="held-out task success")
+    ax.legend(fontsize=8)
+
+
+PLOTS = {
+    "compression": _plot_compression,
+    "speculation": _plot_speculation,
+    "fp8": _plot_fp8,
+    "task_success": _plot_task_success,
+}
 
 
 def plot(results: dict, path: str) -> None:
     """One panel per comparison that ran: memory against perplexity per variant, speculative
-    speedups, the training losses."""
+    speedups, the training losses, the task-success differences."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -425,12 +577,13 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--init_from", required=True, help="a run directory (model/, tokenizer)")
+    parser.add_argument("--init_from", help="a run directory (model/, tokenizer): parts 1-3")
+    parser.add_argument("--checkpoint", help="a trained agent (run or model/): task success")
     parser.add_argument("--out", required=True, help="results.json and report.md")
     parser.add_argument("--plot", default="docs/efficiency.png")
     parser.add_argument("--quick", action="store_true", help="tiny budgets, a smoke run")
     parser.add_argument(
-        "--parts", nargs="+", choices=list(REPORTS), default=list(REPORTS), help="what to compare"
+        "--parts", nargs="+", choices=list(REPORTS), help="what to compare (default: all given)"
     )
     parser.add_argument("--files", nargs="+", help="training text (default: the shipped corpus)")
     parser.add_argument("--prompt_len", type=int, default=32)
@@ -457,19 +610,34 @@ def main(argv=None) -> dict:
     parser.add_argument("--train_batch", type=int, default=8)
     parser.add_argument("--train_seq_len", type=int, default=128)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument(
+        "--gin_file",
+        nargs="+",
+        default=["quickstart"],
+        help="the pipeline config (its rl/TaskSpec)",
+    )
+    parser.add_argument("--gin_param", action="append", default=[], help="a binding; repeatable")
+    parser.add_argument("--problems", type=int, default=200, help="held-out problems (the first)")
+    parser.add_argument("--samples", type=int, default=4, help="episodes per problem for pass@1")
+    parser.add_argument("--temperature", type=float, default=1.0, help="of the sampled episodes")
+    parser.add_argument("--eval_rows", type=int, default=64, help="episodes decoded together")
+    parser.add_argument("--seed", type=int, default=0, help="episodes' key, bootstrap's seed")
     args = parser.parse_args(argv)
     if args.quick:
         for name, value in QUICK.items():
             setattr(args, name, min(getattr(args, name), value))
+    if args.parts is None:
+        args.parts = [name for name in REPORTS if getattr(args, MODEL_OF[name])]
+    if not args.parts:
+        parser.error(
+            "give --init_from (compression, speculation, fp8), --checkpoint (task_success)"
+        )
+    for name in args.parts:
+        if getattr(args, MODEL_OF[name]) is None:
+            parser.error(f"--parts {name} needs --{MODEL_OF[name]}")
+    if args.samples < 1:
+        parser.error(f"--samples must be at least 1 (pass@1), got {args.samples}")
 
-    config, params, tokenizer = load_checkpoint(args.init_from)
-    rows = max(args.quant_batch, args.spec_batch)
-    prompts = jnp.asarray(
-        calibration_tokens(tokenizer, rows=rows, length=args.prompt_len, split="heldout")
-    )
-    heldout = calibration_tokens(
-        tokenizer, rows=args.ppl_rows, length=args.ppl_len, split="heldout"
-    )
     device = describe_device()
     print(device, flush=True)
     results = {
@@ -477,17 +645,29 @@ def main(argv=None) -> dict:
             **vars(args),
             "device": device,
             "fp8_dot": jax.default_backend() == "gpu",  # as models.fp8 decides
-            "model": f"d={config.d_model}, {config.n_layers} layers, vocab {config.vocab_size}, "
-            f"{config.dtype}",
         },
     }
-    parts = {
-        "compression": lambda: compression_rows(
-            params, config, tokenizer, prompts[: args.quant_batch], heldout, args
-        ),
-        "speculation": lambda: speculation_rows(params, config, tokenizer, prompts, args),
-        "fp8": lambda: fp8_training(config, tokenizer, heldout, args),
-    }
+    parts = {}
+    if "task_success" in args.parts:  # the config first: a bad binding fails before any work
+        tasks = pipeline_tasks(args.gin_file, args.gin_param)
+        parts["task_success"] = lambda: task_success_rows(tasks, args)
+    if set(args.parts) & set(INIT_FROM_PARTS):
+        config, params, tokenizer = load_checkpoint(args.init_from)
+        rows = max(args.quant_batch, args.spec_batch)
+        prompts = jnp.asarray(
+            calibration_tokens(tokenizer, rows=rows, length=args.prompt_len, split="heldout")
+        )
+        heldout = calibration_tokens(
+            tokenizer, rows=args.ppl_rows, length=args.ppl_len, split="heldout"
+        )
+        results["setup"]["model"] = describe(config)
+        parts |= {
+            "compression": lambda: compression_rows(
+                params, config, tokenizer, prompts[: args.quant_batch], heldout, args
+            ),
+            "speculation": lambda: speculation_rows(params, config, tokenizer, prompts, args),
+            "fp8": lambda: fp8_training(config, tokenizer, heldout, args),
+        }
     for name in args.parts:
         part = parts[name]
         start = time.perf_counter()

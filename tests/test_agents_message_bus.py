@@ -158,9 +158,11 @@ def test_the_conversation_id_follows_a_request_and_its_reply_through_the_trace()
         for s in exporter.get_finished_spans()
         if s.attributes.get("agent.conversation_id") == request.conversation_id
     ]
-    assert {"agent.run", "agent.model_call", "agent.bus publish", "agent.bus ack"} <= {
+    assert {"invoke_agent react", "chat", "agent.bus publish", "agent.bus ack"} <= {
         s.name for s in spans
     }
+    (run,) = [s for s in spans if s.name == "invoke_agent react"]
+    assert run.attributes["gen_ai.conversation.id"] == request.conversation_id
     assert len(tracer.events) == len({e["seq"] for e in tracer.events}) == 2 * len(first)
 
 

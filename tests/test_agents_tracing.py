@@ -1,4 +1,5 @@
-"""Tracing, golden-trajectory regression, and the agent/trace CLI verbs on a scripted policy."""
+"""Tracing (JSONL events, OpenTelemetry spans by the GenAI semantic conventions),
+golden-trajectory regression, and the agent/trace CLI verbs on a scripted policy."""
 
 import concurrent.futures
 import json
@@ -6,7 +7,13 @@ import sys
 
 import gin
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 
+from agentic_jax import config as gin_config
 from agentic_jax.agents import (
     Budget,
     ReActAgent,
@@ -17,7 +24,14 @@ from agentic_jax.agents import (
     render,
 )
 from agentic_jax.agents.context.golden import Trajectory, compare
-from agentic_jax.agents.session import read_tasks
+from agentic_jax.agents.multi_agent import Debate, TeamMember
+from agentic_jax.agents.session import (
+    AgentConfig,
+    make_agent,
+    make_policy,
+    model_name,
+    read_tasks,
+)
 from agentic_jax.agents.tools.base import tool
 from agentic_jax.agents.tools.builtin import calculator
 from agentic_jax.cli import main
@@ -92,28 +106,124 @@ def test_scoped_views_in_threads_number_events_uniquely_in_file_order(
     assert [e["seq"] for e in load(tmp_path / "trace.jsonl")] == list(range(800))
 
 
-def otel_tracer():
+def otel_tracer(**kwargs):
     """A Tracer exporting to memory, and the exporter."""
-    sdk = pytest.importorskip("opentelemetry.sdk.trace")
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
     exporter = InMemorySpanExporter()
-    provider = sdk.TracerProvider()
+    provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = Tracer()
+    tracer = Tracer(**kwargs)
     tracer._otel = provider.get_tracer("test")
     return tracer, exporter
 
 
-def test_opentelemetry_spans_when_installed():
-    tracer, exporter = otel_tracer()
-    ReActAgent(ScriptedPolicy(calls("search") + ["done"]), [search], tracer=tracer).run("t")
-    spans = {s.name: s for s in exporter.get_finished_spans()}
-    assert {"agent.run", "agent.model_call", "agent.tool_call search"} <= set(spans)
-    root = spans["agent.run"]
-    assert spans["agent.tool_call search"].parent.span_id == root.context.span_id
+# The names the GenAI semantic conventions define, in the installed conventions package.
+GEN_AI_NAMES = {v for k, v in vars(gen_ai).items() if k.startswith("GEN_AI_")}
+OPERATIONS = {v.value for v in gen_ai.GenAiOperationNameValues}
+
+
+def assert_conventional(spans):
+    """Every ``gen_ai.*`` attribute, and each operation, is one the conventions define."""
+    for span in spans:
+        names = {k for k in span.attributes if k.startswith("gen_ai.")}
+        assert names <= GEN_AI_NAMES, (span.name, names - GEN_AI_NAMES)
+        if names:
+            assert span.attributes[gen_ai.GEN_AI_OPERATION_NAME] in OPERATIONS
+
+
+def nanoseconds(seconds):
+    return int(seconds * 1e9)
+
+
+KINDS = ("run_start", "model_call", "tool_call", "run_end")
+
+
+def test_a_scripted_run_is_genai_spans_timed_by_its_events():
+    """The shipped scripted config: the run is an ``invoke_agent`` span holding a ``chat`` span
+    per model call and an ``execute_tool`` span per tool call (the first with invalid arguments),
+    each from its event's start to its end; the JSONL events are those of an untraced run."""
+    gin_config.parse(["agent_calculator_scripted"], [])
+    config = AgentConfig()
+    tracer, exporter = otel_tracer(model="scripted-model")
+    result = make_agent(config, make_policy(config), tracer=tracer).run(config.task)
+    assert result.ok
+    untraced = make_agent(config, make_policy(AgentConfig()), tracer=Tracer(otel=False))
+    moments = ("run", "time", "latency_s", "wall_s")
+    assert [{k: v for k, v in e.items() if k not in moments} for e in result.trace] == [
+        {k: v for k, v in e.items() if k not in moments} for e in untraced.run(config.task).trace
+    ]
+    spans = exporter.get_finished_spans()
+    assert_conventional(spans)
+    (root,) = [s for s in spans if s.parent is None]
+    assert root.name == "invoke_agent react"
+    assert root.attributes[gen_ai.GEN_AI_OPERATION_NAME] == "invoke_agent"
+    assert root.attributes[gen_ai.GEN_AI_AGENT_NAME] == "react"
+    assert root.attributes[gen_ai.GEN_AI_AGENT_ID] == tracer.run_id
+    assert root.attributes[gen_ai.GEN_AI_CONVERSATION_ID] == tracer.run_id
     assert root.attributes["agent.stop_reason"] == "answer"
+    events = {kind: [e for e in result.trace if e["kind"] == kind] for kind in KINDS}
+    assert root.start_time == nanoseconds(events["run_start"][0]["time"])
+    assert root.end_time == nanoseconds(events["run_end"][0]["time"])
+    chats = [s for s in spans if s.name.startswith("chat")]
+    tools = [s for s in spans if s.name.startswith("execute_tool")]
+    assert len(chats) == len(events["model_call"]) == 4
+    assert len(tools) == len(events["tool_call"]) == 3
+    for span, event in [*zip(chats, events["model_call"]), *zip(tools, events["tool_call"])]:
+        assert span.parent.span_id == root.context.span_id
+        assert span.end_time == nanoseconds(event["time"])
+        assert span.end_time - span.start_time == nanoseconds(event["latency_s"]) > 0
+    for span, event in zip(chats, events["model_call"]):
+        assert span.name == "chat scripted-model"
+        expected = {
+            gen_ai.GEN_AI_OPERATION_NAME: "chat",
+            gen_ai.GEN_AI_REQUEST_MODEL: "scripted-model",
+            gen_ai.GEN_AI_USAGE_INPUT_TOKENS: event["prompt_tokens"],
+            gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS: event["completion_tokens"],
+            gen_ai.GEN_AI_RESPONSE_FINISH_REASONS: (event["finish_reason"],),
+        }
+        assert expected.items() <= span.attributes.items() and event["prompt_tokens"] > 0
+    assert [s.attributes.get(ERROR_TYPE) for s in tools] == ["invalid_arguments", None, None]
+    assert [e["status"] for e in events["tool_call"]] == ["invalid_arguments", "ok", "ok"]
+    for span in tools:
+        assert span.name == "execute_tool calculator"
+        expected = {
+            gen_ai.GEN_AI_OPERATION_NAME: "execute_tool",
+            gen_ai.GEN_AI_TOOL_NAME: "calculator",
+            gen_ai.GEN_AI_TOOL_TYPE: "function",
+        }
+        assert expected.items() <= span.attributes.items()
+    assert len({s.attributes[gen_ai.GEN_AI_TOOL_CALL_ID] for s in tools}) == 3
+
+
+def test_a_teams_spans_name_the_agent_that_made_each_call():
+    """A debate is one ``invoke_agent debate`` span; its members' model and tool calls are its
+    children and name their member.  A tracer told no model names its chat spans ``chat``."""
+    tracer, exporter = otel_tracer()
+    members = [
+        TeamMember("a", ScriptedPolicy(calls("search") + ["ANSWER: 4"]), tools=[search]),
+        TeamMember("b", ScriptedPolicy(["ANSWER: 4"])),
+    ]
+    assert Debate(members).run("2 + 2?", tracer=tracer).answer == "4"
+    spans = exporter.get_finished_spans()
+    assert_conventional(spans)
+    (root,) = [s for s in spans if s.parent is None]
+    assert root.name == "invoke_agent debate"
+    assert root.attributes[gen_ai.GEN_AI_AGENT_NAME] == "debate"
+    calls_by_agent = [
+        (s.name, s.attributes[gen_ai.GEN_AI_AGENT_NAME])
+        for s in spans
+        if s.name.startswith(("chat", "execute_tool"))
+    ]
+    assert calls_by_agent == [
+        ("chat", "a"),
+        ("execute_tool search", "a"),
+        ("chat", "a"),
+        ("chat", "b"),
+    ]
+    assert all(
+        s.parent.span_id == root.context.span_id and gen_ai.GEN_AI_REQUEST_MODEL not in s.attributes
+        for s in spans
+        if s is not root
+    )
 
 
 def test_opentelemetry_spans_of_views_and_nested_runs_have_their_run_as_parent():
@@ -130,10 +240,10 @@ def test_opentelemetry_spans_of_views_and_nested_runs_have_their_run_as_parent()
     team_log.decision(2, "outer")
     tracer.emit("run_end", stop_reason="answer")
     spans = exporter.get_finished_spans()
-    (outer,) = [s for s in spans if s.name == "agent.run" and s.parent is None]
-    (inner,) = [s for s in spans if s.name == "agent.run" and s.parent is not None]
+    (outer,) = [s for s in spans if s.name == "invoke_agent debate"]
+    (inner,) = [s for s in spans if s.name == "invoke_agent critic"]
     by_name = {s.name: s for s in spans}
-    assert inner.parent.span_id == outer.context.span_id
+    assert outer.parent is None and inner.parent.span_id == outer.context.span_id
     assert by_name["agent.decision round"].parent.span_id == outer.context.span_id
     assert by_name["agent.decision inner"].parent.span_id == inner.context.span_id
     assert by_name["agent.decision outer"].parent.span_id == outer.context.span_id
@@ -292,3 +402,17 @@ def test_agent_cli_task_file_and_missing_policy(tmp_path, capsys):
         with pytest.raises(ValueError, match=f"tasks.jsonl:{problem}"):
             read_tasks(tasks)
     assert Budget().max_steps == 10  # each run parses its config afresh
+
+
+def test_model_name_is_the_endpoints_model_or_the_checkpoint_the_policy_came_from():
+    """What ``agentic-jax agent`` and the UI call the model in their ``chat`` spans."""
+
+    class Endpoint:
+        model = "served-model"
+
+    config = AgentConfig(checkpoint="runs/x/rl")
+    assert model_name(config, Endpoint(), None) == "served-model"
+    assert model_name(config, object(), None) == "runs/x/rl"
+    assert model_name(config, object(), "runs/y/sft") == "runs/y/sft"
+    scripted = AgentConfig(policy=object(), checkpoint="runs/x/rl")  # the policy wins over it
+    assert model_name(scripted, object(), None) is None

@@ -1,5 +1,6 @@
 """The agent web UI in a real headless Chromium driven by Selenium: a scripted run shows its tool
-card, an approval click lets the call run, a deny click blocks it.  Skips when no Chromium or
+card, an approval click lets the call run, a deny click blocks it, a card's retry button starts a
+run from that step with the steps before it shown as replayed.  Skips when no Chromium or
 chromedriver is installed (CI installs the system packages: ``.ci/run``).
 
 ``AGENTIC_JAX_UI_SCREENSHOT=docs/ui.png`` also saves the approval test's screenshot there."""
@@ -56,9 +57,9 @@ def browser():
     driver.quit()
 
 
-def page(browser, tmp_path, approval):
+def page(browser, tmp_path, approval, script=SCRIPT):
     """Serves a scripted agent whose calculator has approval tier ``approval`` and opens it."""
-    policy = ScriptedPolicy(SCRIPT)
+    policy = ScriptedPolicy(script)
     config = AgentConfig(policy=policy, tools=["calculator"], approval={"calculator": approval})
     app = ui_app(agent_work(config, policy), trace_path=tmp_path / "trace.jsonl", task=TASK)
     return serving(app)
@@ -133,3 +134,36 @@ def test_a_deny_click_blocks_the_call(browser, tmp_path):
         result = card.find_element(By.CLASS_NAME, "card-result").text
         assert result == "error: the call to 'calculator' was not approved"
         assert "denied (user)" in card.find_element(By.CLASS_NAME, "approval").text
+
+
+def test_a_cards_retry_button_reruns_from_that_call_with_the_steps_before_replayed(
+    browser, tmp_path
+):
+    def calculate(expression):
+        return {
+            "text": "",
+            "tool_calls": [{"name": "calculator", "arguments": {"expression": expression}}],
+        }
+
+    script = [calculate("17 * 23"), calculate("391 + 1"), "392.", "392, again."]
+    with page(browser, tmp_path, "auto", script) as url:
+        run_task(browser, url)
+        wait_for(browser, ec.presence_of_element_located((By.ID, "run-end")))
+        first_cards = browser.find_elements(By.CSS_SELECTOR, ".card")
+        assert len(first_cards) == 2
+        first_cards[1].find_element(By.CLASS_NAME, "retry-step").click()
+        wait_for(browser, lambda b: len(b.find_elements(By.CSS_SELECTOR, ".end")) == 2)
+        retry = browser.find_element(By.CSS_SELECTOR, ".entry.retry .text").text
+        assert retry.endswith("from step 2 call 0")
+        cards = browser.find_elements(By.CSS_SELECTOR, ".card")[2:]
+        replayed, live = cards
+        assert "replayed" in replayed.get_attribute("class")
+        assert "replayed" in replayed.find_element(By.CLASS_NAME, "label").text.lower()
+        assert replayed.find_element(By.CLASS_NAME, "card-result").text == "391"
+        assert "replayed" not in live.get_attribute("class")
+        assert live.get_attribute("data-status") == "ok"
+        assert live.find_element(By.CLASS_NAME, "card-result").text == "392"
+        turns = browser.find_elements(By.CSS_SELECTOR, ".assistant")[3:]
+        assert ["replayed" in t.get_attribute("class") for t in turns] == [True, True, False]
+        assert turns[-1].find_element(By.CLASS_NAME, "text").text == "392, again."
+        assert browser.find_elements(By.CSS_SELECTOR, ".end")[-1].text.endswith("392, again.")

@@ -360,7 +360,7 @@ def test_model_calls_are_genai_spans(client, spans):
     "path, change, param",
     [
         ("/chat/completions", {"logit_bias": {"1": 5}}, "logit_bias"),
-        ("/chat/completions", {"parallel_tool_calls": False}, "parallel_tool_calls"),
+        ("/chat/completions", {"prediction": {"type": "content"}}, "prediction"),
         ("/chat/completions", {"user": "me"}, "user"),
         ("/chat/completions", {"top_logprobs": 2}, "top_logprobs"),  # without logprobs
         ("/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),

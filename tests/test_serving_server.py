@@ -309,13 +309,15 @@ def test_streaming_matches_the_non_streamed_reply(client):
             **kwargs, stream=True, tools=[weather.spec.openai()], tool_choice="required"
         )
     )
-    # The API's deltas: the call's id and name, then its arguments.
-    opening, arguments = [
+    # The API's deltas: the call's id and name, then its arguments in pieces.
+    [opening], *arguments = [
         c.choices[0].delta.tool_calls for c in tool_chunks if c.choices[0].delta.tool_calls
     ]
-    assert opening[0].function.name == "weather" and opening[0].id.startswith("call_")
-    jsonschema.validate(json.loads(arguments[0].function.arguments), weather.parameters)
-    assert arguments[0].index == 0 and tool_chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert opening.function.name == "weather" and opening.id.startswith("call_")
+    joined = "".join(piece.function.arguments for [piece] in arguments)
+    jsonschema.validate(json.loads(joined), weather.parameters)
+    assert {piece.index for [piece] in arguments} == {0}
+    assert tool_chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
 def test_completions_batch_and_stream(client):

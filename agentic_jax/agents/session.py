@@ -73,9 +73,14 @@ class AgentConfig:
             raise ValueError(f"AgentConfig.loop={self.loop!r}; expected one of {LOOPS}")
 
 
-def make_policy(config: AgentConfig, checkpoint: str | None = None) -> Policy:
+def _checkpoint(config: AgentConfig, checkpoint: str | None) -> str | None:
     """``checkpoint`` (the command line's) wins over the config's checkpoint and policy."""
-    path = checkpoint or (None if config.policy is not None else config.checkpoint)
+    return checkpoint or (None if config.policy is not None else config.checkpoint)
+
+
+def make_policy(config: AgentConfig, checkpoint: str | None = None) -> Policy:
+    """The policy :func:`_checkpoint` names, or the config's."""
+    path = _checkpoint(config, checkpoint)
     if path is not None:
         return JaxPolicy(path)
     if config.policy is None:
@@ -84,6 +89,13 @@ def make_policy(config: AgentConfig, checkpoint: str | None = None) -> Policy:
             "agents.AgentConfig.checkpoint in the gin config"
         )
     return config.policy
+
+
+def model_name(config: AgentConfig, policy: Policy, checkpoint: str | None = None) -> str | None:
+    """What the traces' ``chat`` spans call the model (``gen_ai.request.model``): an endpoint's
+    model name, or the checkpoint the policy was loaded from."""
+    model = getattr(policy, "model", None)
+    return model if isinstance(model, str) else _checkpoint(config, checkpoint)
 
 
 def make_agent(
@@ -207,7 +219,12 @@ def run_session(
         mcp_tools = mcp.tools() if mcp is not None else []
         memory = None if config.memory is None else config.memory.open()
         for task in tasks:
-            tracer = Tracer(trace_path, sinks=[console_sink(write)], pricing=config.pricing)
+            tracer = Tracer(
+                trace_path,
+                sinks=[console_sink(write)],
+                pricing=config.pricing,
+                model=model_name(config, policy, checkpoint),
+            )
             agent = make_agent(
                 config, policy, tracer=tracer, approver=approver, mcp_tools=mcp_tools, memory=memory
             )

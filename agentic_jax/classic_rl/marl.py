@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import gin
 import jax
 import jax.numpy as jnp
 import optax
@@ -35,6 +36,7 @@ from agentic_jax.envs.markov_game import GameObservation, MarkovGame
 CRITICS = ("independent", "centralised")
 
 
+@gin.configurable
 @dataclasses.dataclass(frozen=True)
 class MARLConfig:
     critic: str = "centralised"
@@ -56,7 +58,7 @@ class MARLConfig:
             raise ValueError(f"critic must be one of {CRITICS}, got {self.critic!r}")
 
 
-def _sizes(game: MarkovGame) -> tuple[int, int, int]:
+def game_sizes(game: MarkovGame) -> tuple[int, int, int]:
     """(local observation size, state size, number of actions), or a ValueError naming the space."""
     obs, state, action = game.observation_space(), game.state_space(), game.action_space()
     if not isinstance(action, spaces.Discrete):
@@ -70,7 +72,7 @@ def _sizes(game: MarkovGame) -> tuple[int, int, int]:
 def init_marl(key, game: MarkovGame, config: MARLConfig) -> dict:
     """``{"actors", "critic"}``: actors stacked on a leading agent axis; the critic is stacked
     per agent (independent) or one network with an output per agent (centralised)."""
-    obs_dim, state_dim, num_actions = _sizes(game)
+    obs_dim, state_dim, num_actions = game_sizes(game)
     n = game.num_agents
     key_actors, key_critic = jax.random.split(key)
 
@@ -138,21 +140,58 @@ def marl_objective(params, batch, config: MARLConfig):
     return loss, {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy}
 
 
+def make_game_train(
+    game: MarkovGame, num_envs: int, num_steps: int, num_iterations: int, init, update
+):
+    """The skeleton of every game trainer: ``train(key) -> (params, metrics)``.
+
+    ``init(key) -> (params, opt_state)``; each iteration plays ``num_steps`` steps of
+    ``num_envs`` games with :func:`joint_policy` and ``params``, then ``update((params,
+    opt_state), traj, last_obs, key) -> ((params, opt_state), metrics)``; the metrics gain
+    ``episode_return`` ``[N]``: each agent's reward in the rollout per episode that ended in it
+    (exact when ``num_steps`` is a multiple of a fixed-length game's episode), and ``episodes``.
+    """
+
+    def iteration(carry, key):
+        agent, obs, state = carry
+        key_rollout, key_update = jax.random.split(key)
+        obs, state, traj = run_steps(
+            game, joint_policy, key_rollout, None, obs, state, num_steps, policy_params=agent[0]
+        )
+        agent, metrics = update(agent, traj, obs, key_update)
+        episodes = jnp.sum(traj.terminated | traj.truncated)
+        metrics = metrics | {
+            "episode_return": jnp.sum(traj.reward, axis=(0, 1)) / jnp.maximum(episodes, 1),
+            "episodes": episodes,
+        }
+        return (agent, obs, state), metrics
+
+    def train(key):
+        key_init, key_reset, key_train = jax.random.split(key, 3)
+        obs, state = Vectorized(game).reset(jax.random.split(key_reset, num_envs))
+        carry = (init(key_init), obs, state)
+        ((params, _), _, _), metrics = jax.lax.scan(
+            iteration, carry, jax.random.split(key_train, num_iterations)
+        )
+        return params, metrics
+
+    return train
+
+
 def make_marl(game: MarkovGame, config: MARLConfig = MARLConfig()):
     """``train(key) -> (params, metrics)``, metrics per iteration: the losses, the actors'
-    entropy, and ``episode_return`` ``[num_iterations, N]``: each agent's reward in the rollout
-    per episode that ended in it (exact when ``num_steps`` is a multiple of a fixed-length game's
-    episode)."""
-    _sizes(game)
+    entropy, and each agent's ``episode_return`` ``[num_iterations, N]`` (`make_game_train`)."""
+    game_sizes(game)
     optimizer = adam(config.learning_rate, config.max_grad_norm)
     grad_fn = jax.grad(marl_objective, has_aux=True)
 
-    def iteration(carry, key):
-        (params, opt_state), obs, state = carry
-        obs, state, traj = run_steps(
-            game, joint_policy, key, None, obs, state, config.num_steps, policy_params=params
-        )
-        advantages, returns = agent_advantages(params, traj, obs, config)
+    def init(key):
+        params = init_marl(key, game, config)
+        return params, optimizer.init(params)
+
+    def update(agent, traj, last_obs, key):
+        del key  # PPO's update is deterministic
+        advantages, returns = agent_advantages(agent[0], traj, last_obs, config)
         batch = {
             "obs": traj.obs,
             "action": traj.action,
@@ -161,30 +200,15 @@ def make_marl(game: MarkovGame, config: MARLConfig = MARLConfig()):
             "return": returns,
         }
 
-        def epoch(carry, _):
-            params, opt_state = carry
+        def epoch(agent, _):
+            params, opt_state = agent
             grads, metrics = grad_fn(params, batch, config)
             updates, opt_state = optimizer.update(grads, opt_state, params)
             return (optax.apply_updates(params, updates), opt_state), metrics
 
-        (params, opt_state), metrics = jax.lax.scan(
-            epoch, (params, opt_state), None, config.num_epochs
-        )
-        episodes = jnp.sum(traj.terminated | traj.truncated)
-        metrics = jax.tree.map(lambda x: x[-1], metrics) | {
-            "episode_return": jnp.sum(traj.reward, axis=(0, 1)) / jnp.maximum(episodes, 1),
-            "episodes": episodes,
-        }
-        return ((params, opt_state), obs, state), metrics
+        agent, metrics = jax.lax.scan(epoch, agent, None, config.num_epochs)
+        return agent, jax.tree.map(lambda x: x[-1], metrics)
 
-    def train(key):
-        key_init, key_reset, key_train = jax.random.split(key, 3)
-        params = init_marl(key_init, game, config)
-        obs, state = Vectorized(game).reset(jax.random.split(key_reset, config.num_envs))
-        carry = ((params, optimizer.init(params)), obs, state)
-        ((params, _), _, _), metrics = jax.lax.scan(
-            iteration, carry, jax.random.split(key_train, config.num_iterations)
-        )
-        return params, metrics
-
-    return train
+    return make_game_train(
+        game, config.num_envs, config.num_steps, config.num_iterations, init, update
+    )

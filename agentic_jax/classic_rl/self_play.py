@@ -42,6 +42,12 @@ class SelfPlayConfig:
             raise ValueError(f"league_size must be at least 1 or None, got {self.league_size}")
 
 
+def draw_members(key, g, window: int, batch: int) -> jax.Array:
+    """``[batch]`` league rows drawn uniformly from the last ``window`` of rows ``0..g``."""
+    low = jnp.maximum(0, g + 1 - window)
+    return low + jax.random.randint(key, (batch,), 0, g + 1 - low)
+
+
 def make_league_self_play(game: MatrixGame, config: SelfPlayConfig = SelfPlayConfig()):
     """``train(key) -> league [generations + 1, A]``: row 0 is the random first member, row g the
     policy generation g learned.  The league's mixture after generation g is the mean of the rows
@@ -60,13 +66,12 @@ def make_league_self_play(game: MatrixGame, config: SelfPlayConfig = SelfPlayCon
 
     def generation(league, inputs):
         g, key = inputs  # the league holds rows 0..g
-        low = jnp.maximum(0, g + 1 - window)
         key_init, key_train = jax.random.split(key)
 
         def step(carry, key):
             logits, opt_state = carry
             key_member, key_theirs, key_mine = jax.random.split(key, 3)
-            members = low + jax.random.randint(key_member, (config.batch,), 0, g + 1 - low)
+            members = draw_members(key_member, g, window, config.batch)
             theirs = jax.random.categorical(key_theirs, jnp.log(league[members]))
             mine = jax.random.categorical(key_mine, logits, shape=(config.batch,))
             grads = jax.grad(loss)(logits, mine, payoffs[0, mine, theirs])

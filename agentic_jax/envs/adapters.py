@@ -1,7 +1,7 @@
 """Adapters: gymnax and pgx environments behind the `Env` API.
 
 Both libraries are optional and imported only when an adapter is built:
-`pip install "gymnax>=1.0" "pgx>=2.0"` (tested with gymnax 1.0.1, whose
+`pip install -e ".[games]"` (gymnax and pgx; tested with gymnax 1.0.1, whose
 import also needs `six`, and pgx 2.6.0). Our own `Env.step` does the
 auto-reset, so the adapters call the libraries' non-resetting transitions.
 """
@@ -20,7 +20,7 @@ def _require(module: str):
         return importlib.import_module(module)
     except ImportError as e:
         raise ImportError(
-            f"this adapter needs `{module}`: pip install {module.split('.')[0]}"
+            f"this adapter needs `{module}`: pip install -e '.[games]' (or {module.split('.')[0]})"
         ) from e
 
 

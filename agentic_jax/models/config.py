@@ -22,6 +22,7 @@ MLP_ACTIVATIONS = ("silu", "gelu_tanh")
 NORM_POSITIONS = ("pre", "post", "sandwich")
 LAYER_KINDS = ("sliding_attention", "full_attention")  # Hugging Face's ``layer_types`` names
 MATMUL_PRECISIONS = ("default", "fp8")
+QUANTIZED_MATMULS = ("xla", "pallas")
 
 
 @gin.configurable
@@ -32,7 +33,11 @@ class TransformerConfig:
     ``dtype`` is the compute dtype, ``param_dtype`` the storage dtype of parameters (float32 master
     weights with bfloat16 compute is the usual mixed-precision recipe). ``matmul_precision="fp8"``
     runs every dense projection (attention and MLP, not MoE experts, the embedding or the LM head)
-    as an FP8 matmul with per-tile scales (:mod:`agentic_jax.models.fp8`).  ``rope_scaling`` is None or a
+    as an FP8 matmul with per-tile scales (:mod:`agentic_jax.models.fp8`).  ``quantized_matmul``
+    is how those projections run when their weights are int8 / int4 ``QuantizedWeight``s: ``xla``
+    dequantises the weight in the jitted graph, then multiplies; ``pallas`` runs
+    ``pallas_kernels.dequant_matmul``, which reads the packed codes (Mosaic on TPU, Triton on
+    GPU, interpreted on CPU).  ``rope_scaling`` is None or a
     mapping with ``type`` in linear | dynamic | ntk | yarn | llama3 and that method's parameters.
 
     Mixture of experts (:mod:`agentic_jax.models.moe`; 0 ``n_experts`` is a dense model): the
@@ -124,6 +129,7 @@ class TransformerConfig:
     norm_type: str = "rms"
     norm_position: str = "pre"
     matmul_precision: str = "default"
+    quantized_matmul: str = "xla"
     mlp_activation: str = "silu"
     scale_embeddings: bool = False
     query_pre_attn_scalar: float | None = None
@@ -211,6 +217,17 @@ class TransformerConfig:
                 "TransformerConfig.matmul_precision='fp8' covers the dense projections; the "
                 "mixture-of-experts layers' grouped matmuls have no FP8 path (n_experts=0 or "
                 "matmul_precision='default')"
+            )
+        if self.quantized_matmul not in QUANTIZED_MATMULS:
+            raise ValueError(
+                f"TransformerConfig.quantized_matmul={self.quantized_matmul!r}; expected one of "
+                f"{QUANTIZED_MATMULS}"
+            )
+        if self.quantized_matmul == "pallas" and self.matmul_precision == "fp8":
+            raise ValueError(
+                "TransformerConfig.quantized_matmul='pallas' runs the quantised projections "
+                "through the dequantising kernel, which has no FP8 path: pick one of it and "
+                "matmul_precision='fp8'"
             )
 
     def _check_attention(self):

@@ -23,7 +23,9 @@ included: int8 per channel 8 + 32/In; int4 with ``g`` 4 + 32/g (+ 8/g asymmetric
 A :class:`QuantizedWeight` is a pytree node whose leaves all keep the weight's lead axes first,
 so it scans, slices and shards over layers like the array it replaces; the transformer's
 ``_dense`` (and the MoE and LM-head casts, through :meth:`QuantizedWeight.astype`) dequantise it
-on the fly inside the jitted forward.  ``generate``, the serving engine and RL rollouts take
+on the fly inside the jitted forward; with ``TransformerConfig.quantized_matmul="pallas"``,
+``_dense`` multiplies by int8 / int4 weights through the Pallas kernel that reads their codes
+(:meth:`QuantizedWeight.matmul`).  ``generate``, the serving engine and RL rollouts take
 quantised parameters as they are.
 """
 
@@ -39,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentic_jax.models.config import TransformerConfig
+from pallas_kernels.dequant_matmul import dequant_matmul
 from sharding.partition import is_logical_axes, path_str
 
 FORMATS = ("int8", "int4", "nf4")
@@ -143,6 +146,28 @@ class QuantizedWeight:
         """The dequantised weight in ``dtype``: code that casts a weight (``w.astype(dtype)``, as
         the MoE layer and the LM head do) reads the float weight it stands for."""
         return self.dequantize(dtype)
+
+    def matmul(self, x) -> jax.Array:
+        """``x [..., *in_shape] @ ŵ`` -> ``[..., *out_shape]`` in x's dtype by the Pallas kernel
+        that dequantises tiles of the packed codes (``pallas_kernels.dequant_matmul``: int8 and
+        int4, one layer's weight; NF4 has no kernel).  Differentiable in x only."""
+        if self.fmt == "nf4" or self.lead_shape:
+            raise ValueError(
+                f"QuantizedWeight.matmul takes one layer's int8 / int4 weight; got fmt={self.fmt!r}"
+                f" with lead axes {self.lead_shape}"
+            )
+        n_in = len(self.in_shape)
+        if x.shape[x.ndim - n_in :] != self.in_shape:
+            raise ValueError(f"x {x.shape} must end with the weight's inputs {self.in_shape}")
+        y = dequant_matmul(
+            x.reshape(*x.shape[: x.ndim - n_in], -1),
+            self.codes,
+            self.scales,
+            self.zeros,
+            bits=BITS[self.fmt],
+            group_size=self.group_size,
+        )
+        return y.reshape(*y.shape[:-1], *self.out_shape)
 
 
 def is_quantized(x) -> bool:

@@ -340,18 +340,23 @@ def _record_input(name, x) -> None:
     inputs.setdefault(name, []).append(x)
 
 
-def _dense(eq, x, w, name, lora, dropout, precision="default"):
+def _dense(eq, x, w, name, lora, dropout, precision="default", quantized_matmul="xla"):
     """``einsum(eq, x, w)``, plus LoRA's low-rank path ``dropout(x) · A · B`` when the layer carries
     an adapter ``lora[name] = {"a": [in..., r], "b": [r, out...]}`` for this projection (the α/r
     scale is already folded into B; see :mod:`agentic_jax.models.lora`).  A DoRA adapter also
     carries its magnitude ``"m": [out...]``, which rescales the sum (:func:`_dora_scale`).
     ``precision="fp8"`` runs the einsum as an FP8 matmul (:func:`agentic_jax.models.fp8.fp8_einsum`);
     the LoRA path stays in the compute dtype.  A :class:`~agentic_jax.models.quantization.
-    QuantizedWeight` ``w`` is dequantised to ``x``'s dtype first (jit fuses the two)."""
+    QuantizedWeight` ``w`` is dequantised to ``x``'s dtype first (jit fuses the two), or with
+    ``quantized_matmul="pallas"`` multiplied by the kernel that reads its packed codes (every
+    ``eq`` here contracts x's trailing input axes with w's leading ones, as the kernel does)."""
     _record_input(name, x)
-    if quantization.is_quantized(w):  # weight-only quantisation: dequantised where it is used
-        w = w.dequantize(x.dtype)
-    y = fp8.fp8_einsum(eq, x, w) if precision == "fp8" else jnp.einsum(eq, x, w)
+    if quantization.is_quantized(w) and quantized_matmul == "pallas":
+        y = w.matmul(x)
+    else:
+        if quantization.is_quantized(w):  # weight-only quantisation: dequantised where it is used
+            w = w.dequantize(x.dtype)
+        y = fp8.fp8_einsum(eq, x, w) if precision == "fp8" else jnp.einsum(eq, x, w)
     if name not in lora:
         return y
     if dropout is not None:  # {"rate": [], "key": {name: key}}
@@ -518,7 +523,11 @@ def _block(
         is_leaf=quantization.is_quantized,
     )
     dense = functools.partial(
-        _dense, lora=p.get("lora", {}), dropout=dropout, precision=config.matmul_precision
+        _dense,
+        lora=p.get("lora", {}),
+        dropout=dropout,
+        precision=config.matmul_precision,
+        quantized_matmul=config.quantized_matmul,
     )
 
     def attention_sublayer(h):

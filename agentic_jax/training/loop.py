@@ -8,6 +8,9 @@ exactly the losses it would have had.  The work directory holds::
     tokenizer.json                     the tokenizer (trained on first start unless given)
     checkpoints/<step>/                orbax checkpoints (the latest few)
     metrics.jsonl                      one record per step, eval records every ``eval_every``
+    tensorboard/                       the same numbers as TensorBoard scalars, with gin
+                                       ``MetricsLog.tensorboard = True``
+    profile/                           ``jax.profiler`` traces of the ``profile_steps``
     loss_curve.png                     train and held-out loss by step (written at the end)
     model/                             the final parameters and model config (``load_model``)
 """
@@ -19,6 +22,7 @@ import os
 import shutil
 import signal
 import time
+from collections.abc import Sequence
 
 import gin
 import jax
@@ -165,6 +169,7 @@ def train(
     checkpoint_every: int = 100,
     keep_checkpoints: int = 3,
     log_every: int = 10,
+    profile_steps: Sequence[int] = (),
     progress: bool = True,
 ) -> dict:
     """Trains ``model`` on the shipped corpus (or ``train_data.files``) for ``steps`` updates.
@@ -179,11 +184,16 @@ def train(
     ``pipeline`` runs the layers as pipeline stages over the mesh's ``stage`` axis
     (``training.pipeline``; ``metrics.jsonl`` records its ``pipeline_bubble``).
     ``loss_scale`` scales the loss dynamically for float16 compute (``model.dtype="float16"``;
-    ``training.loss_scale``: overflowing steps are skipped).  Resumes
+    ``training.loss_scale``: overflowing steps are skipped).  ``profile_steps`` (numbered from 1,
+    as in ``metrics.jsonl``) run inside a ``jax.profiler`` trace written under ``profile/`` (for
+    TensorBoard's profile plugin or Perfetto); consecutive steps share one trace.  Resumes
     from the latest checkpoint in ``workdir``.  Returns the final train and held-out metrics.
     """
     if diloco is not None and loss_scale is not None:
         raise ValueError("train: loss_scale is not supported with diloco")
+    outside = [s for s in profile_steps if not 1 <= s <= steps]
+    if outside:
+        raise ValueError(f"train.profile_steps {outside} are not steps of 1..{steps}")
     if batch_size % jax.process_count():
         raise ValueError(
             f"train.batch_size={batch_size} must divide by the {jax.process_count()} "
@@ -296,13 +306,22 @@ def train(
             interval_start = time.perf_counter()
 
         multi_process = jax.process_count() > 1
+        profiling = False
         try:
             while step < steps:
                 # Several processes vote at logging boundaries only: a vote is a collective.
                 if (not multi_process or step % log_every == 0) and stop.agreed():
                     break
-                state, metrics = train_step(state, _to_global(next(data), batch_sharding))
+                if step + 1 in profile_steps and not profiling:
+                    jax.profiler.start_trace(os.path.join(workdir, "profile"))
+                    profiling = True
+                with jax.profiler.StepTraceAnnotation("train", step_num=step + 1):
+                    state, metrics = train_step(state, _to_global(next(data), batch_sharding))
                 step += 1
+                if profiling and step + 1 not in profile_steps:
+                    jax.block_until_ready(metrics)  # the trace holds the steps' device work
+                    jax.profiler.stop_trace()
+                    profiling = False
                 pending.append((step, metrics))
                 bar.update(1)
                 if step % log_every == 0 or step == steps:
@@ -330,6 +349,8 @@ def train(
                     flush()  # the log must hold every step up to the checkpoint it resumes from
                     ckpt.save(step, state, data)
         finally:
+            if profiling:  # stopped or failed inside the profiled steps
+                jax.profiler.stop_trace()
             flush()
             bar.close()
             stop.restore()

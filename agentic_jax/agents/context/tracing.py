@@ -14,9 +14,14 @@ loaded into any log tool.  Each carries ``run``, ``seq``, ``time`` and ``kind``:
 
 Events of a multi-agent run also name the ``agent`` they belong to (see :meth:`Tracer.scoped`).
 
-Each event is also an OpenTelemetry span (child of the run's span), so runs show up in Jaeger,
-Honeycomb or any OTLP backend configured in the process; without a configured SDK the spans are
-the API's no-ops.
+Each event is also an OpenTelemetry span, so runs show up in Jaeger, Honeycomb or any OTLP backend
+configured in the process; without a configured SDK the spans are the API's no-ops.  The run,
+model calls and tool calls are named and attributed by the GenAI semantic conventions
+(https://opentelemetry.io/docs/specs/semconv/gen-ai/), as the OpenAI-compatible server's spans
+are: the run is an ``invoke_agent {agent}`` span, and each model call a ``chat {model}`` span and
+each tool call an ``execute_tool {tool}`` span inside it, timed by the event's latency.  Every
+span also carries the event's own fields as ``agent.*`` attributes; decisions and messages are
+``agent.decision {decision}`` and ``agent.message`` spans.
 """
 
 from __future__ import annotations
@@ -56,9 +61,53 @@ def _attributes(event: Event) -> dict:
     }
 
 
+def _gen_ai(event: Event, model: str | None) -> tuple[str, dict]:
+    """The span name and ``gen_ai.*`` attributes of a ``run_start``, ``model_call`` or
+    ``tool_call`` event by the GenAI semantic conventions (names checked against
+    ``opentelemetry-semantic-conventions`` by the tests); ``("", {})`` for other kinds.
+
+    The conventions name a span ``{operation} {model or agent or tool}``, or the operation alone
+    when that is unknown (a tracer told no ``model``).  The run id is the agent's id and, unless
+    the event belongs to a conversation of its own (the message bus's ``conversation_id``), the
+    conversation's.  The harness's tool calls carry no id, so a call's id is its event's place in
+    the run."""
+    kind, agent = event["kind"], event.get("agent")
+    if kind == "run_start":
+        operation, target = "invoke_agent", agent
+        attributes = {
+            "gen_ai.agent.id": event["run"],
+            "gen_ai.conversation.id": event.get("conversation_id", event["run"]),
+        }
+    elif kind == "model_call":
+        operation, target = "chat", model
+        attributes = {
+            "gen_ai.usage.input_tokens": event["prompt_tokens"],
+            "gen_ai.usage.output_tokens": event["completion_tokens"],
+            "gen_ai.response.finish_reasons": [event["finish_reason"]],
+        }
+    elif kind == "tool_call":
+        operation, target = "execute_tool", event["name"]
+        attributes = {
+            "gen_ai.tool.name": event["name"],
+            "gen_ai.tool.call.id": f"call_{event['run']}_{event['seq']}",
+            "gen_ai.tool.type": "function",
+            "error.type": None if event["status"] == "ok" else event["status"],
+        }
+    else:
+        return "", {}
+    attributes |= {
+        "gen_ai.operation.name": operation,
+        "gen_ai.agent.name": agent,
+        "gen_ai.request.model": model if kind != "tool_call" else None,
+    }
+    name = f"{operation} {target}" if target else operation
+    return name, {k: v for k, v in attributes.items() if v is not None}
+
+
 class Tracer:
     """Collects a run's events in ``events``, appends them to ``path`` (JSONL) and hands them to
-    ``sinks`` (e.g. a console printer) as they happen."""
+    ``sinks`` (e.g. a console printer) as they happen.  ``model``: the name of the model the
+    policy calls, for the spans' ``gen_ai.request.model`` (the events do not record it)."""
 
     def __init__(
         self,
@@ -68,17 +117,18 @@ class Tracer:
         pricing: Pricing = Pricing(),
         run_id: str | None = None,
         otel: bool = True,
+        model: str | None = None,
     ):
         self.path = None if path is None else Path(path)
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.sinks, self.pricing = list(sinks), pricing
+        self.sinks, self.pricing, self.model = list(sinks), pricing, model
         self.run_id = run_id or uuid.uuid4().hex[:12]
         self.events: list[Event] = []
         self.fields: dict[str, Any] = {}
         self._otel = trace.get_tracer("agentic_jax.agents") if otel else None
         # Shared with the scoped views (``copy.copy`` keeps these references), which may run in
-        # threads: the lock, and the stack of open ``agent.run`` spans, innermost last, so that
+        # threads: the lock, and the stack of open ``invoke_agent`` spans, innermost last, so that
         # a view made before ``run_start`` still parents its spans to the run, and a nested
         # run's span to the run around it.
         self._open_runs: list = []
@@ -113,6 +163,9 @@ class Tracer:
         return event
 
     def _span(self, event: Event) -> None:
+        """The event's span: from its start (its time less its latency) to its time.  A run's
+        span stays open from ``run_start`` to ``run_end`` and is the parent of the spans between
+        them."""
         if self._otel is None:
             return
         kind = event["kind"]
@@ -120,28 +173,26 @@ class Tracer:
             parent = self._open_runs[-1] if self._open_runs else None
             if kind == "run_end" and parent is not None:
                 self._open_runs.pop()
-        context = None if parent is None else trace.set_span_in_context(parent)
-        if kind == "run_start":
-            span = self._otel.start_span(
-                "agent.run", context=context, attributes=_attributes(event)
-            )
-            with self._lock:
-                self._open_runs.append(span)
-            return
+        end = int(event["time"] * 1e9)
         if kind == "run_end" and parent is not None:
             parent.set_attributes(_attributes(event))
-            parent.end()
+            parent.end(end_time=end)
             return
-        end = time.time_ns()
-        start = end - int(event.get("latency_s", 0.0) * 1e9)
-        name = event.get("name") or event.get("decision") or ""
+        name, gen_ai = _gen_ai(event, self.model)
+        if not name:
+            detail = event.get("name") or event.get("decision") or ""
+            name = f"agent.{kind}" + (f" {detail}" if detail else "")
         span = self._otel.start_span(
-            f"agent.{kind}" + (f" {name}" if name else ""),
-            context=context,
-            start_time=start,
-            attributes=_attributes(event),
+            name,
+            context=None if parent is None else trace.set_span_in_context(parent),
+            start_time=end - int(event.get("latency_s", 0.0) * 1e9),
+            attributes=_attributes(event) | gen_ai,
         )
-        span.end(end_time=end)
+        if kind == "run_start":
+            with self._lock:
+                self._open_runs.append(span)
+        else:
+            span.end(end_time=end)
 
     # ----------------------------------------------------------------------------- event kinds
     def model_call(self, step: int, response: AssistantMessage, latency_s: float) -> Event:

@@ -95,8 +95,9 @@ class Run:
         """The number of the model call in progress or last made."""
         return self.tracker.steps
 
-    def start(self, task: str, agent: str) -> None:
-        self.tracer.emit("run_start", task=task, agent=agent)
+    def start(self, task: str, agent: str, **fields) -> None:
+        """The ``run_start`` event; ``fields`` add to it (a retried run's origin)."""
+        self.tracer.emit("run_start", task=task, agent=agent, **fields)
 
     def model(
         self, policy: Policy, messages: Sequence[Message], tools: Sequence = (), **sampling

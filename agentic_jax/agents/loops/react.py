@@ -13,18 +13,26 @@ goes on).  Around that core the loop enforces
 
 `ReActAgent.converse` runs the loop once per user message of a conversation (tau-bench's
 setting, a simulated user answering the agent), each continuing the same history.
+
+A run may start by replaying an earlier one (a :class:`Replay`, the web UI's retry from a step):
+the recorded model turns and tool results stand in for the policy and the tools until they run
+out, so the loop rebuilds that run's history itself (its harness notes, loop-detector counts,
+budget and step numbers included) and the trace holds every step, replayed or not.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from agentic_jax.agents.context.manager import ContextManager, compaction_tool
 from agentic_jax.agents.context.tracing import Tracer
 from agentic_jax.agents.loops.agent import DATA_RULE, AgentResult, BudgetExceeded, Outcome, Run
-from agentic_jax.agents.policies.base import Policy, PolicyError
+from agentic_jax.agents.policies.base import AssistantMessage, Policy, PolicyError
 from agentic_jax.agents.tools.base import Tool
 from agentic_jax.agents.tools.budget import Budget, BudgetTracker, Pricing, StopReason
 from agentic_jax.agents.tools.executor import ToolExecutor, ToolResult, as_executor
@@ -40,6 +48,29 @@ CUT_OFF = (
     "your last reply was cut off at the token limit, so it is not taken as your answer; "
     "give the final answer more briefly, or call a tool"
 )
+
+
+class Replay(NamedTuple):
+    """What a run takes from an earlier run of the same task instead of asking the policy and
+    running the tools: ``turns``, that run's first model turns, and ``results``, its first tool
+    results, each in the order the run made them.  ``origin`` (which run, from which step) is
+    added to the new run's ``run_start`` event."""
+
+    turns: Sequence[AssistantMessage] = ()
+    results: Sequence[ToolResult] = ()
+    origin: Mapping[str, Any] = MappingProxyType({})
+
+
+class _Replayed:
+    """``policy`` after ``turns``: the recorded turns first, in order, then its own."""
+
+    def __init__(self, turns: Sequence[AssistantMessage], policy: Policy):
+        self.turns, self.policy = deque(turns), policy
+
+    def respond(self, messages, tools=(), **sampling) -> AssistantMessage:
+        if self.turns:
+            return self.turns.popleft()
+        return self.policy.respond(messages, tools, **sampling)
 
 
 class ReActAgent:
@@ -68,10 +99,13 @@ class ReActAgent:
         # The harness's own tools (compaction) are not subject to the allow-list.
         self.harness = ToolExecutor([compaction_tool(context)] if context and compaction else [])
 
-    def run(self, task: str, *, retrieved: Sequence[str] = ()) -> AgentResult:
+    def run(
+        self, task: str, *, retrieved: Sequence[str] = (), replay: Replay | None = None
+    ) -> AgentResult:
+        """A run on ``task``; given a ``replay``, it begins as the earlier run it replays."""
         run = Run(BudgetTracker(self.budget, self.pricing), self.tracer)
-        run.start(task, "react")
-        return run.finish(task, self.loop(run, task, retrieved=retrieved))
+        run.start(task, "react", **(replay.origin if replay else {}))
+        return run.finish(task, self.loop(run, task, retrieved=retrieved, replay=replay))
 
     def converse(
         self, opening: str, user: Callable[[str], str | None], *, max_turns: int = 10
@@ -117,9 +151,20 @@ class ReActAgent:
         schemas = json.dumps([t.spec.openai() for t in tools])
         return self.context.build(system, history, retrieved, reserved=self.context.count(schemas))
 
-    def _execute(self, call) -> ToolResult:
-        executor = self.harness if call.name in self.harness.tools else self.executor
-        return executor.execute(call)
+    def _execute(self, call, recorded: deque[ToolResult]) -> ToolResult:
+        """The result of ``call``: the next ``recorded`` one while any is left (a replay)."""
+        harness = call.name in self.harness.tools
+        if recorded:
+            result = recorded.popleft()
+            if result.call != call:
+                raise ValueError(
+                    f"the replayed run calls {call.name}({call.arguments_text()}) where its record "
+                    f"has {result.call.name}({result.call.arguments_text()})"
+                )
+            if not harness:
+                return result
+            # The harness's own tools (compaction) change only the context: they run again.
+        return (self.harness if harness else self.executor).execute(call)
 
     def loop(
         self,
@@ -129,10 +174,14 @@ class ReActAgent:
         system_prompt: str | None = None,
         retrieved: Sequence[str] = (),
         history: Sequence[Message] = (),
+        replay: Replay | None = None,
     ) -> Outcome:
         """The ReAct loop inside ``run`` (whose budget and trace it shares) on the user message
-        ``task``, which continues the conversation ``history`` (none: a new one)."""
+        ``task``, which continues the conversation ``history`` (none: a new one), beginning with
+        the turns and results of ``replay``."""
         system = self.system_prompt if system_prompt is None else system_prompt
+        policy = self.policy if replay is None else _Replayed(replay.turns, self.policy)
+        recorded = deque(replay.results if replay else ())
         detector = dataclasses.replace(self.loop_detector)  # fresh counts
         if self.context is not None and not history:
             self.context.new_history()
@@ -141,7 +190,7 @@ class ReActAgent:
             tools = self._tools()
             try:
                 prompt = self._prompt(system, history, retrieved, tools)
-                reply = run.model(self.policy, prompt, tools, **self.sampling)
+                reply = run.model(policy, prompt, tools, **self.sampling)
             except BudgetExceeded as e:
                 return Outcome(None, e.reason, e.detail, history)
             except PolicyError as e:
@@ -172,7 +221,7 @@ class ReActAgent:
                     history.append(Message("tool", "error: " + verdict.message))
                     results.append((False, verdict.message))
                     continue
-                result = self._execute(call)
+                result = self._execute(call, recorded)
                 run.tracer.tool_call(run.step, result)
                 history.append(result.message())
                 results.append((result.ok, result.content))

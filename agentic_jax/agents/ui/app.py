@@ -6,13 +6,18 @@ Routes (``{run}`` is a run's id, its trace id; every body is a JSON object):
   ``textContent`` only, so no model or tool text is ever read as HTML);
 * ``POST /api/runs`` ``{"task"}`` (default: the config's task): starts a run, 201
   ``{"id", "task"}``; 409 while another run is in progress;
-* ``GET /api/runs``: every run's id, task and whether it has finished;
+* ``GET /api/runs``: every run's id, task, whether it has finished and what it retries
+  (``retry_of``, ``from_step``, ``from_call``, for a retry from a step);
 * ``GET /api/runs/{run}/events``: the run's events (``runs.py``) as server-sent events, each
   with its index as the SSE id and its type as the SSE event; the stream ends after the run's
   last event.  A reconnecting client's ``Last-Event-ID`` (or ``?after=N``) resumes after it;
 * ``POST /api/runs/{run}/approvals/{approval}`` ``{"approve": true|false}``: answers an
   approval request; 404 when it is no longer pending (answered, timed out, stopped);
-* ``POST /api/runs/{run}/stop`` and ``POST /api/runs/{run}/retry`` (a new run of its task, 201);
+* ``POST /api/runs/{run}/stop``;
+* ``POST /api/runs/{run}/retry`` ``{}``: a new run of its task, 201 (409 while a run is in
+  progress); ``{"step": n}`` or ``{"step": n, "call": i}``: a new run from its model turn ``n``
+  or that turn's tool call ``i``, the steps before replayed, not run again (``runs.py``); 400
+  for a step it cannot retry from;
 * ``GET /api/runs/{run}/trace``: the run's harness trace as JSON Lines, and
   ``GET /runs/{run}/trace``: the same rendered as a list (``tracing.format_event``).
 
@@ -83,11 +88,12 @@ def ui_app(
     task: str = "",
     title: str = "agentic-jax agent",
     approval_timeout_s: float = 60.0,
+    model: str | None = None,
 ) -> Starlette:
     """The UI of ``work`` (``runs.agent_work`` or ``runs.team_work``): runs traced to
     ``trace_path``, ``task`` filled in on the page, ``ask``-tier approvals denied after
-    ``approval_timeout_s``."""
-    runner = Runner(work, trace_path=trace_path, approval_timeout_s=approval_timeout_s)
+    ``approval_timeout_s``; ``model`` names the model in the traces' spans."""
+    runner = Runner(work, trace_path=trace_path, approval_timeout_s=approval_timeout_s, model=model)
 
     def on_run(handler: Callable[[Request, UIRun], Awaitable[Response]]):
         """The endpoint of ``handler``, which gets the run the path names (404 if none)."""
@@ -100,12 +106,17 @@ def ui_app(
 
         return endpoint
 
-    def started(run_task: str) -> JSONResponse:
+    def described(run: UIRun) -> dict:
+        return {"id": run.id, "task": run.task, **run.origin}
+
+    def started(start_run: Callable[[], UIRun]) -> JSONResponse:
         try:
-            run = runner.start(run_task)
+            run = start_run()
         except RuntimeError as e:
             return _error(409, str(e))
-        return JSONResponse({"id": run.id, "task": run.task}, status_code=201)
+        except ValueError as e:
+            return _error(400, str(e))
+        return JSONResponse(described(run), status_code=201)
 
     async def page(request: Request) -> HTMLResponse:
         return HTMLResponse(_page(title, task))
@@ -118,11 +129,11 @@ def ui_app(
         run_task = body.get("task", task)
         if not isinstance(run_task, str) or not run_task.strip():
             return _error(400, "'task' must be non-empty text (the config has no task)")
-        return started(run_task.strip())
+        return started(lambda: runner.start(run_task.strip()))
 
     async def runs(request: Request) -> JSONResponse:
         return JSONResponse(
-            [{"id": r.id, "task": r.task, "finished": r.finished} for r in runner.runs.values()]
+            [{**described(r), "finished": r.finished} for r in runner.runs.values()]
         )
 
     async def events(request: Request, run: UIRun) -> Response:
@@ -157,7 +168,17 @@ def ui_app(
         return JSONResponse({"id": run.id, "stopped": True})
 
     async def retry(request: Request, run: UIRun) -> Response:
-        return started(run.task)
+        try:
+            body = await _body(request)
+        except BodyError as e:
+            return _error(e.status, str(e))
+        step, call = body.get("step"), body.get("call")
+        for name, value in (("step", step), ("call", call)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                return _error(400, f"'{name}' must be an integer, got {value!r}")
+        if step is None and call is not None:
+            return _error(400, "'call' needs the 'step' whose call it is")
+        return started(lambda: runner.retry(run, step, call))
 
     def traced(run: UIRun) -> list[dict]:
         path = Path(trace_path)

@@ -20,6 +20,8 @@ The loop also ends after ``rounds`` rounds, after ``patience`` rounds in a row w
 accepted edit, or when the train split has no failure left.  Every measurement, proposal and
 decision is a line of ``changes.jsonl`` (`ChangeLog`), flushed and synced before the loop goes
 on, so a crash loses nothing already decided.
+
+`improve_harness_job` is the loop as a job: ``agentic-jax train --gin_file self_improve_harness``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any, NamedTuple
 import gin
 import numpy as np
 
+from agentic_jax import config as gin_config
 from agentic_jax.agents.policies.base import AssistantMessage, Policy, PolicyError
 from agentic_jax.agents.protocols.skills import Skill, with_skills
 from agentic_jax.agents.tools.base import tool_specs
@@ -47,6 +50,7 @@ from agentic_jax.eval.stats import mcnemar_test
 from agentic_jax.eval.suites.episodes import play, state_hash, task_id
 from agentic_jax.eval.suites.robustness import Variant
 from agentic_jax.eval.suites.suite import Suite
+from agentic_jax.files import atomic_write
 
 EDITABLE = ("system_prompt", "tool_descriptions", "skills", "retries")
 RETRY_SEED = 1_000_003  # a retry's sampling seed is the attempt's plus this, times the retry
@@ -552,3 +556,31 @@ def improve_harness(
         "stop", reason=stop, round=round_, harness=harness.to_json(), start=start, success=success
     )
     return Improvement(harness, start, success, round_, stop, accepted)
+
+
+def write_report(workdir: str | Path, report: Mapping[str, Any]) -> None:
+    """``workdir/report.json``, written atomically (a reader never sees half of it)."""
+    with atomic_write(Path(workdir) / "report.json", encoding="utf-8") as sink:
+        sink.write(json.dumps(report, indent=1) + "\n")
+
+
+@gin.configurable(module="eval")
+def improve_harness_job(workdir: str, *, policy: Policy, proposer: Proposer) -> dict:
+    """`improve_harness` as a job of ``agentic-jax train`` (``configs/self_improve_harness.gin``;
+    the splits, rounds and gate are `improve_harness`'s gin bindings).  Writes into ``workdir``
+    the change log (``changes.jsonl``), ``report.json`` (the `Improvement`, the final harness
+    among it) and the parsed and operative configs; returns the held-out success rates and the
+    counts, as floats (what the command prints)."""
+    gin_config.save_config(workdir, operative=False)
+    result = improve_harness(policy, proposer, workdir)
+    write_report(
+        workdir,
+        {**dataclasses.asdict(result), "harness": result.harness.to_json()},
+    )
+    gin_config.save_config(workdir, operative=True)
+    return {
+        "start_success": float(result.start_success),
+        "success": float(result.success),
+        "rounds": float(result.rounds),
+        "accepted": float(result.accepted),
+    }

@@ -25,6 +25,11 @@ Output in ``out_dir``: ``sft.jsonl``, OpenAI chat records with their tools (``{"
 "tools"}``), what ``train_sft(chats_file=...)`` reads (`data.datasets.read_conversations`),
 written atomically at the end; and ``self_instruct.jsonl``, one line per generated task (its
 question, kept or not and why, its solve rate) appended as each is decided, then a summary.
+
+`self_instruct_job` runs it in rounds with a learner between them (the SFT or RL step), and
+stops when held-out success falls below the start: ``agentic-jax train --gin_file
+self_instruct``.  `SFTLearner` is STaR's learner: each round fine-tunes the latest checkpoint on
+the round's ``sft.jsonl`` with the project's SFT trainer (``--gin_file self_instruct_sft``).
 """
 
 from __future__ import annotations
@@ -38,17 +43,27 @@ from typing import Any, NamedTuple
 
 import gin
 
+from agentic_jax import config as gin_config
 from agentic_jax.agents.policies.base import Policy
 from agentic_jax.agents.policies.http_policy import openai_messages
+from agentic_jax.agents.policies.jax_policy import JaxPolicy
 from agentic_jax.data.chat import Message
 from agentic_jax.envs.text import Arithmetic, Generator, calculator
 from agentic_jax.envs.text.generators import FORMAT, task_prompt
 from agentic_jax.envs.text.tasks import Task
 from agentic_jax.eval.contamination import normalise
 from agentic_jax.eval.suites.episodes import task_id
-from agentic_jax.eval.suites.self_improvement import ChangeLog, Harness, attempt
+from agentic_jax.eval.suites.self_improvement import (
+    ChangeLog,
+    Harness,
+    attempt,
+    run_split,
+    success_rate,
+    write_report,
+)
 from agentic_jax.eval.suites.suite import Suite
 from agentic_jax.files import atomic_write
+from agentic_jax.post_training.sft import train_sft
 
 SYMBOLS = "+-*/=()"  # kept as tokens when questions are compared
 
@@ -233,3 +248,94 @@ def self_instruct(
         sink.writelines(json.dumps(r) + "\n" for r in records)
     log.write("summary", **counts, band=list(band), attempts=attempts)
     return counts
+
+
+Learner = Callable[[Policy, Path, Path], Policy]
+
+
+@gin.configurable(module="eval")
+class SFTLearner:
+    """STaR's learning step (Zelikman et al. 2022), a `Learner`: supervised fine-tuning of the
+    current checkpoint on the round's verified trajectories.  Each round it fine-tunes the
+    checkpoint it trained last (``init_from``, the start policy's, the first time) on the
+    round's ``sft.jsonl`` with `train_sft` into ``round_dir/sft`` (steps, learning rate, LoRA,
+    ... bound by gin, as for ``agentic-jax train --gin_file sft``), and returns a `JaxPolicy`
+    of the new model (its engine and sampling defaults bound by gin too).  A round that kept no
+    trajectory trains nothing: its policy stays.  The learner follows one chain of checkpoints,
+    so it must be given back the policy it returned last."""
+
+    def __init__(self, init_from: str):
+        self.checkpoint = str(init_from)
+        self._trained: JaxPolicy | None = None
+
+    def __call__(self, policy: Policy, sft_file: Path, round_dir: Path) -> Policy:
+        if self._trained is not None and policy is not self._trained:
+            raise ValueError(
+                f"SFTLearner fine-tunes the checkpoint it trained last ({self.checkpoint}): give "
+                f"it back the policy it returned, not {policy!r}"
+            )
+        if Path(sft_file).stat().st_size == 0:
+            return policy
+        workdir = Path(round_dir) / "sft"
+        train_sft(str(workdir), init_from=self.checkpoint, chats_file=str(sft_file))
+        trained = JaxPolicy(str(workdir))
+        if self._trained is not None:
+            self._trained.close()  # the last round's model: the job holds the new one from now
+        self.checkpoint, self._trained = str(workdir), trained
+        return trained
+
+
+def heldout_success(policy: Policy, harness: Harness, heldout: Suite) -> float:
+    return success_rate([a.episode for a in run_split(policy, harness, heldout)])
+
+
+@gin.configurable(module="eval")
+def self_instruct_job(
+    workdir: str,
+    *,
+    policy: Policy,
+    generate: TaskSource,
+    heldout: Suite,
+    learn: Learner | None = None,
+    rounds: int = 1,
+    harness: Harness = Harness(),
+) -> dict:
+    """Agentic self-instruct as a job of ``agentic-jax train`` (``configs/self_instruct.gin``),
+    in rounds: measure ``policy`` on ``heldout``, then each round generate and filter data with
+    it (`self_instruct`, configured by gin, ``heldout``'s problems excluded) into
+    ``workdir/round_<n>/`` and, given a learner ``learn``, train on that round's ``sft.jsonl``
+    (``learn(policy, sft_file, round_dir)`` returns the trained policy: the SFT or RL step,
+    STaR's loop) and measure the new policy on ``heldout``.  It stops after ``rounds`` rounds
+    or as soon as held-out success falls below the start: the book's safeguard against a
+    self-training loop that degrades.  Every measurement and round is a line of
+    ``workdir/rounds.jsonl``; ``report.json`` sums it up beside the parsed and operative configs.
+    Returns the held-out success rates and data counts, as floats."""
+    if rounds < 1 or (learn is None and rounds > 1):
+        raise ValueError(
+            f"self_instruct_job needs rounds >= 1, and a learner for more than one round (each "
+            f"round would replay the same policy): rounds={rounds}, learn={learn!r}"
+        )
+    gin_config.save_config(workdir, operative=False)
+    log = ChangeLog(Path(workdir) / "rounds.jsonl")
+    start = success = heldout_success(policy, harness, heldout)
+    log.write("measure", round=0, split="heldout", success=start)
+    totals = {"generated": 0, "kept": 0, "rejected": 0, "trajectories": 0}
+    stop, round_ = "rounds", 0
+    for round_ in range(1, rounds + 1):
+        round_dir = Path(workdir) / f"round_{round_}"
+        counts = self_instruct(policy, generate, round_dir, harness=harness, exclude=heldout)
+        totals = {k: totals[k] + counts[k] for k in totals}
+        log.write("round", round=round_, **counts)
+        if learn is None:
+            break
+        policy = learn(policy, round_dir / "sft.jsonl", round_dir)
+        success = heldout_success(policy, harness, heldout)
+        log.write("measure", round=round_, split="heldout", success=success)
+        if success < start:
+            stop = "heldout_dropped"
+            break
+    log.write("stop", reason=stop, round=round_, start=start, success=success)
+    report = {"rounds": round_, "stop_reason": stop, "start_success": start, "success": success}
+    write_report(workdir, {**report, **totals})
+    gin_config.save_config(workdir, operative=True)
+    return {k: float(v) for k, v in {**report, **totals}.items() if k != "stop_reason"}

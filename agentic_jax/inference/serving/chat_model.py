@@ -10,12 +10,20 @@ engine_loop.EngineLoop`, so concurrent chats are batched continuously.
    (``inference/decoding/constrained.py``) of the regex of ``{"name": <tool>, "arguments": <its
    schema>}`` for the offered tools, with ``</tool_call>`` as the only way to end.  A call that ends
    therefore names an offered tool and has schema-valid arguments.  Only a call cut off by the
-   token limit fails (``finish_reason == "length"``).
+   token limit fails (``finish_reason == "length"``; the calls that ended before it are kept).
+3. after a call's ``</tool_call>``, the next request's first token is constrained to
+   ``<tool_call>`` (another call, under the same automaton) or ``<|im_end|>`` (the turn ends),
+   so a turn holds one or more calls under ``parallel_tool_calls=True`` (the OpenAI API's
+   default, which the server keeps; ``ChatModel.chat``'s default keeps the template's one-call
+   turns, which the agents and RL environments here were trained on); otherwise the turn ends
+   after the first.  ``max_tool_calls`` bounds them; each call's request has its own seed.
 
-Phase 2 is one more request in the engine's batch, carrying the constraint as its per-request
-logit mask; its prompt is the turn so far, whose blocks the prefix cache already holds.
-``tool_choice`` follows the OpenAI API: ``auto``, ``none``, ``required`` or one named function
-(the last two skip phase 1).
+Phases 2 and 3 are more requests in the engine's batch, carrying the constraint as their
+per-request logit mask; each one's prompt is the turn so far, whose blocks the prefix cache
+already holds.  ``tool_choice`` follows the OpenAI API: ``auto``, ``none``, ``required`` or one
+named function (the last two skip phase 1).  ``on_tool_call`` hears each call as it is decoded:
+its name, then its arguments' JSON text piece by piece (``tool_call_stream``), canonically
+spelt, so that the pieces join to the ``arguments`` a whole reply carries.
 
 Tools are described to the model in the system message by ``data.chat.with_tools``, the rendering
 the text environments use for their tasks, so a model post-trained there sees here the prompt it
@@ -26,10 +34,12 @@ template (``data.chat_template``), the tools given to it as OpenAI function dict
 as ``tool`` messages; its turns end at the tokenizer's EOS.  Its calls are in its family's format
 (``data.tool_formats``: ``tool_format``, else ``chat_tool_format`` by gin, which reads the
 template).  Under ``auto`` the turn runs to its end and the format parses it: several calls per
-turn, and a turn with a malformed call is returned as its text (``on_text`` gets the text once,
-at the end, since a call cannot be told from content before it is read).  A required call is
+turn (only the first under ``parallel_tool_calls=False``), and a turn with a malformed call is
+returned as its text (``on_text`` gets the text once, at the end, since a call cannot be told
+from content before it is read; ``on_tool_call`` each call whole).  A required call is
 constrained by the format's ``call_regex``: its opening marker, where it is a token of its own,
-starts the turn; the call ends at its closing token, or else at the end of the turn.
+starts the turn; the call ends at its closing token, or else at the end of the turn (Mistral's
+list may hold several).
 
 **Structured replies.**  ``response_format`` follows the OpenAI API: ``{"type": "text"}``,
 ``{"type": "json_object"}`` (any JSON object nested at most two deep) or ``{"type":
@@ -60,6 +70,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jsonschema
+import numpy as np
 
 from agentic_jax.data.chat import TOOL_FORMAT, Message, ToolCall, ToolSpec
 from agentic_jax.data.chat_template import (
@@ -76,11 +87,12 @@ from agentic_jax.inference.decoding.constrained import (
     schema_regex,
     token_bytes,
 )
-from agentic_jax.inference.decoding.sampling import SamplingParams
+from agentic_jax.inference.decoding.sampling import SEED_RANGE, SamplingParams
 from agentic_jax.inference.errors import RequestError
 from agentic_jax.inference.serving.engine import Engine, EngineConfig
 from agentic_jax.inference.serving.engine_loop import EngineLoop
 from agentic_jax.inference.serving.metrics import ServingMetrics
+from agentic_jax.inference.serving.tool_call_stream import ToolCallDelta, ToolCallStream
 from agentic_jax.models.export import load_checkpoint
 
 CONSTRAINT_STATES = 256  # tables padded to at least this many states (fewer distinct shapes)
@@ -308,13 +320,17 @@ class ChatModel:
         engine_config: EngineConfig | None = None,
         *,
         max_tool_call_tokens: int = 256,
+        max_tool_calls: int = 8,
         whitespace_pattern: str = "[ ]?",
         template: ChatTemplate | None = None,
         tool_format: ToolCallFormat | str | None = None,
         metrics: ServingMetrics | None = None,
     ):
-        """``metrics``: where the engine loop records its steps (a new :class:`ServingMetrics`
-        by default; a server exposes ``self.metrics``)."""
+        """``max_tool_call_tokens``: the most tokens of one call; ``max_tool_calls``: of calls in
+        one turn of this project's template.  ``metrics``: where the engine loop records its
+        steps (a new :class:`ServingMetrics` by default; a server exposes ``self.metrics``)."""
+        if max_tool_calls < 1:
+            raise ValueError(f"ChatModel.max_tool_calls must be at least 1, got {max_tool_calls}")
         # ``data.chat_template.chat_template`` (gin) picks the tokenizer's own Hugging Face
         # template when it carries one, else this project's.
         self.template = chat_template(tokenizer) if template is None else template
@@ -336,6 +352,7 @@ class ChatModel:
         markers = (self.tool_format.open, self.tool_format.close) if self.tool_format else ("", "")
         self._open_id, self._close_id = (tokenizer.added_ids.get(m) if m else None for m in markers)
         self._call_end_id = end_of_turn if self._close_id is None else self._close_id
+        self._end_of_turn = end_of_turn
         # This project's template stops free text at the call's opening and constrains the call
         # (one per turn); a Hugging Face model's turn runs to its end and is parsed.
         stops = (tokenizer.eos_id, self._open_id if self._builtin else None)
@@ -350,10 +367,10 @@ class ChatModel:
         self.metrics = ServingMetrics() if metrics is None else metrics
         self.loop = EngineLoop(self.engine, self.metrics).start()
         self._special_ids = frozenset(tokenizer.special_ids.values())
-        self.max_tool_call_tokens = max_tool_call_tokens
+        self.max_tool_call_tokens, self.max_tool_calls = max_tool_call_tokens, max_tool_calls
         self.whitespace_pattern = whitespace_pattern
         self._constraints: dict[str, object] = {}
-        self._constraint_lock = threading.Lock()
+        self._constraint_lock = threading.RLock()  # a constraint may build on another
 
     def _pick_tool_format(self, tool_format) -> tuple[ToolCallFormat | None, str]:
         """(the format of this model's tool calls, or ``None`` and why tools are refused): the
@@ -477,21 +494,28 @@ class ChatModel:
         specs: Sequence[ToolSpec] = (),
         *,
         tool_choice: str | Mapping = "auto",
+        parallel_tool_calls: bool | None = None,
         params: SamplingParams = SamplingParams(),
         on_text: Callable[[str], None] | None = None,
+        on_tool_call: Callable[[ToolCallDelta], None] | None = None,
         strict_max_tokens: bool = False,
         response_format: Mapping | None = None,
         top_logprobs: int = 0,
         on_token: Callable[[TokenLogprob], None] | None = None,
     ) -> Generation:
-        """The next assistant turn; ``on_text`` receives its text as it is generated
-        (``strict_max_tokens``, ``top_logprobs`` and ``on_token`` as in :meth:`complete`;
-        ``on_token`` is not called for a turn read by a Hugging Face tool-call format, whose
-        text comes at its end).
+        """The next assistant turn; ``on_text`` receives its text as it is generated and
+        ``on_tool_call`` its calls (see the module docstring; ``strict_max_tokens``,
+        ``top_logprobs`` and ``on_token`` as in :meth:`complete`; ``on_token`` is not called
+        for a turn read by a Hugging Face tool-call format, whose text comes at its end).
+        ``parallel_tool_calls``: one call or more (``True``, the OpenAI API's default) or at
+        most one; ``None``, the template's habit: one in this project's (the turns its agents
+        were trained on), all a Hugging Face model writes.
         ``response_format`` (the OpenAI API's; see the module docstring) constrains the reply
         to JSON, and cannot be combined with tools a turn may call."""
         schema = response_schema(response_format)
         specs = _chosen_tools(list(specs), tool_choice)
+        one_call = parallel_tool_calls is False or (parallel_tool_calls is None and self._builtin)
+        max_calls = 1 if one_call else self.max_tool_calls if self._builtin else None
         if specs and self.tool_format is None:
             raise RequestError(self._no_tools)
         if specs and schema is not None:
@@ -508,7 +532,7 @@ class ChatModel:
             phase1 = dataclasses.replace(params, stop_token_ids=self._stop_ids)
             if specs and not self._builtin:  # the whole turn, then read by the format
                 turn = self._stream(prompt, phase1, None, None, top_logprobs)
-                return self._parsed_turn(prompt, _Turn(*turn), on_text)
+                return self._parsed_turn(prompt, _Turn(*turn), on_text, max_calls, on_tool_call)
             constraint = None if schema is None else self._schema_constraint(schema)
             turn = self._stream(prompt, phase1, on_text, constraint, top_logprobs, on_token)
         tokens = turn.tokens
@@ -522,80 +546,112 @@ class ChatModel:
                 turn.logprobs,
                 turn.cached_tokens,
             )
-        calls, used, cached = self._tool_call(prompt + tokens, specs, params)
-        finish = "tool_calls" if calls else "length"
-        # A forced call is the turn's only request: its prompt's cached tokens are the turn's.
+        calls, cut_off, used, cached = self._tool_calls(
+            prompt + tokens, specs, params, max_calls, on_tool_call
+        )
+        finish = "length" if cut_off else "tool_calls"
+        # A forced turn's first request is its first call's: its prompt's cached tokens are the turn's.
         cached = min(cached, len(prompt)) if forced else turn.cached_tokens
         return Generation(
             turn.text, calls, finish, len(prompt), len(tokens) + used, turn.logprobs, cached
         )
 
     def _parsed_turn(
-        self, prompt: Sequence[int], turn: _Turn, on_text: Callable[[str], None] | None
+        self,
+        prompt: Sequence[int],
+        turn: _Turn,
+        on_text: Callable[[str], None] | None,
+        max_calls: int | None,
+        on_tool_call: Callable[[ToolCallDelta], None] | None,
     ) -> Generation:
-        """A free-running turn offered tools, read by the format: its content and calls when
-        every call in it is well-formed, else its text as it is (a malformed call is the
-        model's text, not an error).  ``on_text`` gets that text once, at the end.  Its
-        log-probabilities are the whole turn's (calls included: they are not cut apart)."""
+        """A free-running turn offered tools, read by the format: its content and (the first
+        ``max_calls`` of its) calls when every call in it is well-formed, else its text as it
+        is (a malformed call is the model's text, not an error).  ``on_text`` gets that text
+        once, at the end, and ``on_tool_call`` each call whole.  Its log-probabilities are the
+        whole turn's (calls included: they are not cut apart)."""
         tokens, text, finish = turn.tokens, turn.text, turn.finish_reason
         body = tokens[:-1] if tokens and tokens[-1] == self.engine.eos_id else tokens
         content, calls, errors = self.tool_format.parse(self.tokenizer.decode(body))
         if calls and not errors and finish == "stop":
-            text, finish = content, "tool_calls"
+            text, finish, calls = content, "tool_calls", calls[:max_calls]
         else:
             calls = ()
         if text and on_text is not None:
             on_text(text)
+        _tell_whole(calls, 0, on_tool_call)
         return Generation(
             text, calls, finish, len(prompt), len(tokens), turn.logprobs, turn.cached_tokens
         )
 
-    def _cached_constraint(self, key: str, regex: Callable[[], str], end_id: int, what: str):
-        """The token automaton of ``regex()`` ending with ``end_id``, built once per ``key``
-        (the newest :data:`CACHED_CONSTRAINTS` kept).  The regex comes from the caller's
-        schemas, so whatever it breaks is the caller's error, named as ``what``."""
+    def _cached_constraint(self, key: str, build: Callable[[], TokenConstraint]):
+        """``build()``, built once per ``key`` (the newest :data:`CACHED_CONSTRAINTS` kept)."""
         with self._constraint_lock:
             if key not in self._constraints:
-                tokens = token_bytes(self.tokenizer, self.config.vocab_size)
-                for marker in (self._open_id, self._close_id):  # never inside JSON
-                    if marker is not None:
-                        tokens[marker] = None
-                try:
-                    constraint = regex_constraint(
-                        regex(),
-                        tokens,
-                        end_id,
-                        num_states=CONSTRAINT_STATES,
-                        max_states=MAX_CONSTRAINT_STATES,
-                    )
-                except ValueError as e:
-                    raise RequestError(f"{what} cannot be constrained: {e}") from None
+                constraint = build()
                 if len(self._constraints) >= CACHED_CONSTRAINTS:
                     del self._constraints[next(iter(self._constraints))]  # the oldest
                 self._constraints[key] = constraint
             return self._constraints[key]
 
+    def _regex_constraint(
+        self, regex: Callable[[], str], end_id: int, what: str
+    ) -> TokenConstraint:
+        """The token automaton of ``regex()`` ending with ``end_id``.  The regex comes from the
+        caller's schemas, so whatever it (or its translation) breaks is the caller's error,
+        named as ``what``."""
+        tokens = token_bytes(self.tokenizer, self.config.vocab_size)
+        for marker in (self._open_id, self._close_id):  # never inside JSON
+            if marker is not None:
+                tokens[marker] = None
+        try:
+            return regex_constraint(
+                regex(),
+                tokens,
+                end_id,
+                num_states=CONSTRAINT_STATES,
+                max_states=MAX_CONSTRAINT_STATES,
+            )
+        except ValueError as e:
+            raise RequestError(f"{what} cannot be constrained: {e}") from None
+
+    @staticmethod
+    def _tools_key(specs: Sequence[ToolSpec]) -> str:
+        return json.dumps([[s.name, s.parameters] for s in specs], sort_keys=True)
+
     def _constraint(self, specs: Sequence[ToolSpec]):
         """The automaton of a call to one of ``specs``, in this model's tool-call format."""
+
+        regex = functools.partial(
+            self.tool_format.call_regex,
+            specs,
+            self.whitespace_pattern,
+            open_token=self._open_id is not None,
+            close_token=self._close_id is not None,
+        )
         return self._cached_constraint(
-            "tools:" + json.dumps([[s.name, s.parameters] for s in specs], sort_keys=True),
-            lambda: self.tool_format.call_regex(
-                specs,
-                self.whitespace_pattern,
-                open_token=self._open_id is not None,
-                close_token=self._close_id is not None,
+            "tools:" + self._tools_key(specs),
+            lambda: self._regex_constraint(regex, self._call_end_id, "the tools' schemas"),
+        )
+
+    def _next_call_constraint(self, specs: Sequence[ToolSpec]):
+        """The automaton of what may follow a call's closing token in this project's template:
+        ``<tool_call>`` and a call to one of ``specs``, or ``<|im_end|>``."""
+        return self._cached_constraint(
+            "next call:" + self._tools_key(specs),
+            lambda: _behind_a_choice(
+                self._constraint(specs), (self._open_id, self._end_of_turn), self._open_id
             ),
-            self._call_end_id,
-            "the tools' schemas",
         )
 
     def _schema_constraint(self, schema: Mapping):
         """The automaton of a reply that is a JSON document under ``schema``, ending the turn."""
         return self._cached_constraint(
             "schema:" + json.dumps(schema, sort_keys=True),
-            lambda: schema_regex(schema, self.whitespace_pattern),
-            self.engine.eos_id,
-            "response_format's schema",
+            lambda: self._regex_constraint(
+                functools.partial(schema_regex, schema, self.whitespace_pattern),
+                self.engine.eos_id,
+                "response_format's schema",
+            ),
         )
 
     @functools.cached_property
@@ -628,32 +684,108 @@ class ChatModel:
         ]
         return {"content": content, "refusal": None}
 
-    def _tool_call(
-        self, ids: list[int], specs: Sequence[ToolSpec], params: SamplingParams
-    ) -> tuple[tuple[ToolCall, ...], int, int]:
-        """Phase 2: the call after its opening (a token of its own, or text the constraint
-        writes) under the tools' constraint, to its closing token or the end of the turn;
-        (calls, none if cut off; tokens used; of ``ids``, those the prefix cache served)."""
-        max_new = min(self.max_tool_call_tokens, self.engine.max_model_len - len(ids))
-        if max_new <= 0:
-            return (), 0, 0
-        sampling = SamplingParams(
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            max_tokens=max_new,
-            seed=params.seed,
-            stop_token_ids=(self._call_end_id,),
-        )
-        constraint = self._constraint(specs)
-        with contextlib.closing(self.loop.submit(ids, sampling, constraint=constraint)) as events:
-            done = list(events)
-        tokens = [event.token for event in done]
-        n, cached = len(tokens), done[-1].completion.cached_tokens if done else 0
-        if not tokens or tokens[-1] != self._call_end_id:
-            return (), n, cached
+    def _tool_calls(
+        self,
+        ids: list[int],
+        specs: Sequence[ToolSpec],
+        params: SamplingParams,
+        max_calls: int | None,
+        on_tool_call: Callable[[ToolCallDelta], None] | None,
+    ) -> tuple[tuple[ToolCall, ...], bool, int, int]:
+        """Phases 2 and 3: each call after its opening (a token of its own, or text the
+        constraint writes) under the tools' constraint, to its closing token or the end of the
+        turn; in this project's template, then the choice of another call or the turn's end,
+        while fewer than ``max_calls`` (``None``: no bound) have ended.  ``on_tool_call``
+        hears each call as its tokens come.  (the calls that ended; whether the last was cut
+        off by a token limit; tokens used; of ``ids``, those the prefix cache served to the
+        first call's request)."""
+        calls: list[ToolCall] = []
+        used, cached = 0, 0
         fmt = self.tool_format
         opening = fmt.open if self._open_id is not None else ""
         closing = fmt.close if self._close_id is not None else ""
-        calls = fmt.parse(opening + self.tokenizer.decode(tokens[:-1]) + closing).calls
-        return calls, n, cached
+        while max_calls is None or len(calls) < max_calls:
+            first = not calls
+            max_new = min(
+                self.max_tool_call_tokens + (not first), self.engine.max_model_len - len(ids)
+            )
+            if max_new <= 0:  # no room: a first call is cut off, a later one never begins
+                return tuple(calls), first, used, cached
+            sampling = SamplingParams(
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k,
+                max_tokens=max_new,
+                seed=_call_seed(params.seed, len(calls)),
+                stop_token_ids=(self._call_end_id,),
+            )
+            constraint = self._constraint(specs) if first else self._next_call_constraint(specs)
+            stream = None
+            if on_tool_call is not None:
+                stream = ToolCallStream(self.tokenizer, len(calls), on_tool_call)
+            tokens = []
+            with contextlib.closing(
+                self.loop.submit(ids, sampling, constraint=constraint)
+            ) as events:
+                for event in events:  # on_tool_call may raise: the request is then aborted
+                    tokens.append(event.token)
+                    if stream is not None:
+                        stream.push(event.token)
+                    if event.finished and first:
+                        cached = event.completion.cached_tokens
+            used, ids = used + len(tokens), ids + tokens
+            if not first and tokens[:1] != [self._open_id]:  # the turn ended
+                return tuple(calls), False, used, cached
+            if not tokens or tokens[-1] != self._call_end_id:
+                return tuple(calls), True, used, cached
+            body = self.tokenizer.decode(tokens[(not first) : -1])
+            new = fmt.parse(opening + body + closing).calls
+            new = new if max_calls is None else new[: max_calls - len(calls)]
+            _tell_whole(new, len(calls), None if stream and stream.opened else on_tool_call)
+            calls += new
+            if not self._builtin:  # another format's call (or Mistral's list) ends the turn
+                break
+        return tuple(calls), False, used, cached
+
+
+def _call_seed(seed: int | None, index: int) -> int | None:
+    """The seed of the request of a turn's ``index``-th call: the turn's moved on by ``index``
+    (wrapping within the int64 range), so that each call samples afresh rather than repeat the
+    first's draws."""
+    if seed is None:
+        return None
+    low = SEED_RANGE[0]
+    return (seed + index - low) % 2**64 + low
+
+
+def _behind_a_choice(
+    constraint: TokenConstraint, choices: Sequence[int], into: int
+) -> TokenConstraint:
+    """``constraint`` behind a new initial state that allows only ``choices``: ``into`` goes on
+    into ``constraint``'s initial state, the others stay (they end the request)."""
+    allowed, next_state = np.asarray(constraint.allowed), np.asarray(constraint.next_state)
+    states, vocab = allowed.shape
+    choice = np.zeros((1, vocab), bool)
+    choice[0, list(choices)] = True
+    after = np.full((1, vocab), states, np.int32)
+    after[0, into] = int(constraint.initial)
+    return TokenConstraint(
+        np.concatenate([allowed, choice]),
+        np.concatenate([next_state, after]),
+        np.append(np.asarray(constraint.final), False),
+        np.int32(states),
+    )
+
+
+def _tell_whole(
+    calls: Sequence[ToolCall],
+    first_index: int,
+    on_tool_call: Callable[[ToolCallDelta], None] | None,
+) -> None:
+    """``calls`` (the turn's from ``first_index`` on) told to ``on_tool_call`` at once: each its
+    name, then its arguments in one piece."""
+    if on_tool_call is None:
+        return
+    for index, call in enumerate(calls, first_index):
+        on_tool_call(ToolCallDelta(index, call.name, ""))
+        on_tool_call(ToolCallDelta(index, None, call.arguments_text()))

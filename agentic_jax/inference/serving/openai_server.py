@@ -1,17 +1,21 @@
 """An OpenAI-compatible HTTP API over a checkpoint (``agentic-jax serve``).
 
 Endpoints: ``POST /v1/chat/completions`` (messages; tools with ``tool_choice`` ``auto``,
-``none``, ``required`` or a named function, a Hugging Face format's several calls per turn;
+``none``, ``required`` or a named function, several calls per turn unless
+``parallel_tool_calls`` is false;
 ``response_format`` ``text``, ``json_object`` or ``json_schema``, decoded under its automaton in
 the engine's batch; ``logprobs`` and ``top_logprobs``; ``n``, ``seed``, ``stop``,
 ``max_completion_tokens`` or ``max_tokens``; streaming, ``n > 1`` too), ``POST /v1/completions``
-(prompts, ``n``, the legacy integer ``logprobs``; streaming), ``GET /v1/models``,
+(prompts, ``n``, the legacy integer ``logprobs``; streaming), ``POST /v1/embeddings`` (with an
+:class:`Embedder`: ``input``, ``encoding_format`` float or base64, ``dimensions`` for a
+Matryoshka encoder's prefixes), ``GET /v1/models``,
 ``GET /v1/models/{model}``, ``GET /health``, ``GET /metrics`` (Prometheus, the model's
 :class:`ServingMetrics`) and ``GET /openapi.json`` (an OpenAPI 3.1 document whose request
 schemas are the pydantic request models' own).  Usage reports the prompt tokens the prefix
 cache served (``prompt_tokens_details.cached_tokens``).  A streamed chunk carries its own
-tokens' log-probabilities; a tool call streams as the API's deltas, its name and then its
-arguments, which come whole when the call ends (they are decoded under the tools' automaton).
+tokens' log-probabilities; a tool call streams as the API's deltas while it is decoded: its
+index, id and name, then its arguments' JSON text piece by piece (``tool_call_stream``), which
+join to the arguments of the same reply unstreamed.
 Anything that speaks the OpenAI API (the ``openai`` client, LangGraph/LangChain's
 ``ChatOpenAI``, smolagents' ``OpenAIServerModel``, the OpenAI Agents SDK, :class:`HTTPPolicy`)
 can then use an agentic-jax model.
@@ -46,8 +50,8 @@ reports its state (503 while it is not running).
 
 **A generation ends with its client.**  A client that disconnects, mid-stream or while it waits
 for a whole reply, stops its generation at the next piece of text, and the request is aborted in
-the engine, freeing its slot.  (A tool call's constrained arguments, and the turn of a Hugging
-Face model offered tools, produce no text until they end: they run to their end first.)
+the engine, freeing its slot; so does a tool call's at its next decoded piece.  (The turn of a
+Hugging Face model offered tools produces nothing until it ends: it runs to its end first.)
 
 **Shutdown is graceful.**  :meth:`OpenAIServer.close` (or SIGINT/SIGTERM under
 :meth:`~OpenAIServer.serve_forever`) stops accepting connections, lets the requests in flight
@@ -55,13 +59,14 @@ finish for ``shutdown_grace_s`` and then stops the rest: each gets a 503 error o
 stream's last event if its stream has begun.
 
 Not supported (a 400 naming the field): images and other non-text content, ``logit_bias``,
-``parallel_tool_calls``, ``audio``, ``modalities``, ``prediction``, ``echo``, ``suffix``,
-``best_of``, ``user`` and ``/v1/embeddings`` (retrieval's encoders are not this package's).
+``audio``, ``modalities``, ``prediction``, ``echo``, ``suffix``, ``best_of`` and ``user``; nor is
+a value of the wrong JSON type (``"n": "2"``, ``"seed": false``: no coercion).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -75,12 +80,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple, Protocol
 
 import anyio
 import anyio.from_thread
 import anyio.to_thread
 import gin
+import numpy as np
 import pydantic
 import uvicorn
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
@@ -109,6 +115,7 @@ from agentic_jax.inference.serving.chat_model import (
 from agentic_jax.inference.serving.engine import MAX_TOP_LOGPROBS
 from agentic_jax.inference.serving.metrics import ServingMetrics
 from agentic_jax.inference.serving.request_body import BodyError, parse_json_body, read_body
+from agentic_jax.inference.serving.tool_call_stream import ToolCallDelta
 
 log = logging.getLogger(__name__)
 PROMPT_THREADS = 16  # most generations of one request in flight at once
@@ -120,7 +127,8 @@ class ServerLimits:
     """What one request may ask of :class:`OpenAIServer`.
 
     ``max_request_bytes``: the body (413 above it); ``max_json_depth``: nesting of the JSON body;
-    ``max_messages``, ``max_tools``, ``max_prompts`` (of one ``/v1/completions`` request), ``max_n``
+    ``max_messages``, ``max_tools``, ``max_prompts`` (of one ``/v1/completions`` request, and
+    inputs of one ``/v1/embeddings`` request), ``max_n``
     (choices per prompt), ``max_stop`` stop strings of at most ``max_stop_chars`` characters each;
     ``max_concurrent_requests`` generating at once (503 beyond); ``read_timeout_s``: how long a
     client may stall while sending its body (408) or while a stream waits for it to read (the
@@ -183,9 +191,11 @@ SHUTTING_DOWN = APIError(
 
 # ------------------------------------------------------------------------------- request schemas
 class _Request(pydantic.BaseModel):
-    """A request's part; a field the server does not take is a 400 naming it, never ignored."""
+    """A request's part; a field the server does not take is a 400 naming it, never ignored, and
+    so is a value of the wrong JSON type (strict: ``"2"`` is no integer, ``false`` no seed; an
+    integer is a number)."""
 
-    model_config = pydantic.ConfigDict(extra="forbid")
+    model_config = pydantic.ConfigDict(extra="forbid", strict=True)
 
 
 class _Function(_Request):
@@ -281,6 +291,7 @@ class ChatCompletionRequest(_Sampling):
     messages: list[_MessageIn] = pydantic.Field(min_length=1)
     tools: list[_ToolIn] | None = None
     tool_choice: Literal["auto", "none", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
     max_completion_tokens: int | None = pydantic.Field(None, ge=1, le=INT32_MAX)
     response_format: dict[str, Any] | None = None  # checked by ChatModel.chat
     logprobs: bool = False
@@ -315,6 +326,18 @@ class ChatCompletionRequest(_Sampling):
             )
 
 
+def _texts(field: str | list[str]) -> list[str]:
+    return [field] if isinstance(field, str) else field
+
+
+def _check_texts(texts: list[str], limits: ServerLimits, param: str, plural: str) -> None:
+    """One text or a list of them, not empty and at most ``limits.max_prompts`` long."""
+    if not texts:
+        raise APIError(400, f"{param} must not be empty", param=param)
+    if len(texts) > limits.max_prompts:
+        raise APIError(400, f"{len(texts)} {plural}: at most {limits.max_prompts}", param=param)
+
+
 class CompletionRequest(_Sampling):
     prompt: str | list[str]
     # the legacy API's: how many likeliest alternatives to give beside each token's logprob
@@ -322,16 +345,52 @@ class CompletionRequest(_Sampling):
 
     @property
     def prompts(self) -> list[str]:
-        return [self.prompt] if isinstance(self.prompt, str) else self.prompt
+        return _texts(self.prompt)
 
     def check(self, limits: ServerLimits) -> None:
         super().check(limits)
-        if not self.prompts:
-            raise APIError(400, "prompt must not be empty", param="prompt")
-        if len(self.prompts) > limits.max_prompts:
-            raise APIError(
-                400, f"{len(self.prompts)} prompts: at most {limits.max_prompts}", param="prompt"
-            )
+        _check_texts(self.prompts, limits, "prompt", "prompts")
+
+
+class EmbeddingRequest(_Request):
+    model: str
+    input: str | list[str]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = pydantic.Field(None, ge=1)
+
+    @property
+    def inputs(self) -> list[str]:
+        return _texts(self.input)
+
+    def check(self, limits: ServerLimits) -> None:
+        _check_texts(self.inputs, limits, "input", "inputs")
+
+
+class Embeddings(NamedTuple):
+    vectors: np.ndarray  # float32 [N, dimension], unit rows
+    prompt_tokens: int  # the tokens read to make them
+
+
+class Embedder(Protocol):
+    """What ``/v1/embeddings`` serves (an adapter of a trained encoder, passed in by the caller:
+    this package may not import ``retrieval``).  ``name`` is the model clients ask for,
+    ``dimension`` the embeddings' width, ``matryoshka_dimensions`` the shorter prefixes it was
+    trained to be cut to (Kusupati et al. 2022; empty if none), which a request's
+    ``dimensions`` may choose."""
+
+    name: str
+    dimension: int
+    matryoshka_dimensions: tuple[int, ...]
+
+    def embed(self, texts: Sequence[str]) -> Embeddings: ...
+
+
+def _matryoshka_prefix(vectors: np.ndarray, dimensions: int) -> np.ndarray:
+    """``t_m(x) = x[:m] / ‖x[:m]‖``, a Matryoshka embedding's prefix, normalised as the encoder
+    normalises (a zero row stays zero)."""
+    prefix = vectors[:, :dimensions]
+    norm = np.sqrt(np.sum(prefix * prefix, axis=-1, keepdims=True))
+    return prefix / np.maximum(norm, 1e-6)
 
 
 def _text(content: str | list[_ContentPart] | None) -> str:
@@ -391,10 +450,14 @@ def _completion_logprobs(tokenizer, tokens: Sequence[TokenLogprob], before: Sequ
     return {**shape, "text_offset": offsets}
 
 
+def _call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 def _tool_calls(g: Generation) -> list[dict]:
     return [
         {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "id": _call_id(),
             "type": "function",
             "function": {"name": c.name, "arguments": c.arguments_text()},
         }
@@ -441,7 +504,7 @@ class _Slot:
         if self.stopped_by is None:
             self.stopped_by = error
 
-    def check(self, text: str = "") -> None:
+    def check(self, piece: object = None) -> None:
         if self.stopped_by is not None:
             raise _Stopped(self.stopped_by)
 
@@ -645,7 +708,10 @@ class OpenAIServer:
     requests in flight finish before it stops them; ``tracer_provider``: where the model calls'
     spans go (the process's, set by ``opentelemetry.trace.set_tracer_provider``, by default).
     ``metrics`` are the model's (``ChatModel.metrics``, which its engine loop records), or the
-    server's own (its requests alone) for a model that keeps none.
+    server's own (its requests alone) for a model that keeps none.  ``embedder``: what
+    ``/v1/embeddings`` serves (:class:`Embedder`; ``agentic-jax serve --embedding_checkpoint``
+    passes a trained retrieval encoder), listed in ``/v1/models`` beside the model; without one
+    that route is a 404 saying how to give one.
     """
 
     def __init__(
@@ -659,12 +725,13 @@ class OpenAIServer:
         api_key: str | None = None,
         shutdown_grace_s: float = 5.0,
         tracer_provider: trace.TracerProvider | None = None,
+        embedder: Embedder | None = None,
     ):
         if api_key == "":
             raise ValueError("OpenAIServer.api_key is empty; leave it unset to serve without one")
         if not shutdown_grace_s >= 0:
             raise ValueError(f"OpenAIServer.shutdown_grace_s must be >= 0, got {shutdown_grace_s}")
-        self.model, self.model_name = model, model_name
+        self.model, self.model_name, self.embedder = model, model_name, embedder
         self.limits = limits or ServerLimits()
         self.api_key, self.shutdown_grace_s = api_key, shutdown_grace_s
         # Once stopped, a request's last write may wait read_timeout_s for a slow client; after
@@ -755,6 +822,7 @@ class OpenAIServer:
             Route("/v1/models/{model}", _answering_errors(self._model), methods=["GET"]),
             Route("/v1/chat/completions", _answering_errors(self._chat), methods=["POST"]),
             Route("/v1/completions", _answering_errors(self._completions), methods=["POST"]),
+            Route("/v1/embeddings", _answering_errors(self._embeddings), methods=["POST"]),
         ]
         middleware = [Middleware(_CountRequests, metrics=self.metrics, routes=routes)]
         if self.api_key:
@@ -771,7 +839,11 @@ class OpenAIServer:
         schemas are the request models' own JSON schemas, and every error is the API's error
         object."""
         refs, defs = models_json_schema(
-            [(ChatCompletionRequest, "validation"), (CompletionRequest, "validation")],
+            [
+                (ChatCompletionRequest, "validation"),
+                (CompletionRequest, "validation"),
+                (EmbeddingRequest, "validation"),
+            ],
             ref_template="#/components/schemas/{model}",
         )
 
@@ -786,7 +858,8 @@ class OpenAIServer:
         def operation(summary: str, reply: str, body=None, **more) -> dict:
             ok = {"description": reply, "content": json_content({"type": "object"})}
             if body is not None:
-                ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+                if body is not EmbeddingRequest:
+                    ok["content"]["text/event-stream"] = {"schema": {"type": "string"}}
                 more["requestBody"] = {
                     "required": True,
                     "content": json_content(refs[body, "validation"]),
@@ -804,6 +877,13 @@ class OpenAIServer:
                 },
                 "/v1/completions": {
                     "post": operation("completions of prompts", streamed, CompletionRequest)
+                },
+                "/v1/embeddings": {
+                    "post": operation(
+                        "embeddings of texts (404 without an embedding model)",
+                        "the embeddings",
+                        EmbeddingRequest,
+                    )
                 },
                 "/v1/models": {"get": operation("the models served", "a list")},
                 "/v1/models/{model}": {
@@ -850,31 +930,33 @@ class OpenAIServer:
             {"status": "unavailable", **loop}, status_code=503, headers={"Retry-After": "1"}
         )
 
-    def _model_card(self) -> dict:
-        return {
-            "id": self.model_name,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "agentic-jax",
-        }
+    @property
+    def _served(self) -> list[str]:
+        """The models' names: the chat model's, then the embedder's if there is one."""
+        return [self.model_name] + ([self.embedder.name] if self.embedder else [])
 
-    def _check_model(self, name: str) -> None:
-        if name != self.model_name:
+    def _model_card(self, name: str) -> dict:
+        return {"id": name, "object": "model", "created": self.created, "owned_by": "agentic-jax"}
+
+    def _check_model(self, name: str, served: str) -> None:
+        if name != served:
             raise APIError(
                 404,
-                f"the model {name!r} does not exist; this server has {self.model_name!r}",
+                f"the model {name!r} does not exist; this endpoint serves {served!r}",
                 param="model",
                 code="model_not_found",
             )
 
     async def _models(self, request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [self._model_card()]})
+        return JSONResponse({"object": "list", "data": list(map(self._model_card, self._served))})
 
     async def _model(self, request: Request) -> JSONResponse:
-        self._check_model(request.path_params["model"])
-        return JSONResponse(self._model_card())
+        name = request.path_params["model"]
+        if name not in self._served:
+            self._check_model(name, self.model_name)
+        return JSONResponse(self._model_card(name))
 
-    async def _parse(self, request: Request, cls):
+    async def _parse(self, request: Request, cls, served: str | None = None):
         limits = self.limits
         raw = await read_body(
             request.receive,
@@ -895,7 +977,7 @@ class OpenAIServer:
             parsed = cls.model_validate(body)
         except pydantic.ValidationError as e:
             raise _validation_error(e) from None
-        self._check_model(parsed.model)
+        self._check_model(parsed.model, served or self.model_name)
         parsed.check(limits)
         return parsed
 
@@ -1012,6 +1094,7 @@ class OpenAIServer:
             messages,
             specs,
             tool_choice=r.tool_choice or "auto",
+            parallel_tool_calls=r.parallel_tool_calls,
             strict_max_tokens=r.requested_max_tokens is not None,
             response_format=r.response_format,
             top_logprobs=r.top_logprobs or 0,
@@ -1032,7 +1115,10 @@ class OpenAIServer:
                     "chat",
                     r,
                     id_,
-                    lambda: self._all(lambda p: chat(params=p, on_text=slot.check), params),
+                    lambda: self._all(
+                        lambda p: chat(params=p, on_text=slot.check, on_tool_call=slot.check),
+                        params,
+                    ),
                 ),
             )
         choices = []
@@ -1065,8 +1151,9 @@ class OpenAIServer:
     ) -> Generation:
         """One streamed chat choice, run in a worker thread: the role, the text as it comes
         (each piece with its tokens' log-probabilities, when asked for), each tool call as the
-        API's deltas (its id and name, then its arguments), the finish reason (with the
-        log-probabilities of tokens whose text never came: a stop string's)."""
+        API's deltas as it is decoded (its index, id, type and name with empty arguments, then
+        each piece of its arguments), the finish reason (with the log-probabilities of tokens
+        whose text never came: a stop string's)."""
 
         def delta(content: dict, finish: str | None = None, tokens=()) -> dict:
             choice = {
@@ -1080,24 +1167,35 @@ class OpenAIServer:
         pending: list[TokenLogprob] = []  # tokens whose text has not been sent yet
         opened, sent = False, 0
 
-        def on_text(text: str) -> None:
-            nonlocal opened, sent
+        def open_message(content: str | None) -> None:
+            nonlocal opened
             if not opened:
-                emit(delta({"role": "assistant", "content": ""}))
+                emit(delta({"role": "assistant", "content": content}))
                 opened = True
+
+        def on_text(text: str) -> None:
+            nonlocal sent
+            open_message("")
             if text:
                 emit(delta({"content": text}, tokens=pending))
                 sent += len(pending)
                 pending.clear()
 
-        g = chat(params=params, on_text=on_text, on_token=pending.append)
+        def on_tool_call(piece: ToolCallDelta) -> None:
+            open_message(None)  # no text before the calls: null content, as unstreamed
+            if piece.name is None:
+                call = {"index": piece.index, "function": {"arguments": piece.arguments}}
+            else:  # the call opens with empty arguments: what a client appends the pieces to
+                call = {
+                    "index": piece.index,
+                    "id": _call_id(),
+                    "type": "function",
+                    "function": {"name": piece.name, "arguments": ""},
+                }
+            emit(delta({"tool_calls": [call]}))
+
+        g = chat(params=params, on_text=on_text, on_tool_call=on_tool_call, on_token=pending.append)
         on_text("")  # opens the stream if no text came
-        for i, call in enumerate(_tool_calls(g)):
-            name, arguments = call["function"]["name"], call["function"]["arguments"]
-            function = {"name": name, "arguments": ""}  # what a client appends the deltas to
-            opening = {"index": i, "id": call["id"], "type": "function", "function": function}
-            emit(delta({"tool_calls": [opening]}))
-            emit(delta({"tool_calls": [{"index": i, "function": {"arguments": arguments}}]}))
         emit(delta({}, g.finish_reason, g.logprobs[sent:]))
         return g
 
@@ -1175,3 +1273,44 @@ class OpenAIServer:
         g = complete(prompt, params, on_text, **hooks)
         emit(piece("", g.finish_reason, g.logprobs[len(sent) :]))
         return g
+
+    async def _embeddings(self, request: Request) -> JSONResponse:
+        embedder = self.embedder
+        if embedder is None:
+            raise APIError(
+                404,
+                "this server has no embedding model: serve one beside the chat model with "
+                "agentic-jax serve --embedding_checkpoint DIR (a trained retrieval encoder's "
+                "run) or OpenAIServer(embedder=...)",
+                code="embeddings_not_configured",
+            )
+        r = await self._parse(request, EmbeddingRequest, embedder.name)
+        width = embedder.dimension if r.dimensions is None else r.dimensions
+        if width != embedder.dimension and width not in embedder.matryoshka_dimensions:
+            shorter = embedder.matryoshka_dimensions
+            also = f", or its Matryoshka prefixes {list(shorter)}" if shorter else ""
+            raise APIError(
+                400,
+                f"dimensions={width}: {embedder.name!r} makes embeddings of "
+                f"{embedder.dimension}{also}",
+                param="dimensions",
+            )
+        with self._generating() as slot:
+            done = await self._in_worker(request.receive, slot, lambda: embedder.embed(r.inputs))
+        vectors = np.asarray(done.vectors, np.float32)
+        if width != embedder.dimension:
+            vectors = _matryoshka_prefix(vectors, width)
+        data = [
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode()
+                if r.encoding_format == "base64"
+                else v.tolist(),
+            }
+            for i, v in enumerate(vectors)
+        ]
+        usage = {"prompt_tokens": done.prompt_tokens, "total_tokens": done.prompt_tokens}
+        return JSONResponse(
+            {"object": "list", "data": data, "model": embedder.name, "usage": usage}
+        )

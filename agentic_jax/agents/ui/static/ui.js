@@ -10,7 +10,7 @@ const buttons = {
   retry: document.getElementById("retry"),
 };
 const traceLink = document.getElementById("trace-link");
-let run = null; // {id, source, bubble, cards: Map(card id -> elements)}
+let run = null; // {id, agent, source, bubble, cards: Map(card id -> elements)}
 
 function el(tag, className, text) {
   const node = document.createElement(tag);
@@ -32,6 +32,26 @@ function setRunning(running) {
   buttons.run.disabled = running;
   buttons.stop.disabled = !running;
   buttons.retry.disabled = running || run === null;
+  for (const button of log.querySelectorAll(".retry-step")) button.disabled = running;
+}
+
+function markReplayed(node, data) {
+  // A step a retry replayed from the run it retries: shown, but not run again.
+  if (!data.replayed || node.classList.contains("replayed")) return;
+  node.classList.add("replayed");
+  node.querySelector(".label").textContent += " · replayed";
+}
+
+function retryButton(node, step, call) {
+  // Retries the run from this step (a model turn, or a call of one): only a ReAct run can.
+  if (run.agent !== "react") return;
+  const owner = run.id;
+  const button = el("button", "retry-step", "Retry from here");
+  button.type = "button";
+  button.title = "a new run from this step; the steps before it are replayed, not run again";
+  button.disabled = buttons.run.disabled;
+  button.addEventListener("click", () => start(post(`/api/runs/${owner}/retry`, {step, call})));
+  node.append(button);
 }
 
 async function post(path, body) {
@@ -75,7 +95,12 @@ function card(id, name, agent) {
 
 const handlers = {
   run_start(data) {
+    run.agent = data.agent;
     statusLine.textContent = "running " + data.agent;
+    if (data.retry_of) {
+      const from = "step " + data.from_step + (data.from_call === null ? "" : " call " + data.from_call);
+      entry("retry", "retry", "of run " + data.retry_of + " from " + from);
+    }
   },
   token(data) {
     bubble().textContent += data.text;
@@ -90,7 +115,13 @@ const handlers = {
     const text = bubble();
     if (!text.textContent && data.text) text.textContent = data.text;
     if (data.agent) run.bubble.querySelector(".label").textContent = data.agent;
-    if (!text.textContent) run.bubble.remove();
+    if (text.textContent || run.agent === "react") {
+      run.bubble.dataset.step = data.step;
+      markReplayed(run.bubble, data);
+      retryButton(run.bubble, data.step, null);
+    } else {
+      run.bubble.remove();
+    }
     run.bubble = null;
   },
   approval_request(data) {
@@ -126,9 +157,12 @@ const handlers = {
     parts.meta.textContent =
       data.status + " · " + (data.latency_s * 1000).toFixed(1) + " ms" +
       (data.attempts > 1 ? " · " + data.attempts + " attempts" : "");
+    markReplayed(parts.node, data);
+    if (data.call !== null && data.call !== undefined) retryButton(parts.node, data.step, data.call);
   },
   decision(data) {
-    entry("decision", "decision", data.decision + (data.detail ? ": " + data.detail : ""));
+    const text = data.decision + (data.detail ? ": " + data.detail : "");
+    markReplayed(entry("decision", "decision", text), data);
   },
   message(data) {
     entry(
@@ -155,7 +189,7 @@ function finish(text) {
 }
 
 function follow(started) {
-  run = {id: started.id, source: null, bubble: null, cards: new Map()};
+  run = {id: started.id, agent: null, source: null, bubble: null, cards: new Map()};
   entry("user", "task", started.task);
   traceLink.href = `/runs/${started.id}/trace`;
   traceLink.hidden = false;
