@@ -35,11 +35,12 @@ after one untimed, compiling call (``bench.decode.best_time``).
   token (it must: each method is exact).  Every method generates the same number of tokens,
   counted and printed.
 * **FP8 training** (``TransformerConfig.matmul_precision="fp8"``, ``models.fp8``) against
-  float32: the model's shape from one random initialisation, ``--train_steps`` AdamW steps in
-  lockstep on the same batches of the shipped corpus; median step time and the held-out loss
-  after the last step.  Without an FP8 matrix unit (a CPU) the FP8 matmuls are simulated
-  (quantised operands dequantised to float32), so the step-time ratio measures the
-  simulation's cost, not FP8's speed; the loss is what FP8's rounding costs.
+  float32 and bfloat16 compute (float32 master weights): the model's shape from one random
+  initialisation, ``--train_steps`` AdamW steps in lockstep on the same batches of the shipped
+  corpus; median step time and the held-out loss after the last step.  Without an FP8 matrix
+  unit (a CPU) the FP8 matmuls are simulated (quantised operands dequantised to float32), so
+  the step-time ratio measures the simulation's cost, not FP8's speed; the loss is what FP8's
+  rounding costs.
 * **Task success** (``--checkpoint``: a trained tool-using model, an SFT or RL run or its
   ``model/``): the same compressed variants of that model (calibrated as above on its own
   tokenizer) play the first ``--problems`` held-out problems of the pipeline config's RL task
@@ -295,8 +296,13 @@ def speculation_rows(params, config, tokenizer, prompts, args) -> dict:
 
 
 def fp8_training(config, tokenizer, heldout, args) -> dict:
-    """float32 and FP8 matmuls on the model's shape, trained in lockstep (module docstring)."""
-    configs = {"float32": config, "fp8": config.replace(matmul_precision="fp8")}
+    """float32, bfloat16 compute and FP8 matmuls on the model's shape, trained in lockstep
+    (module docstring)."""
+    configs = {
+        "float32": config,
+        "bfloat16": config.replace(dtype="bfloat16"),
+        "fp8": config.replace(matmul_precision="fp8"),
+    }
     runs = train_lockstep(configs, tokenizer, args, steps=args.train_steps)
     rows = {
         name: {
@@ -309,7 +315,8 @@ def fp8_training(config, tokenizer, heldout, args) -> dict:
         }
         for name, run in runs.items()
     }
-    rows["fp8"]["step_time_ratio"] = rows["fp8"]["step_s"] / rows["float32"]["step_s"]
+    for name in ("bfloat16", "fp8"):
+        rows[name]["step_time_ratio"] = rows[name]["step_s"] / rows["float32"]["step_s"]
     return rows
 
 
@@ -529,7 +536,9 @@ def _plot_speculation(ax, spec: dict) -> None:
 def _plot_fp8(ax, train: dict) -> None:
     for name, r in train.items():
         ax.plot(np.arange(1, r["steps"] + 1), r["losses"], label=name)
-    ax.set(xlabel="step", ylabel="train loss (nats/token)", title="FP8 vs float32 training")
+    ax.set(
+        xlabel="step", ylabel="train loss (nats/token)", title="FP8 vs bfloat16 vs float32 training"
+    )
     ax.legend(fontsize=8)
 
 
