@@ -143,9 +143,11 @@ def self_play_rows(args) -> dict:
         eval_games=args.eval_games,
     )
     train = jax.jit(jax.vmap(make_board_self_play(PgxEnv("tic_tac_toe"), config)))
+    print(f"self-play: {args.seeds} seeds x {args.generations} generations, one call", flush=True)
     start = time.perf_counter()
     _, metrics = train(jax.random.split(jax.random.key(0), args.seeds))
     rates = {k: np.asarray(v).mean(0).tolist() for k, v in metrics.items() if k.startswith("vs_")}
+    print(f"self-play: {time.perf_counter() - start:.0f} s", flush=True)
     return {
         "game": "tic_tac_toe",
         "generations": args.generations,
@@ -202,6 +204,7 @@ def team_rows(args) -> dict:
         learner, record = team_step(team, learner, step)
         tokens["solver"] += record["generated_tokens"]
         tokens["verifier"] += round(record["verifier_tokens"] * record["episodes"])
+        print(f"team step {step}/{args.team_steps}: {sum(tokens.values()):,} tokens", flush=True)
     rows = {
         "start": {
             "steps": 0,
@@ -225,6 +228,7 @@ def team_rows(args) -> dict:
         step += 1
         learner, record = rl_step(grpo, learner, step)
         spent += record["generated_tokens"]
+        print(f"grpo step {step}: {spent:,} of {budget:,} tokens", flush=True)
     rows["grpo"] = {
         "steps": step,
         "generated_tokens": spent,
