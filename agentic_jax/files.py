@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 
 @contextlib.contextmanager
@@ -28,3 +29,9 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", **open_kwargs) -> Ite
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_json(path: str | os.PathLike, value: Any) -> None:
+    """``value`` as indented JSON at ``path``, written atomically (a job's ``report.json``)."""
+    with atomic_write(path, encoding="utf-8") as sink:
+        sink.write(json.dumps(value, indent=1) + "\n")

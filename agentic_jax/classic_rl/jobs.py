@@ -29,7 +29,7 @@ from agentic_jax.classic_rl.coma import COMAConfig, make_coma
 from agentic_jax.classic_rl.marl import MARLConfig, make_marl, policy_logits
 from agentic_jax.envs import MatrixGame, PgxEnv, SignallingGame
 from agentic_jax.envs.markov_game import MarkovGame
-from agentic_jax.files import atomic_write
+from agentic_jax.files import atomic_write, write_json
 
 gin.external_configurable(MatrixGame, module="agentic_jax.envs")
 gin.external_configurable(SignallingGame, module="agentic_jax.envs")
@@ -50,8 +50,7 @@ def write_run(workdir: str, records: list[dict], report: dict) -> dict:
     report's numbers as floats."""
     with atomic_write(Path(workdir) / "metrics.jsonl", encoding="utf-8") as sink:
         sink.writelines(json.dumps(r) + "\n" for r in records)
-    with atomic_write(Path(workdir) / "report.json", encoding="utf-8") as sink:
-        sink.write(json.dumps(report, indent=1) + "\n")
+    write_json(Path(workdir) / "report.json", report)
     gin_config.save_config(workdir, operative=True)
     return {k: float(v) for k, v in report.items() if isinstance(v, int | float)}
 

@@ -50,7 +50,7 @@ from agentic_jax.eval.stats import mcnemar_test
 from agentic_jax.eval.suites.episodes import play, state_hash, task_id
 from agentic_jax.eval.suites.robustness import Variant
 from agentic_jax.eval.suites.suite import Suite
-from agentic_jax.files import atomic_write
+from agentic_jax.files import write_json
 
 EDITABLE = ("system_prompt", "tool_descriptions", "skills", "retries")
 RETRY_SEED = 1_000_003  # a retry's sampling seed is the attempt's plus this, times the retry
@@ -560,8 +560,7 @@ def improve_harness(
 
 def write_report(workdir: str | Path, report: Mapping[str, Any]) -> None:
     """``workdir/report.json``, written atomically (a reader never sees half of it)."""
-    with atomic_write(Path(workdir) / "report.json", encoding="utf-8") as sink:
-        sink.write(json.dumps(report, indent=1) + "\n")
+    write_json(Path(workdir) / "report.json", dict(report))
 
 
 @gin.configurable(module="eval")
