@@ -1,6 +1,7 @@
 """Team RL: a solver and a verifier sharing one tiny policy, with per-role GRPO advantages."""
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ from tiny_models import changed_weights, task_model_dir
 from tiny_tasks import SHORT
 
 from agentic_jax.envs.text import ExactAnswer
+from agentic_jax.post_training.monitors import MonitorConfig, RLStopped
 from agentic_jax.post_training.rl import RLConfig, StepRandom, init_learner, sample, score
 from agentic_jax.post_training.team_rl import (
     ROLES,
@@ -241,3 +243,23 @@ def test_train_team_rl_writes_each_steps_record_and_the_trained_model(team, tmp_
     assert [r["roles_trained"] for r in records] == [["solver"], ["verifier"]]
     assert records[-1] == last and np.isfinite(last["team_accept_rate"])
     assert changed_weights(path / "model", tmp_path / "run" / "model")
+
+
+def test_train_team_rl_runs_the_stability_monitors_and_stops_on_a_named_alarm(team, tmp_path):
+    """The team trainer shares train_rl's step loop: an alarm named in ``stop_on`` ends the run
+    after its step is written and checkpointed, and the record names the alarm."""
+    _, _, _, path = team
+    with pytest.raises(RLStopped, match="kl_bound"):
+        train_team_rl(
+            str(tmp_path / "run"),
+            init_from=str(path),
+            tasks=TEAM,
+            algorithm=RLConfig(group_size=GROUP, prompts_per_step=PROMPTS),
+            steps=3,
+            peak_lr=1e-2,
+            progress=False,
+            monitor=MonitorConfig(kl_bound=-1.0, stop_on=("kl_bound",)),  # any KL is above -1
+        )
+    records = read_metrics(str(tmp_path / "run" / "metrics.jsonl"))
+    assert [r["step"] for r in records] == [1] and "kl_bound" in records[0]["alarms"]
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["1"]

@@ -1006,6 +1006,73 @@ def next_learner(
 
 
 # ----------------------------------------------------------------------------- the trainer
+def run_steps(
+    run: TrainerRun,
+    learner: Learner,
+    meta: dict,
+    start: int,
+    step: Callable[[Learner, int], tuple[Learner, dict]],
+    evaluate: Callable[[Learner], dict],
+    *,
+    steps: int,
+    eval_every: int,
+    checkpoint_every: int,
+    monitor: MonitorConfig,
+    progress: bool,
+    desc: str,
+    budget_left: Callable[[Learner], int | None] = lambda learner: None,
+) -> tuple[Learner, dict]:
+    """The step loop of every RL trainer, from step ``start + 1`` of ``run`` to ``steps``.
+
+    Each step's record goes through the stability ``monitor`` (its alarms are printed and
+    recorded; its history is checkpointed in ``meta`` so a resumed run raises what an
+    uninterrupted one would), gains held-out results every ``eval_every`` steps, at the end and
+    before the first step (``evaluate``: a summary, written as ``eval_*``), and is written before
+    the checkpoint, so a kill between the two repeats the step exactly.  The loop ends early when
+    ``budget_left`` (the groups an episode budget still allows) reaches 0, and raises `RLStopped`
+    after saving when an alarm the monitor stops on fires.  Returns the learner and the last
+    record."""
+    saved = meta.pop("monitor", None)
+    monitor_ = (
+        StabilityMonitor(monitor) if saved is None else StabilityMonitor.from_state(monitor, saved)
+    )
+
+    def held_out(at: int) -> dict:
+        return {"step": at, **{f"eval_{k}": v for k, v in evaluate(learner).items()}}
+
+    last = {}
+    if eval_every and start == 0:
+        last = held_out(0)
+        run.write(last)
+    with tqdm(total=steps, initial=start, disable=not progress, unit="step", desc=desc) as bar:
+        for n in range(start + 1, steps + 1):
+            if budget_left(learner) == 0:
+                break  # a resumed run whose budget was spent
+            learner, last = step(learner, n)
+            final = n == steps or budget_left(learner) == 0
+            alarms = monitor_.observe(last)
+            if alarms:
+                last["alarms"] = [a.name for a in alarms]
+                for alarm in alarms:
+                    bar.write(f"step {n}: alarm {alarm.name}: {alarm.message}")
+            if eval_every and (n % eval_every == 0 or final):
+                last.update(held_out(n))
+                bar.write(f"step {n}: held-out success {last['eval_success']:.3f}")
+            run.write(last)
+            bar.update(1)
+            bar.set_postfix(
+                reward=f"{last['reward_mean']:.3f}", success=f"{last['success_rate']:.2f}"
+            )
+            stop = monitor_.should_stop(alarms)
+            if stop is not None or n % checkpoint_every == 0 or final:
+                run.save(n, learner, {**meta, "monitor": monitor_.state()})
+            if stop is not None:
+                raise RLStopped(stop)
+            if final:
+                break
+    return learner, last
+
+
 @gin.configurable
 def train_rl(
     workdir: str,
@@ -1073,58 +1140,26 @@ def train_rl(
     run = TrainerRun(workdir)
     meta = {"init_from": init_from, "reference": tree_fingerprint(base)}
     learner, meta, start = run.start(init_learner(setup), meta)
-    saved_monitor = meta.pop("monitor", None)
-    monitor_ = (
-        StabilityMonitor(monitor)
-        if saved_monitor is None
-        else StabilityMonitor.from_state(monitor, saved_monitor)
-    )
-    last = {}
-
-    def evaluate(step):
-        result = evaluate_policy(
+    learner, last = run_steps(
+        run,
+        learner,
+        meta,
+        start,
+        lambda learner, step: rl_step(setup, learner, step),
+        lambda learner: evaluate_policy(
             setup.policy_params(learner),
             config,
             heldout_env,
             samples=eval_samples,
             key=jax.random.key(seed + 1),
-        )
-        return {"step": step, **{f"eval_{k}": v for k, v in result.summary().items()}}
-
-    if eval_every and start == 0:
-        last = evaluate(0)
-        run.write(last)
-    with tqdm(
-        total=steps,
-        initial=start,
-        disable=not progress,
-        unit="step",
+        ).summary(),
+        steps=steps,
+        eval_every=eval_every,
+        checkpoint_every=checkpoint_every,
+        monitor=monitor,
+        progress=progress,
         desc=f"rl {algorithm.loss_type}",
-    ) as bar:
-        for step in range(start + 1, steps + 1):
-            if groups_left(algorithm, int(learner.prompt_position)) == 0:
-                break  # a resumed run whose budget was spent
-            learner, last = rl_step(setup, learner, step)
-            final = step == steps or groups_left(algorithm, int(learner.prompt_position)) == 0
-            alarms = monitor_.observe(last)
-            if alarms:
-                last["alarms"] = [a.name for a in alarms]
-                for alarm in alarms:
-                    bar.write(f"step {step}: alarm {alarm.name}: {alarm.message}")
-            if eval_every and (step % eval_every == 0 or final):
-                last.update(evaluate(step))
-                bar.write(f"step {step}: held-out success {last['eval_success']:.3f}")
-            run.write(last)
-            bar.update(1)
-            bar.set_postfix(
-                reward=f"{last['reward_mean']:.3f}", success=f"{last['success_rate']:.2f}"
-            )
-            stop = monitor_.should_stop(alarms)
-            if stop is not None or step % checkpoint_every == 0 or final:
-                run.save(step, learner, {**meta, "monitor": monitor_.state()})
-            if stop is not None:
-                raise RLStopped(stop)
-            if final:
-                break
+        budget_left=lambda learner: groups_left(algorithm, int(learner.prompt_position)),
+    )
     run.finish(config, setup.finetune.merged(learner.policy.params, setup.frozen), tokenizer)
     return last

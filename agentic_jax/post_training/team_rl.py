@@ -60,6 +60,7 @@ from agentic_jax.models import TransformerConfig
 from agentic_jax.models.export import load_checkpoint
 from agentic_jax.post_training.common import tree_fingerprint
 from agentic_jax.post_training.evaluate import evaluate_policy
+from agentic_jax.post_training.monitors import MonitorConfig
 from agentic_jax.post_training.rl import (
     Learner,
     RLConfig,
@@ -72,6 +73,7 @@ from agentic_jax.post_training.rl import (
     learn,
     make_setup,
     next_learner,
+    run_steps,
     sample,
     score,
     summarize,
@@ -403,13 +405,17 @@ def train_team_rl(
     eval_samples: int = 4,
     checkpoint_every: int = 10,
     seed: int = 0,
+    progress: bool = True,
+    monitor: MonitorConfig = MonitorConfig(),
 ) -> dict:
     """Trains the model of run ``init_from`` as a solver-verifier team on ``tasks``' train
     problems (`team_step` each step); saves ``workdir/model``, resumes from its checkpoints.
 
     The reference model for the KL term is ``init_from``'s.  ``eval_every`` > 0 evaluates the
     solver alone on the held-out problems (greedy success, pass@k of ``eval_samples``) every
-    that many steps and at the end.  Returns the last step's record."""
+    that many steps, before the first and at the end.  The steps run in `rl.run_steps`, the loop
+    `train_rl` runs: the same progress bar, stability alarms (``monitor``) and checkpoints.
+    Returns the last step's record."""
     config, base, tokenizer = load_checkpoint(init_from)
     setup = make_team_setup(
         config,
@@ -428,20 +434,25 @@ def train_team_rl(
     run = TrainerRun(workdir)
     meta = {"init_from": init_from, "reference": tree_fingerprint(base)}
     learner, meta, start = run.start(init_learner(setup.rl), meta)
-    record = {}
-    for step in range(start + 1, steps + 1):
-        learner, record = team_step(setup, learner, step)
-        if eval_every and (step % eval_every == 0 or step == steps):
-            result = evaluate_policy(
-                setup.rl.policy_params(learner),
-                config,
-                heldout,
-                samples=eval_samples,
-                key=jax.random.key(seed + 1),
-            )
-            record.update({f"eval_{k}": v for k, v in result.summary().items()})
-        run.write(record)
-        if step % checkpoint_every == 0 or step == steps:
-            run.save(step, learner, meta)
+    learner, record = run_steps(
+        run,
+        learner,
+        meta,
+        start,
+        lambda learner, step: team_step(setup, learner, step),
+        lambda learner: evaluate_policy(
+            setup.rl.policy_params(learner),
+            config,
+            heldout,
+            samples=eval_samples,
+            key=jax.random.key(seed + 1),
+        ).summary(),
+        steps=steps,
+        eval_every=eval_every,
+        checkpoint_every=checkpoint_every,
+        monitor=monitor,
+        progress=progress,
+        desc="team rl",
+    )
     run.finish(config, setup.rl.finetune.merged(learner.policy.params, setup.rl.frozen), tokenizer)
     return record
