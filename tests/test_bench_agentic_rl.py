@@ -5,10 +5,16 @@ import json
 import pathlib
 import sys
 
+import gin
+import pytest
 from tiny_models import task_model_dir
+
+from agentic_jax import config as gin_config
+from agentic_jax.post_training.rl import RLConfig
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # the repository root: bench/
 from bench import agentic_rl
+from bench.post_training import RL_CONFIGS
 
 TINY = [
     "rl/TaskSpec.generators = [@one/agentic_jax.envs.text.Arithmetic()]",
@@ -51,3 +57,21 @@ def test_the_study_counts_one_budget_for_every_method_and_seed(tmp_path, monkeyp
     mtime = (out / "results.json").stat().st_mtime_ns
     agentic_rl.main()
     assert (out / "results.json").stat().st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("study", ["agentic_rl_study", "agentic_rl_study_large"])
+def test_every_rl_method_of_the_study_trains_with_the_main_jobs_rl_optimiser(study):
+    """The study measures methods at the RL setting the main job ships (rate and KL penalty), not
+    at rl_common.gin's gentler default, which its method configs inherit."""
+
+    def setting(files: list[str]) -> tuple[float, float]:
+        gin_config.parse(files, [])
+        return gin.query_parameter("train_rl.peak_lr"), RLConfig().kl_coef
+
+    try:
+        main_job = setting(["quickstart"])
+        assert setting(["rl_common"]) != main_job  # else this test checks nothing
+        for method_config in RL_CONFIGS.values():
+            assert setting([method_config, study]) == main_job, method_config
+    finally:
+        gin.clear_config()
