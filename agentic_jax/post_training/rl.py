@@ -1007,38 +1007,49 @@ def next_learner(
 
 # ----------------------------------------------------------------------------- the trainer
 def run_steps(
-    run: TrainerRun,
-    learner: Learner,
-    meta: dict,
-    start: int,
+    workdir: str,
+    setup: RLSetup,
     step: Callable[[Learner, int], tuple[Learner, dict]],
-    evaluate: Callable[[Learner], dict],
+    heldout_env: TextEnv | HostTextEnv,
+    tokenizer,
     *,
+    meta: dict,
     steps: int,
     eval_every: int,
+    eval_samples: int,
     checkpoint_every: int,
     monitor: MonitorConfig,
     progress: bool,
     desc: str,
     budget_left: Callable[[Learner], int | None] = lambda learner: None,
-) -> tuple[Learner, dict]:
-    """The step loop of every RL trainer, from step ``start + 1`` of ``run`` to ``steps``.
+) -> dict:
+    """The run of every RL trainer in ``workdir``: from its latest checkpoint (or a fresh
+    learner, with ``meta`` to check a resumed run against) to step ``steps``, then the model.
 
     Each step's record goes through the stability ``monitor`` (its alarms are printed and
     recorded; its history is checkpointed in ``meta`` so a resumed run raises what an
-    uninterrupted one would), gains held-out results every ``eval_every`` steps, at the end and
-    before the first step (``evaluate``: a summary, written as ``eval_*``), and is written before
-    the checkpoint, so a kill between the two repeats the step exactly.  The loop ends early when
-    ``budget_left`` (the groups an episode budget still allows) reaches 0, and raises `RLStopped`
-    after saving when an alarm the monitor stops on fires.  Returns the learner and the last
-    record."""
+    uninterrupted one would), gains held-out results on ``heldout_env`` (greedy success, pass@k
+    of ``eval_samples``, written as ``eval_*``) every ``eval_every`` steps, at the end and
+    before the first step, and is written before the checkpoint, so a kill between the two
+    repeats the step exactly.  The loop ends early when ``budget_left`` (the groups an episode
+    budget still allows) reaches 0, and raises `RLStopped` after saving when an alarm the
+    monitor stops on fires.  Returns the last record."""
+    run = TrainerRun(workdir)
+    learner, meta, start = run.start(init_learner(setup), meta)
     saved = meta.pop("monitor", None)
     monitor_ = (
         StabilityMonitor(monitor) if saved is None else StabilityMonitor.from_state(monitor, saved)
     )
 
     def held_out(at: int) -> dict:
-        return {"step": at, **{f"eval_{k}": v for k, v in evaluate(learner).items()}}
+        result = evaluate_policy(
+            setup.policy_params(learner),
+            setup.config,
+            heldout_env,
+            samples=eval_samples,
+            key=jax.random.key(setup.seed + 1),
+        )
+        return {"step": at, **{f"eval_{k}": v for k, v in result.summary().items()}}
 
     last = {}
     if eval_every and start == 0:
@@ -1070,7 +1081,8 @@ def run_steps(
                 raise RLStopped(stop)
             if final:
                 break
-    return learner, last
+    run.finish(setup.config, setup.finetune.merged(learner.policy.params, setup.frozen), tokenizer)
+    return last
 
 
 @gin.configurable
@@ -1137,29 +1149,19 @@ def train_rl(
         reward_model=scorer,
         backend=backend,
     )
-    run = TrainerRun(workdir)
-    meta = {"init_from": init_from, "reference": tree_fingerprint(base)}
-    learner, meta, start = run.start(init_learner(setup), meta)
-    learner, last = run_steps(
-        run,
-        learner,
-        meta,
-        start,
+    return run_steps(
+        workdir,
+        setup,
         lambda learner, step: rl_step(setup, learner, step),
-        lambda learner: evaluate_policy(
-            setup.policy_params(learner),
-            config,
-            heldout_env,
-            samples=eval_samples,
-            key=jax.random.key(seed + 1),
-        ).summary(),
+        heldout_env,
+        tokenizer,
+        meta={"init_from": init_from, "reference": tree_fingerprint(base)},
         steps=steps,
         eval_every=eval_every,
+        eval_samples=eval_samples,
         checkpoint_every=checkpoint_every,
         monitor=monitor,
         progress=progress,
         desc=f"rl {algorithm.loss_type}",
         budget_left=lambda learner: groups_left(algorithm, int(learner.prompt_position)),
     )
-    run.finish(config, setup.finetune.merged(learner.policy.params, setup.frozen), tokenizer)
-    return last

@@ -39,7 +39,6 @@ import dataclasses
 import time
 
 import gin
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -59,7 +58,6 @@ from agentic_jax.inference.decoding.sampling import SamplingParams
 from agentic_jax.models import TransformerConfig
 from agentic_jax.models.export import load_checkpoint
 from agentic_jax.post_training.common import tree_fingerprint
-from agentic_jax.post_training.evaluate import evaluate_policy
 from agentic_jax.post_training.monitors import MonitorConfig
 from agentic_jax.post_training.rl import (
     Learner,
@@ -69,7 +67,6 @@ from agentic_jax.post_training.rl import (
     Scores,
     StepRandom,
     advantages,
-    init_learner,
     learn,
     make_setup,
     next_learner,
@@ -79,7 +76,6 @@ from agentic_jax.post_training.rl import (
     summarize,
 )
 from agentic_jax.post_training.rollout import Rollouts, collect
-from agentic_jax.post_training.runner import TrainerRun
 from agentic_jax.post_training.tasks import TaskSpec
 from agentic_jax.training.update import FullFinetune
 
@@ -430,29 +426,18 @@ def train_team_rl(
         finetune=finetune,
         seed=seed,
     )
-    heldout = tasks.env(tokenizer, "heldout")
-    run = TrainerRun(workdir)
-    meta = {"init_from": init_from, "reference": tree_fingerprint(base)}
-    learner, meta, start = run.start(init_learner(setup.rl), meta)
-    learner, record = run_steps(
-        run,
-        learner,
-        meta,
-        start,
+    return run_steps(
+        workdir,
+        setup.rl,
         lambda learner, step: team_step(setup, learner, step),
-        lambda learner: evaluate_policy(
-            setup.rl.policy_params(learner),
-            config,
-            heldout,
-            samples=eval_samples,
-            key=jax.random.key(seed + 1),
-        ).summary(),
+        tasks.env(tokenizer, "heldout"),
+        tokenizer,
+        meta={"init_from": init_from, "reference": tree_fingerprint(base)},
         steps=steps,
         eval_every=eval_every,
+        eval_samples=eval_samples,
         checkpoint_every=checkpoint_every,
         monitor=monitor,
         progress=progress,
         desc="team rl",
     )
-    run.finish(config, setup.rl.finetune.merged(learner.policy.params, setup.rl.frozen), tokenizer)
-    return record
